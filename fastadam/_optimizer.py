@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from ._dense_api import check_hyperparameters, step_inplace
-from ._validation import check_tensor_lists
+from ._validation import check_parameter_list
 
 _FORMAT = "fastadam.Adam/1"
 
@@ -33,9 +33,7 @@ class Adam:
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, convention="tf",
                  weight_decay=0.0, decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
                  nesterov=False, maximize=False, num_threads=None):
-        if isinstance(params, np.ndarray):
-            params = [params]
-        self.params = list(params)
+        self.params = check_parameter_list(params)
         try:
             beta1, beta2 = betas
         except (TypeError, ValueError):
@@ -51,8 +49,6 @@ class Adam:
         self.m = [np.zeros_like(p) for p in self.params]
         self.v = [np.zeros_like(p) for p in self.params]
         self.v_max = [np.zeros_like(p) for p in self.params] if amsgrad else None
-        # Validates the parameters (dtype, contiguity, writability, no shared memory).
-        check_tensor_lists(self.params, self.m, self.m, self.v, self.v_max)
 
     def step(self, grads, *, grad_scale=None, skip_nonfinite=False):
         """Apply one step with ``grads`` (an array or a list like ``params``).  Returns False,

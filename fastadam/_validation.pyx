@@ -103,6 +103,18 @@ def check_tensor_lists(x, g, m, v, v_max):
     return xs, gs, ms, vs, vmaxs, typenum
 
 
+def check_parameter_list(params):
+    """Validate an optimizer's parameter list: writable, C-contiguous float arrays of one dtype,
+    no two sharing memory.  Returns the list."""
+    xs, single = as_array_list(params, "params")
+    cdef int typenum = -1
+    for i in range(len(xs)):
+        xi = check_array(xs[i], label("params", i, single), typenum, None, True)
+        typenum = cnp.PyArray_TYPE(xi)
+    check_disjoint([("params", xs, True)], single)
+    return xs
+
+
 cdef struct Interval:
     uintptr_t lo
     uintptr_t hi

@@ -1,0 +1,47 @@
+"""The compiled core: OpenMP present, runtime dispatch active, show_config works."""
+import os
+
+import numpy as np
+import pytest
+
+import fastadam
+from fastadam import _config
+from fastadam._threads import resolve_num_threads
+
+
+def test_openmp_was_not_lost():
+    # Set FASTADAM_ALLOW_SERIAL=1 only when building on purpose with a compiler without OpenMP.
+    if os.environ.get("FASTADAM_ALLOW_SERIAL") == "1":
+        pytest.skip("serial build explicitly allowed")
+    assert _config.openmp_enabled(), "the extension was built without OpenMP"
+    assert fastadam.config()["openmp_runtime"] not in (None, "unknown")
+
+
+def test_runtime_dispatch_picked_a_path():
+    level = fastadam.config()["simd_level"]
+    assert level in {"x86-64-v4", "x86-64-v3", "baseline", "portable"}
+    if _config.has_runtime_dispatch():
+        assert level != "portable"
+
+
+def test_show_config_prints_every_fact(capsys):
+    fastadam.show_config()
+    out = capsys.readouterr().out
+    for key in ("simd_level", "openmp", "max_threads", "version"):
+        assert key in out
+
+
+def test_thread_resolution_follows_threadpoolctl():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=1, user_api="openmp"):
+        assert resolve_num_threads(None) == 1
+    assert resolve_num_threads(-1) == resolve_num_threads(None)
+    assert resolve_num_threads(3) == 3
+
+
+def test_stream_yardstick_checks_its_arrays():
+    from fastadam import _dense
+
+    a = np.zeros(10, np.float32)
+    with pytest.raises(TypeError, match="d: expected dtype float32"):
+        _dense.stream_rw_f32(a, np.zeros(10), a.copy(), a.copy())
