@@ -16,6 +16,10 @@ CONVENTIONS = ("tf", "torch", "onnx")
 
 
 def _finite_float(value, name):
+    if type(value) is float:  # fast path: the common case skips the ABC checks below
+        if value - value == 0.0:  # false for inf and nan
+            return value
+        raise ValueError(f"{name}: expected a finite number, got {value}")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
     value = float(value)
@@ -25,6 +29,8 @@ def _finite_float(value, name):
 
 
 def _step_number(t):
+    if type(t) is int:
+        return t
     if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral):
         raise TypeError(f"t: expected an int step number, got {type(t).__name__}")
     return int(t)

@@ -18,7 +18,7 @@ cdef str label(str name, Py_ssize_t i, bint single):
     return name if single else f"{name}[{i}]"
 
 
-def as_array_list(obj, str name):
+cpdef tuple as_array_list(obj, str name):
     """Return (list_of_objects, single): an ndarray becomes a one-element list."""
     if isinstance(obj, np.ndarray):
         return [obj], True
