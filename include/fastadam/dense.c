@@ -41,39 +41,8 @@
         }                                                                                      \
     } while (0)
 
-/* Float16 storage keeps the moments in float16 too (as DirectML does), so the values stored and
- * re-read are the float16-rounded ones; vh is taken from the rounded v so amsgrad sees what is
- * stored.  The float16 body therefore rounds v before use: */
-#define FA_ADAM_BODY_HALF(FLAGS)                                                               \
-    do {                                                                                       \
-        const float b1 = (float)c->beta1, b2 = (float)c->beta2;                                \
-        const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);            \
-        const float alpha = (float)c->alpha, dscale = (float)c->denom_scale;                   \
-        const float eps = (float)c->eps, sign = (float)c->sign, gscale = (float)c->grad_scale; \
-        const float l2 = (float)c->l2, dmul = (float)c->decay_mul, pmul = (float)c->post_mul;  \
-        _Pragma("omp simd")                                                                    \
-        for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            float gi = (float)g[i];                                                            \
-            float xi = (float)x[i];                                                            \
-            if ((FLAGS) & FA_SCALE) gi = gi / gscale;                                          \
-            gi = sign * gi;                                                                    \
-            if ((FLAGS) & FA_L2) gi = gi + l2 * xi;                                            \
-            xi = dmul * xi;                                                                    \
-            float mi = b1 * (float)m[i] + omb1 * gi;                                           \
-            float vi = b2 * (float)v[i] + omb2 * (gi * gi);                                    \
-            m[i] = (fa_half)mi;                                                                \
-            v[i] = (fa_half)vi;                                                                \
-            float vh = vi;                                                                     \
-            if ((FLAGS) & FA_AMSGRAD) {                                                        \
-                float vm = (float)v_max[i];                                                    \
-                vh = vm > vi ? vm : vi;                                                        \
-                v_max[i] = (fa_half)vh;                                                        \
-            }                                                                                  \
-            float mu = mi;                                                                     \
-            if ((FLAGS) & FA_NESTEROV) mu = b1 * mi + omb1 * gi;                               \
-            x[i] = (fa_half)(pmul * (xi - alpha * mu / (sqrtf(vh) * dscale + eps)));           \
-        }                                                                                      \
-    } while (0)
+/* Float16 uses the same body with S = fa_half and C = float: moments are stored in float16
+ * (as DirectML does) and every value is computed in float32 between a load and a store. */
 
 /* A switch over the 16 flag combinations, each case a loop with constant flags. */
 #define FA_FLAG_SWITCH(BODY, ...)                                                              \
@@ -118,7 +87,7 @@ void fa_adam_dense_f16(fa_half *restrict x, const fa_half *restrict g, fa_half *
                        const fa_adam_coeffs *c)
 {
 #if FA_HAVE_HALF
-    FA_FLAG_SWITCH(FA_ADAM_BODY_HALF, )
+    FA_FLAG_SWITCH(FA_ADAM_BODY, fa_half, float, sqrtf, )
 #else
     (void)x; (void)g; (void)m; (void)v; (void)v_max; (void)n; (void)c;
 #endif
