@@ -71,9 +71,6 @@ class DenseStepTorch:
     def time_torch_fused_step(self, dtype, size, threads):
         self.opt.step()
 
-    def peakmem_torch_fused_step(self, dtype, size, threads):
-        self.opt.step()
-
 
 class DenseMultiTensor:
     """A list of 1000 tensors of 1e3..1e4 elements (seeded sizes): one fused call for all."""
