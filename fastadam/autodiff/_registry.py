@@ -1,0 +1,136 @@
+"""Primitives and the VJP registry (``primitive``, ``defvjp``).
+
+A primitive is a function of ndarrays (positional tensor arguments, keyword parameters that are
+never differentiated) wrapped so that it accepts Tensors and records a tape node.  Its
+vector-Jacobian products are registered separately, one per positional argument::
+
+    @primitive
+    def cube(x):
+        return x ** 3
+
+    defvjp(cube, lambda g, ans, x: g * 3 * x ** 2)
+
+A VJP receives the output cotangent ``g``, the output ``ans`` and the inputs, all as Tensors,
+plus the keyword parameters, and returns the cotangent of its argument (same shape).  VJPs are
+written with the engine's own operations, so they are recorded when ``create_graph=True`` and
+higher-order derivatives need no special code.  An argument whose VJP was never registered raises
+``NotImplementedError`` naming the primitive and the argument when a gradient flows through it;
+``zero_vjp`` declares an argument non-differentiable (gradient zero: masks, labels, indices).
+"""
+import functools
+
+import numpy as np
+
+from . import _tensor
+from ._tensor import Node, Tensor, _wrap
+
+_new = object.__new__
+
+
+def zero_vjp(g, ans, *args, **params):
+    """Marker VJP: the argument does not influence the output differentiably."""
+    return None
+
+
+class Primitive:
+    """A differentiable function of ndarrays.  Call it with Tensors, ndarrays or scalars."""
+
+    __slots__ = ("fun", "name", "vjps", "vjp_argnum", "__wrapped__", "__dict__")
+
+    def __init__(self, fun, name=None):
+        self.fun = fun
+        self.name = name or fun.__name__
+        self.vjps = {}
+        self.vjp_argnum = None  # variadic primitives: one VJP taking the argument number
+        self.__doc__ = fun.__doc__
+        self.__wrapped__ = fun
+
+    def __call__(self, *args, **params):
+        tensors = []
+        need = False
+        scalars = False
+        for a in args:
+            if a.__class__ is not Tensor:
+                if isinstance(a, Tensor):
+                    need = need or a.requires_grad
+                elif isinstance(a, (int, float)) and not isinstance(a, bool):
+                    scalars = True
+                else:
+                    a = _wrap(np.asarray(a))
+            elif a.requires_grad:
+                need = True
+            tensors.append(a)
+        if scalars:
+            tensors = _scalars_to_tensors(tensors)
+        out = self.fun(*[t.data for t in tensors], **params)
+        if not (need and _tensor._grad_enabled):
+            return _wrap(out)
+        node = Node(self, tensors, params, out)
+        t = _wrap(out, True, node)
+        _tensor.weak_output(node, t)
+        return t
+
+    def vjp(self, argnum):
+        """The VJP of argument ``argnum`` (NotImplementedError if none is registered)."""
+        f = self.vjps.get(argnum)
+        if f is None:
+            if self.vjp_argnum is not None:
+                return functools.partial(self.vjp_argnum, argnum)
+            raise NotImplementedError(
+                f"VJP of primitive '{self.name}' with respect to argument {argnum} is not "
+                f"registered; register it with defvjp({self.name}, ...)")
+        return f
+
+    def __repr__(self):
+        return f"<primitive {self.name}>"
+
+
+def primitive(fun=None, *, name=None):
+    """Decorator turning a function of ndarrays into a recorded primitive."""
+    if fun is None:
+        return lambda f: Primitive(f, name)
+    return Primitive(fun, name)
+
+
+def defvjp(prim, *vjps, argnums=None):
+    """Register VJPs of ``prim``: ``vjps[k]`` is for argument ``argnums[k]`` (default ``k``).
+
+    Pass ``None`` to leave an argument without a VJP (an error if a gradient is asked through it),
+    ``zero_vjp`` for an argument that is non-differentiable by nature.
+    """
+    if not isinstance(prim, Primitive):
+        raise TypeError(f"prim: expected a primitive (decorate it with @primitive), "
+                        f"got {type(prim).__name__}")
+    if argnums is None:
+        argnums = range(len(vjps))
+    for k, f in zip(argnums, vjps):
+        if f is not None:
+            prim.vjps[k] = f
+    return prim
+
+
+def defvjp_argnum(prim, vjp):
+    """Register one VJP ``vjp(argnum, g, ans, *args, **params)`` for every argument."""
+    prim.vjp_argnum = vjp
+    return prim
+
+
+def _scalars_to_tensors(items):
+    """Python scalars take the dtype of the first floating-point tensor (no float32 promotion)."""
+    dtype = None
+    for a in items:
+        if isinstance(a, Tensor) and a.data.dtype.kind == "f":
+            dtype = a.data.dtype
+            break
+    return [a if isinstance(a, Tensor) else _wrap(np.asarray(a, dtype=dtype)) for a in items]
+
+
+def as_tensor(value, dtype=None):
+    """``value`` as a Tensor (not recorded).  Python scalars take ``dtype`` when given."""
+    if value.__class__ is Tensor:
+        return value
+    if isinstance(value, Tensor):
+        return value
+    if dtype is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _wrap(np.asarray(value, dtype=dtype))
+    return _wrap(np.asarray(value))
