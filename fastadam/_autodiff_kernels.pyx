@@ -350,3 +350,24 @@ cdef extern from *:
     #endif
     """
     int FASTADAM_OPENMP_FLAG
+
+
+def check_labels(cnp.ndarray labels, Py_ssize_t c, str name="labels"):
+    """Raise IndexError unless every value of the contiguous intp array lies in [0, c)."""
+    if cnp.PyArray_TYPE(labels) != cnp.NPY_INTP or not cnp.PyArray_IS_C_CONTIGUOUS(labels):
+        raise ValueError(f"{name}: expected a contiguous intp array")
+    cdef Py_ssize_t n = labels.size, i
+    cdef intptr_t *p = <intptr_t *>cnp.PyArray_DATA(labels)
+    cdef intptr_t lo = 0, hi = 0
+    if n == 0:
+        return
+    lo = p[0]
+    hi = p[0]
+    with nogil:
+        for i in range(n):
+            if p[i] < lo:
+                lo = p[i]
+            if p[i] > hi:
+                hi = p[i]
+    if lo < 0 or hi >= c:
+        raise IndexError(f"{name}: values must lie in [0, {c}), got [{lo}, {hi}]")

@@ -16,7 +16,15 @@ import numpy as np
 
 from .._indexed_slices import IndexedSlices
 from . import _tensor
-from ._tensor import Tensor, _enable_grad, _wrap
+from ._tensor import Tensor, _wrap
+
+
+# read-only scalar seeds (never written: accumulation only writes buffers it allocated)
+_ONES = {}
+for _dt in (np.float32, np.float64):
+    _one = np.ones((), dtype=_dt)
+    _one.setflags(write=False)
+    _ONES[np.dtype(_dt)] = _one
 
 
 def _key(t):
@@ -30,7 +38,8 @@ def _as_seed(y, grad_output):
             raise ValueError(
                 f"grad_output: y has shape {y.data.shape}; a non-scalar y needs a grad_output seed "
                 f"of the same shape (ONNX's Gradient examples seed with ones)")
-        return _wrap(np.ones_like(y.data))
+        one = _ONES.get(y.data.dtype) if y.data.shape == () else None
+        return _wrap(one if one is not None else np.ones_like(y.data))
     if not isinstance(grad_output, Tensor):
         grad_output = _wrap(np.asarray(grad_output, dtype=y.data.dtype))
     if grad_output.data.shape != y.data.shape:
@@ -80,7 +89,9 @@ def _freed_error(node):
 
 
 def _check_versions(node):
-    for i, (t, v) in enumerate(zip(node.inputs, node.versions)):
+    versions = node.versions
+    for i, t in enumerate(node.inputs):
+        v = versions[i]
         if t._version != v:
             raise RuntimeError(
                 f"a tensor saved by '{node.prim.name}' (argument {i}) was modified in place "
@@ -95,61 +106,69 @@ def _check_versions(node):
 
 def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
     """The walk shared by ``gradient`` and ``backward``; returns {key: cotangent}."""
-    grads = {}
-    ykey = _key(y)
-    grads[ykey] = seed
-    if ykey in keys_x or ykey in keys_z or y._node is None:
+    ynode = y._node
+    ykey = ynode or y
+    grads = {ykey: seed}
+    if ynode is None or ykey in keys_x or ykey in keys_z:
         return grads
-    stop = keys_x.keys() | keys_z
-    # 1. reachable nodes (iterative DFS)
-    nodes = {y._node}
-    stack = [y._node]
-    while stack:
-        node = stack.pop()
+    stop = keys_x.keys() | keys_z if keys_z else keys_x
+    # 1. reachable nodes (explicit work list, no recursion)
+    order = [ynode]
+    seen = {ynode}
+    i = 0
+    while i < len(order):
+        node = order[i]
+        i += 1
         inputs = node.inputs
         if inputs is None:
             raise _freed_error(node)
         for t in inputs:
             n = t._node
-            if n is not None and n not in nodes and n not in stop:
-                nodes.add(n)
-                stack.append(n)
-    order = sorted(nodes, key=_node_id)
-    # 2. relevance (forward sweep in tape order)
-    relevant = set()
+            if n is not None and n not in seen and n not in stop:
+                seen.add(n)
+                order.append(n)
+    if len(order) > 1:
+        order.sort(key=_node_id)
+    # 2. relevance (forward sweep in tape order): which inputs of which nodes get a VJP call
+    wanted = {}
     for node in order:
-        for t in node.inputs:
-            k = _key(t)
-            if k in keys_x or (k in relevant and k not in keys_z):
-                relevant.add(node)
-                break
+        idx = [i for i, t in enumerate(node.inputs)
+               if (t._node or t) in keys_x or ((t._node or t) in wanted and (t._node or t) not in keys_z)]
+        if idx:
+            wanted[node] = idx
     # 3. reverse walk
     owned = set()
-    with _enable_grad(create_graph):
+    previous = _tensor._grad_enabled
+    _tensor._grad_enabled = create_graph
+    try:
         for node in reversed(order):
-            if node not in relevant:
+            idx = wanted.get(node)
+            if idx is None:
                 continue
             g = grads.pop(node, None)
             if g is None:
                 continue
             _check_versions(node)
-            g = _dense(g)
+            if g.__class__ is IndexedSlices:
+                g = _wrap(g.to_dense())
             inputs = node.inputs
             prim = node.prim
             ans = node.output()
             params = node.params
-            for i, t in enumerate(inputs):
-                k = _key(t)
-                if not (k in keys_x or (k in relevant and k not in keys_z)):
-                    continue
-                gi = prim.vjp(i)(g, ans, *inputs, **params)
+            vjps = prim.vjps
+            for i in idx:
+                t = inputs[i]
+                f = vjps.get(i) or prim.vjp(i)
+                gi = f(g, ans, *inputs, **params)
                 if gi is None:
                     continue
                 if gi.shape != t.data.shape:
                     raise RuntimeError(
                         f"VJP of '{prim.name}' for argument {i} returned shape {gi.shape}, "
                         f"expected {t.data.shape}")
-                _accumulate(grads, owned, k, gi, create_graph)
+                _accumulate(grads, owned, t._node or t, gi, create_graph)
+    finally:
+        _tensor._grad_enabled = previous
     if not (retain_graph or create_graph):
         for node in order:
             node.inputs = None

@@ -70,17 +70,20 @@ def tanh_grad(g, t):
     return g * (1 - t * t)
 
 
-def _labels(labels, n, c):
-    if labels.dtype != np.intp:
-        labels = labels.astype(np.intp)
-    return labels
+def check_labels(labels, c, name):
+    """IndexError unless every value of ``labels`` (contiguous intp) lies in ``[0, c)``."""
+    if _C is not None:
+        _C.check_labels(labels, c, name)
+    elif labels.size and (labels.min() < 0 or labels.max() >= c):
+        raise IndexError(f"{name}: values must lie in [0, {c}), got "
+                         f"[{labels.min()}, {labels.max()}]")
 
 
 def softmax_cross_entropy(logits, labels):
     """mean_i (logsumexp(logits[i]) - logits[i, labels[i]]) as a 0-d array of logits' dtype."""
     n, c = logits.shape
     if _fast(logits):
-        return np.asarray(_C.sce_forward(logits, np.ascontiguousarray(labels, dtype=np.intp)),
+        return np.asarray(_C.sce_forward(logits, labels),
                           dtype=logits.dtype)
     m = logits.max(axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
@@ -92,7 +95,7 @@ def softmax_cross_entropy_grad(logits, labels, scale):
     """scale * (softmax(logits) - onehot(labels)) / n."""
     n, c = logits.shape
     if _fast(logits):
-        return _C.sce_backward(logits, np.ascontiguousarray(labels, dtype=np.intp), float(scale))
+        return _C.sce_backward(logits, labels, float(scale))
     m = logits.max(axis=1, keepdims=True)
     e = np.exp(logits - m)
     p = e / e.sum(axis=1, keepdims=True)

@@ -10,6 +10,7 @@ from . import _kernels as K
 from . import _tensor
 from ._ops import _wrap, divide, multiply, reshape, subtract, sum as _sum_op
 from ._registry import as_tensor, defvjp, primitive, zero_vjp
+from ._tensor import Tensor
 
 # ---------------------------------------------------------------------------------------------
 # conv2d (NCHW, im2col + one BLAS GEMM per group)
@@ -179,17 +180,18 @@ def softmax_cross_entropy(logits, labels):
     Computed as ``logsumexp(logits[i]) - logits[i, labels[i]]`` with the row maximum subtracted.
     """
     logits = as_tensor(logits)
-    labels = as_tensor(labels)
-    if logits.ndim != 2:
-        raise ValueError(f"logits: expected shape (N, C), got {logits.shape}")
-    if labels.dtype.kind not in "iu":
-        raise TypeError(f"labels: expected an integer array, got {labels.dtype}")
-    if labels.shape != logits.shape[:1]:
-        raise ValueError(f"labels: expected shape ({logits.shape[0]},), got {labels.shape}")
-    if labels.data.size and (labels.data.min() < 0 or labels.data.max() >= logits.shape[1]):
-        raise IndexError(f"labels: values must lie in [0, {logits.shape[1]}), got "
-                         f"[{labels.data.min()}, {labels.data.max()}]")
-    return _sce(logits, labels)
+    lab = labels.data if isinstance(labels, Tensor) else np.asarray(labels)
+    shape = logits.data.shape
+    if len(shape) != 2:
+        raise ValueError(f"logits: expected shape (N, C), got {shape}")
+    if lab.dtype.kind not in "iu":
+        raise TypeError(f"labels: expected an integer array, got {lab.dtype}")
+    if lab.shape != shape[:1]:
+        raise ValueError(f"labels: expected shape ({shape[0]},), got {lab.shape}")
+    if lab.dtype != np.intp or not lab.flags.c_contiguous:
+        lab = np.ascontiguousarray(lab, dtype=np.intp)
+    K.check_labels(lab, shape[1], "labels")
+    return _sce(logits, _wrap(lab))
 
 
 @primitive

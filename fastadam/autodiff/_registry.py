@@ -18,6 +18,7 @@ higher-order derivatives need no special code.  An argument whose VJP was never 
 ``zero_vjp`` declares an argument non-differentiable (gradient zero: masks, labels, indices).
 """
 import functools
+from weakref import ref as _weakref
 
 import numpy as np
 
@@ -46,29 +47,40 @@ class Primitive:
         self.__wrapped__ = fun
 
     def __call__(self, *args, **params):
-        tensors = []
         need = False
-        scalars = False
         for a in args:
             if a.__class__ is not Tensor:
-                if isinstance(a, Tensor):
-                    need = need or a.requires_grad
-                elif isinstance(a, (int, float)) and not isinstance(a, bool):
+                return self._call_converting(args, params)
+            if a.requires_grad:
+                need = True
+        out = self.fun(*[a.data for a in args], **params)
+        if need and _tensor._grad_enabled:
+            node = Node(self, args, params, out)
+            t = _wrap(out, True, node)
+            node.out_ref = _weakref(t)
+            return t
+        return _wrap(out)
+
+    def _call_converting(self, args, params):
+        """Slow path: some arguments are scalars, ndarrays or Tensor subclasses."""
+        tensors = []
+        scalars = False
+        for a in args:
+            if not isinstance(a, Tensor):
+                if isinstance(a, (int, float)) and not isinstance(a, bool):
                     scalars = True
                 else:
                     a = _wrap(np.asarray(a))
-            elif a.requires_grad:
-                need = True
             tensors.append(a)
         if scalars:
             tensors = _scalars_to_tensors(tensors)
-        out = self.fun(*[t.data for t in tensors], **params)
-        if not (need and _tensor._grad_enabled):
-            return _wrap(out)
-        node = Node(self, tensors, params, out)
-        t = _wrap(out, True, node)
-        _tensor.weak_output(node, t)
-        return t
+        out = self.fun(*[a.data for a in tensors], **params)
+        if _tensor._grad_enabled and any(a.requires_grad for a in tensors):
+            node = Node(self, tuple(tensors), params, out)
+            t = _wrap(out, True, node)
+            node.out_ref = _weakref(t)
+            return t
+        return _wrap(out)
 
     def vjp(self, argnum):
         """The VJP of argument ``argnum`` (NotImplementedError if none is registered)."""
