@@ -287,21 +287,22 @@ cdef fa_conv_geom _geom(Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w, 
 def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
            Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho,
            Py_ssize_t wo):
-    """x (N, C, H, W) -> cols (C*kh*kw, N*ho*wo); see the header for the formula."""
+    """x (N, C, H, W) -> cols (N, C*kh*kw, ho*wo); see the header for the formula."""
     _check(x, "x")
     if x.ndim != 4:
         raise ValueError("x: expected a 4-D array")
     cdef fa_conv_geom g = _geom(x.shape[0], x.shape[1], x.shape[2], x.shape[3], kh, kw, sh, sw,
                                 ph, pw, dh, dw, ho, wo)
-    cdef cnp.npy_intp dims[2]
-    dims[0] = g.c * kh * kw
-    dims[1] = g.n * ho * wo
-    cdef cnp.ndarray cols = cnp.PyArray_EMPTY(2, dims, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.npy_intp dims[3]
+    dims[0] = g.n
+    dims[1] = g.c * kh * kw
+    dims[2] = ho * wo
+    cdef cnp.ndarray cols = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(x), 0)
     cdef bint f32 = _is_f32(x)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
     cdef char *pc = <char *>cnp.PyArray_DATA(cols)
-    cdef Py_ssize_t r, nrows = dims[0]
-    cdef int nt = _threads(dims[0] * dims[1], nrows)
+    cdef Py_ssize_t r, nrows = dims[0] * dims[1]
+    cdef int nt = _threads(nrows * dims[2], nrows)
     with nogil:
         for r in prange(nrows, schedule="static", num_threads=nt):
             if f32:
@@ -314,10 +315,11 @@ def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_
 def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,
            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph,
            Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho, Py_ssize_t wo):
-    """The adjoint of im2col: cols (C*kh*kw, N*ho*wo) -> x (N, C, H, W)."""
+    """The adjoint of im2col: cols (N, C*kh*kw, ho*wo) -> x (N, C, H, W)."""
     _check(cols, "cols")
-    if cols.ndim != 2 or cols.shape[0] != c * kh * kw or cols.shape[1] != n * ho * wo:
-        raise ValueError("cols: expected shape (C*kh*kw, N*ho*wo)")
+    if cols.ndim != 3 or cols.shape[0] != n or cols.shape[1] != c * kh * kw or \
+            cols.shape[2] != ho * wo:
+        raise ValueError("cols: expected shape (N, C*kh*kw, ho*wo)")
     cdef fa_conv_geom g = _geom(n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     cdef cnp.npy_intp dims[4]
     dims[0], dims[1], dims[2], dims[3] = n, c, h, w

@@ -117,7 +117,7 @@ def log_softmax(x, axis):
 
 
 def im2col(x, kh, kw, stride, padding, dilation):
-    """x (N, C, H, W) -> cols (C*kh*kw, N*Ho*Wo): cols[(c, i, j), (n, p, q)] =
+    """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
     xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x)."""
     n, c, h, w = x.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
@@ -128,20 +128,20 @@ def im2col(x, kh, kw, stride, padding, dilation):
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     s = xp.strides
     win = np.lib.stride_tricks.as_strided(
-        xp, (c, kh, kw, n, ho, wo), (s[1], s[2] * dh, s[3] * dw, s[0], s[2] * sh, s[3] * sw))
-    return win.reshape(c * kh * kw, n * ho * wo), ho, wo
+        xp, (n, c, kh, kw, ho, wo), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw))
+    return win.reshape(n, c * kh * kw, ho * wo), ho, wo
 
 
 def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
-    """The adjoint of im2col: scatter-add cols (C*kh*kw, N*Ho*Wo) back into (N, C, H, W)."""
+    """The adjoint of im2col: scatter-add cols (N, C*kh*kw, Ho*Wo) back into (N, C, H, W)."""
     n, c, h, w = x_shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     if _fast(cols):
         return _C.col2im(cols, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     xp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype)
-    v = cols.reshape(c, kh, kw, n, ho, wo)
+    v = cols.reshape(n, c, kh, kw, ho, wo)
     for i in range(kh):
         for j in range(kw):
             xp[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw] += \
-                v[:, i, j].transpose(1, 0, 2, 3)
+                v[:, :, i, j]
     return np.ascontiguousarray(xp[:, :, ph:ph + h, pw:pw + w])

@@ -31,14 +31,25 @@ def _wmat(w, groups):
     return w.reshape(groups, o // groups, -1)
 
 
-@primitive
-def _conv2d(x, w, stride, padding, dilation, groups):
+def _conv_forward(x, w, b, stride, padding, dilation, groups):
     n = x.shape[0]
     o, _, kh, kw = w.shape
-    cols, ho, wo = K.im2col(x, kh, kw, stride, padding, dilation)
-    cols = cols.reshape(groups, -1, cols.shape[1])
-    y = np.matmul(_wmat(w, groups), cols)  # (G, O/G, N*L)
-    return np.ascontiguousarray(y.reshape(o, n, ho, wo).transpose(1, 0, 2, 3))
+    cols, ho, wo = K.im2col(x, kh, kw, stride, padding, dilation)  # (N, R, L)
+    cols = cols.reshape(n, groups, -1, ho * wo)
+    y = np.matmul(_wmat(w, groups), cols).reshape(n, o, ho * wo)   # one GEMM per sample
+    if b is not None:
+        y += b.reshape(o, 1)
+    return y.reshape(n, o, ho, wo)
+
+
+@primitive
+def _conv2d(x, w, stride, padding, dilation, groups):
+    return _conv_forward(x, w, None, stride, padding, dilation, groups)
+
+
+@primitive
+def _conv2d_bias(x, w, b, stride, padding, dilation, groups):
+    return _conv_forward(x, w, b, stride, padding, dilation, groups)
 
 
 @primitive
@@ -46,9 +57,9 @@ def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     """The adjoint of conv2d in x: the gradient of <conv2d(x, w), g> with respect to x."""
     n, o, ho, wo = g.shape
     _, _, kh, kw = w.shape
-    g2 = g.transpose(1, 0, 2, 3).reshape(groups, o // groups, n * ho * wo)
-    cols = np.matmul(_wmat(w, groups).transpose(0, 2, 1), g2).reshape(-1, n * ho * wo)
-    return K.col2im(np.ascontiguousarray(cols), x_shape, kh, kw, stride, padding, dilation, ho, wo)
+    g4 = g.reshape(n, groups, o // groups, ho * wo)
+    cols = np.matmul(_wmat(w, groups).transpose(0, 2, 1), g4).reshape(n, -1, ho * wo)
+    return K.col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo)
 
 
 @primitive
@@ -57,18 +68,26 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     n, o, ho, wo = g.shape
     _, _, kh, kw = w_shape
     cols, _, _ = K.im2col(x, kh, kw, stride, padding, dilation)
-    cols = cols.reshape(groups, -1, cols.shape[1])
-    g2 = g.transpose(1, 0, 2, 3).reshape(groups, o // groups, n * ho * wo)
-    return np.matmul(g2, cols.transpose(0, 2, 1)).reshape(w_shape)
+    cols = cols.reshape(n, groups, -1, ho * wo)
+    g4 = g.reshape(n, groups, o // groups, ho * wo)
+    return np.matmul(g4, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w_shape)
 
 
-def _params(p):
-    return {k: p[k] for k in ("stride", "padding", "dilation", "groups")}
+def _x_vjp(g, ans, x, w, *b, **p):
+    return _conv2d_input_grad(g, w, x_shape=x.shape, **p)
 
 
-defvjp(_conv2d,
-       lambda g, ans, x, w, **p: _conv2d_input_grad(g, w, x_shape=x.shape, **p),
-       lambda g, ans, x, w, **p: _conv2d_weight_grad(x, g, w_shape=w.shape, **p))
+def _w_vjp(g, ans, x, w, *b, **p):
+    return _conv2d_weight_grad(x, g, w_shape=w.shape, **p)
+
+
+def _b_vjp(g, ans, x, w, b, **p):
+    from ._ops import _sum
+    return _sum(g, axes=(0, 2, 3), keepdims=False)
+
+
+defvjp(_conv2d, _x_vjp, _w_vjp)
+defvjp(_conv2d_bias, _x_vjp, _w_vjp, _b_vjp)
 defvjp(_conv2d_input_grad,
        lambda h, ans, g, w, x_shape, **p: _conv2d(h, w, **p),
        lambda h, ans, g, w, x_shape, **p: _conv2d_weight_grad(h, g, w_shape=w.shape, **p))
@@ -99,11 +118,13 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
         raise ValueError("conv2d: expected stride >= 1, dilation >= 1 and padding >= 0, got "
                          f"{stride}, {dilation}, {padding}")
-    y = _conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    if b is not None:
-        b = as_tensor(b)
-        y = y + reshape(b, (1, b.shape[0], 1, 1))
-    return y
+    if b is None:
+        return _conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    b = as_tensor(b)
+    if b.shape != (w.shape[0],):
+        raise ValueError(f"b: expected shape ({w.shape[0]},), got {b.shape}")
+    return _conv2d_bias(x, w, b, stride=stride, padding=padding, dilation=dilation,
+                        groups=groups)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -82,35 +82,34 @@
         }                                                                                        \
     }                                                                                            \
     void fa_ad_im2col_##S(const T *restrict x, T *restrict cols, const fa_conv_geom *gm,         \
-                          ptrdiff_t r0, ptrdiff_t r1)                                            \
+                          ptrdiff_t u0, ptrdiff_t u1)                                            \
     {                                                                                            \
-        const ptrdiff_t L = gm->ho * gm->wo, NL = gm->n * L;                                     \
-        for (ptrdiff_t r = r0; r < r1; r++) {                                                    \
+        const ptrdiff_t L = gm->ho * gm->wo, R = gm->c * gm->kh * gm->kw;                        \
+        for (ptrdiff_t u = u0; u < u1; u++) {                                                    \
+            const ptrdiff_t n = u / R, r = u % R;                                                \
             const ptrdiff_t c = r / (gm->kh * gm->kw), i = (r / gm->kw) % gm->kh, j = r % gm->kw; \
-            T *restrict dst = cols + r * NL;                                                     \
-            for (ptrdiff_t n = 0; n < gm->n; n++) {                                              \
-                const T *restrict plane = x + (n * gm->c + c) * gm->h * gm->w;                   \
-                for (ptrdiff_t p = 0; p < gm->ho; p++) {                                         \
-                    T *restrict d = dst + n * L + p * gm->wo;                                    \
-                    const ptrdiff_t hh = p * gm->sh + i * gm->dh - gm->ph;                       \
-                    if (hh < 0 || hh >= gm->h) {                                                 \
-                        memset(d, 0, (size_t)gm->wo * sizeof(T));                                \
-                        continue;                                                                \
-                    }                                                                            \
-                    const T *restrict src = plane + hh * gm->w;                                  \
-                    const ptrdiff_t off = j * gm->dw - gm->pw;                                   \
-                    if (gm->sw == 1) {                                                           \
-                        ptrdiff_t q0 = off < 0 ? -off : 0;                                       \
-                        ptrdiff_t q1 = gm->w - off < gm->wo ? gm->w - off : gm->wo;              \
-                        if (q1 < q0) q1 = q0;                                                    \
-                        for (ptrdiff_t q = 0; q < q0; q++) d[q] = (T)0;                          \
-                        if (q1 > q0) memcpy(d + q0, src + q0 + off, (size_t)(q1 - q0) * sizeof(T)); \
-                        for (ptrdiff_t q = q1; q < gm->wo; q++) d[q] = (T)0;                     \
-                    } else {                                                                     \
-                        for (ptrdiff_t q = 0; q < gm->wo; q++) {                                 \
-                            const ptrdiff_t ww = q * gm->sw + off;                               \
-                            d[q] = (ww >= 0 && ww < gm->w) ? src[ww] : (T)0;                     \
-                        }                                                                        \
+            T *restrict dst = cols + u * L;                                                      \
+            const T *restrict plane = x + (n * gm->c + c) * gm->h * gm->w;                       \
+            const ptrdiff_t off = j * gm->dw - gm->pw;                                           \
+            for (ptrdiff_t p = 0; p < gm->ho; p++) {                                             \
+                T *restrict d = dst + p * gm->wo;                                                \
+                const ptrdiff_t hh = p * gm->sh + i * gm->dh - gm->ph;                           \
+                if (hh < 0 || hh >= gm->h) {                                                     \
+                    memset(d, 0, (size_t)gm->wo * sizeof(T));                                    \
+                    continue;                                                                    \
+                }                                                                                \
+                const T *restrict src = plane + hh * gm->w;                                      \
+                if (gm->sw == 1) {                                                               \
+                    ptrdiff_t q0 = off < 0 ? -off : 0;                                           \
+                    ptrdiff_t q1 = gm->w - off < gm->wo ? gm->w - off : gm->wo;                  \
+                    if (q1 < q0) q1 = q0;                                                        \
+                    for (ptrdiff_t q = 0; q < q0; q++) d[q] = (T)0;                              \
+                    if (q1 > q0) memcpy(d + q0, src + q0 + off, (size_t)(q1 - q0) * sizeof(T));  \
+                    for (ptrdiff_t q = q1; q < gm->wo; q++) d[q] = (T)0;                         \
+                } else {                                                                         \
+                    for (ptrdiff_t q = 0; q < gm->wo; q++) {                                     \
+                        const ptrdiff_t ww = q * gm->sw + off;                                   \
+                        d[q] = (ww >= 0 && ww < gm->w) ? src[ww] : (T)0;                         \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
@@ -119,14 +118,14 @@
     void fa_ad_col2im_##S(const T *restrict cols, T *restrict x, const fa_conv_geom *gm,         \
                           ptrdiff_t k0, ptrdiff_t k1)                                            \
     {                                                                                            \
-        const ptrdiff_t L = gm->ho * gm->wo, NL = gm->n * L;                                     \
+        const ptrdiff_t L = gm->ho * gm->wo, R = gm->c * gm->kh * gm->kw;                        \
         for (ptrdiff_t k = k0; k < k1; k++) {                                                    \
             const ptrdiff_t n = k / gm->c, c = k % gm->c;                                        \
             T *restrict plane = x + k * gm->h * gm->w;                                           \
             memset(plane, 0, (size_t)(gm->h * gm->w) * sizeof(T));                               \
             for (ptrdiff_t i = 0; i < gm->kh; i++)                                               \
                 for (ptrdiff_t j = 0; j < gm->kw; j++) {                                         \
-                    const T *restrict src = cols + ((c * gm->kh + i) * gm->kw + j) * NL + n * L;  \
+                    const T *restrict src = cols + (n * R + (c * gm->kh + i) * gm->kw + j) * L;  \
                     const ptrdiff_t off = j * gm->dw - gm->pw;                                   \
                     for (ptrdiff_t p = 0; p < gm->ho; p++) {                                     \
                         const ptrdiff_t hh = p * gm->sh + i * gm->dh - gm->ph;                   \

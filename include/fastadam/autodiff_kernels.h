@@ -17,8 +17,9 @@
  *   sum_rows:      out[j] = sum_{i in [0, rows)} x[i, j], i ascending         (x is rows x cols)
  *   sce_rows:      loss[i] = m_i + log(sum_j exp(x[i,j] - m_i)) - x[i, label[i]], m_i = max_j x[i,j]
  *   sce_grad_rows: out[i,j] = scale * (exp(x[i,j] - m_i) / s_i - [j == label[i]])
- *   im2col:        cols[r, (n, p, q)] = xpad[n, c, p*sh + i*dh, q*sw + j*dw], r = (c, i, j)
- *   col2im:        the adjoint of im2col: x[n, c, h, w] += cols[(c, i, j), (n, p, q)] for every
+ *   im2col:        cols[n, r, (p, q)] = xpad[n, c, p*sh + i*dh, q*sw + j*dw], r = (c, i, j)
+ *                  (cols is N x (C*kh*kw) x (Ho*Wo): one GEMM per sample gives NCHW directly)
+ *   col2im:        the adjoint of im2col: x[n, c, h, w] += cols[n, (c, i, j), (p, q)] for every
  *                  (i, j, p, q) with p*sh + i*dh - ph = h and q*sw + j*dw - pw = w
  */
 #ifndef FASTADAM_AUTODIFF_KERNELS_H
@@ -58,9 +59,10 @@ typedef struct {
     /* out rows [i0, i1) OUT = scale * (softmax(x[i]) - onehot(labels[i])).  x IN, no aliasing. */\
     void fa_ad_sce_grad_rows_##S(const T *x, const intptr_t *labels, T *out, ptrdiff_t cols,     \
                                  T scale, ptrdiff_t i0, ptrdiff_t i1);                           \
-    /* cols rows [r0, r1) OUT of the (C*kh*kw) x (N*Ho*Wo) im2col matrix of x (N,C,H,W IN). */   \
-    void fa_ad_im2col_##S(const T *x, T *cols, const fa_conv_geom *g, ptrdiff_t r0,             \
-                          ptrdiff_t r1);                                                         \
+    /* rows u = n*R + r in [u0, u1) OUT of the N x R x (Ho*Wo) im2col array of x (N,C,H,W IN), \
+     * R = C*kh*kw.  O((u1 - u0) * Ho * Wo). */                                                  \
+    void fa_ad_im2col_##S(const T *x, T *cols, const fa_conv_geom *g, ptrdiff_t u0,             \
+                          ptrdiff_t u1);                                                         \
     /* x planes [k0, k1) (k = n*C + c) OUT, overwritten, of col2im(cols IN). */                  \
     void fa_ad_col2im_##S(const T *cols, T *x, const fa_conv_geom *g, ptrdiff_t k0,             \
                           ptrdiff_t k1);
