@@ -249,7 +249,14 @@ def sce_forward(cnp.ndarray x, cnp.ndarray labels):
                                    min(rows, i * B + B))
     if rows == 0:
         return float("nan")
-    return float(np.add.reduce(loss, dtype=np.float64)) / rows
+    cdef double total = 0.0
+    if f32:
+        for i in range(rows):
+            total += (<float *>pl)[i]
+    else:
+        for i in range(rows):
+            total += (<double *>pl)[i]
+    return total / rows
 
 
 def sce_backward(cnp.ndarray x, cnp.ndarray labels, double scale):

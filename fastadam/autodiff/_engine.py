@@ -91,14 +91,16 @@ def _freed_error(node):
 def _check_versions(node):
     versions = node.versions
     for i, t in enumerate(node.inputs):
-        v = versions[i]
+        v = 0 if versions is None else versions[i]
         if t._version != v:
             raise RuntimeError(
                 f"a tensor saved by '{node.prim.name}' (argument {i}) was modified in place "
                 f"(version {t._version}, recorded at version {v}); its gradient would be wrong")
-    ref = node.out_ref
-    out = ref() if ref is not None else None
-    if out is not None and out._version != 0:
+
+
+
+def _check_output_version(node, out):
+    if out._version != 0:
         raise RuntimeError(
             f"the output of '{node.prim.name}' was modified in place (version {out._version}, "
             f"recorded at version 0); its gradient would be wrong")
@@ -132,9 +134,17 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
     # 2. relevance (forward sweep in tape order): which inputs of which nodes get a VJP call
     wanted = {}
     for node in order:
-        idx = [i for i, t in enumerate(node.inputs)
-               if (t._node or t) in keys_x or ((t._node or t) in wanted and (t._node or t) not in keys_z)]
-        if idx:
+        idx = None
+        i = 0
+        for t in node.inputs:
+            k = t._node or t
+            if k in keys_x or (k in wanted and k not in keys_z):
+                if idx is None:
+                    idx = [i]
+                else:
+                    idx.append(i)
+            i += 1
+        if idx is not None:
             wanted[node] = idx
     # 3. reverse walk
     owned = set()
@@ -148,12 +158,24 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             g = grads.pop(node, None)
             if g is None:
                 continue
-            _check_versions(node)
+            inputs = node.inputs
+            versions = node.versions
+            if versions is None:
+                for t in inputs:
+                    if t._version:
+                        _check_versions(node)
+            else:
+                _check_versions(node)
+            ref = node.out_ref
+            ans = ref() if ref is not None else None
+            if ans is None:
+                ans = node.output()
+            elif ans._version:
+                _check_versions(node)
+                _check_output_version(node, ans)
             if g.__class__ is IndexedSlices:
                 g = _wrap(g.to_dense())
-            inputs = node.inputs
             prim = node.prim
-            ans = node.output()
             params = node.params
             vjps = prim.vjps
             for i in idx:
@@ -162,11 +184,16 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
                 gi = f(g, ans, *inputs, **params)
                 if gi is None:
                     continue
-                if gi.shape != t.data.shape:
+                shape = gi.data.shape if gi.__class__ is Tensor else gi.shape
+                if shape != t.data.shape:
                     raise RuntimeError(
-                        f"VJP of '{prim.name}' for argument {i} returned shape {gi.shape}, "
+                        f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
                         f"expected {t.data.shape}")
-                _accumulate(grads, owned, t._node or t, gi, create_graph)
+                k = t._node or t
+                if k in grads:
+                    _accumulate(grads, owned, k, gi, create_graph)
+                else:
+                    grads[k] = gi
     finally:
         _tensor._grad_enabled = previous
     if not (retain_graph or create_graph):

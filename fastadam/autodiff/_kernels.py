@@ -25,13 +25,17 @@ def _fast(*arrays):
 
 def sum_to(x, shape):
     """Sum ``x`` over the axes NumPy broadcasting added or stretched to reach ``x.shape``."""
-    shape = tuple(shape)
-    if x.shape == shape:
+    xs = x.shape
+    if xs == shape:
         return x
-    lead = x.ndim - len(shape)
-    if (lead >= 1 and x.shape[lead:] == shape and _fast(x)):
+    lead = len(xs) - len(shape)
+    if lead == 1 and xs[1:] == shape:
+        if x.size < 8192 or not _fast(x):  # small: NumPy's reduction is cheaper to call
+            return np.add.reduce(x, axis=0)
+        return _C.sum_rows(x.reshape(xs[0], -1)).reshape(shape)
+    if lead >= 1 and xs[lead:] == shape and _fast(x):
         rows = 1
-        for d in x.shape[:lead]:
+        for d in xs[:lead]:
             rows *= d
         return _C.sum_rows(x.reshape(rows, -1)).reshape(shape)
     axes = tuple(range(lead)) + tuple(

@@ -8,6 +8,7 @@ import builtins
 import numpy as np
 
 from . import _kernels as K
+from . import _tensor
 from ._registry import as_tensor, defvjp, defvjp_argnum, primitive, zero_vjp
 from ._tensor import Tensor, _wrap
 
@@ -36,6 +37,8 @@ def unbroadcast(g, shape):
     """The cotangent of an operand of shape ``shape`` that was broadcast to ``g.shape``."""
     if g.data.shape == shape:
         return g
+    if not _tensor._grad_enabled:  # first order: skip the primitive wrapper
+        return _wrap(K.sum_to(g.data, shape))
     return sum_to(g, shape=shape)
 
 
@@ -116,7 +119,9 @@ def _mT(t):
 
 
 def _matmul_vjp_a(g, ans, a, b):
-    if a.ndim == 2 and b.ndim == 2:
+    if a.data.ndim == 2 and b.data.ndim == 2:
+        if not _tensor._grad_enabled:  # first order: one BLAS call, no wrappers
+            return _wrap(np.matmul(g.data, b.data.T))
         return matmul(g, transpose(b))
     if b.ndim == 1:
         if a.ndim == 1:
@@ -129,7 +134,9 @@ def _matmul_vjp_a(g, ans, a, b):
 
 
 def _matmul_vjp_b(g, ans, a, b):
-    if a.ndim == 2 and b.ndim == 2:
+    if a.data.ndim == 2 and b.data.ndim == 2:
+        if not _tensor._grad_enabled:
+            return _wrap(np.matmul(a.data.T, g.data))
         return matmul(transpose(a), g)
     if a.ndim == 1:
         if b.ndim == 1:

@@ -48,14 +48,16 @@ class Primitive:
 
     def __call__(self, *args, **params):
         need = False
+        vsum = 0
         for a in args:
             if a.__class__ is not Tensor:
                 return self._call_converting(args, params)
             if a.requires_grad:
                 need = True
+            vsum += a._version
         out = self.fun(*[a.data for a in args], **params)
         if need and _tensor._grad_enabled:
-            node = Node(self, args, params, out)
+            node = Node(self, args, params, out, vsum)
             t = _wrap(out, True, node)
             node.out_ref = _weakref(t)
             return t
@@ -76,7 +78,7 @@ class Primitive:
             tensors = _scalars_to_tensors(tensors)
         out = self.fun(*[a.data for a in tensors], **params)
         if _tensor._grad_enabled and any(a.requires_grad for a in tensors):
-            node = Node(self, tuple(tensors), params, out)
+            node = Node(self, tuple(tensors), params, out, 1)
             t = _wrap(out, True, node)
             node.out_ref = _weakref(t)
             return t

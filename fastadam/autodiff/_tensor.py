@@ -76,7 +76,8 @@ class _enable_grad:
 class Node:
     """One recorded primitive application (one entry of the tape).
 
-    ``inputs``: the tensor arguments, in order; ``versions``: their version numbers when recorded;
+    ``inputs``: the tensor arguments, in order; ``versions``: their version numbers when recorded
+    (None when all were 0);
     ``params``: keyword parameters (non-differentiable); ``out_data``: the output array;
     ``out_ref``: a weak reference to the output Tensor (no reference cycle); ``out_version``:
     its version when recorded; ``id``: position on the tape.  ``inputs is None`` once freed.
@@ -84,10 +85,12 @@ class Node:
 
     __slots__ = ("prim", "inputs", "versions", "params", "out_data", "out_ref", "id")
 
-    def __init__(self, prim, inputs, params, out_data):
+    def __init__(self, prim, inputs, params, out_data, version_sum=1):
         self.prim = prim
         self.inputs = inputs
-        self.versions = tuple([t._version for t in inputs])
+        # versions only increase: when they are all 0 (the common case) store None, meaning
+        # "every input was at version 0", instead of a tuple
+        self.versions = tuple([t._version for t in inputs]) if version_sum else None
         self.params = params
         self.out_data = out_data
         self.out_ref = None
