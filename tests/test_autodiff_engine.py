@@ -457,3 +457,29 @@ def test_results_do_not_depend_on_thread_count():
 def test_kernels_were_built_with_openmp():
     from fastadam import _autodiff_kernels
     assert _autodiff_kernels.openmp_enabled() == fastadam.config()["openmp"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_fallback_matches_compiled_kernels(monkeypatch, dtype):
+    """The NumPy paths (used for other dtypes and strided arrays) agree with the kernels."""
+    from fastadam.autodiff import _kernels as K
+
+    def run():
+        r = np.random.default_rng(5)
+        x = Tensor(r.standard_normal((3, 4, 9, 8)).astype(dtype))
+        w = Tensor(r.standard_normal((6, 2, 3, 3)).astype(dtype), requires_grad=True)
+        z = Tensor(r.standard_normal((5, 7)).astype(dtype), requires_grad=True)
+        y = ad.sigmoid(ad.conv2d(x, w, stride=(2, 1), padding=(1, 2), dilation=(2, 1),
+                                 groups=2)).mean() + ad.relu(z).sum() + \
+            ad.softmax_cross_entropy(ad.tanh(z), np.array([0, 6, 3, 3, 1])) + \
+            ad.sum_to(ad.broadcast_to(z, shape=(2, 5, 7)) * 2.0, shape=(7,)).sum()
+        xx = Tensor(x.data, requires_grad=True)
+        gx = gradient(ad.conv2d(xx, w, padding=1, groups=2).sum(), [xx])[0]
+        return [y.data] + [g.data for g in gradient(y, [w, z])] + [gx.data]
+
+    compiled = run()
+    monkeypatch.setattr(K, "_C", None)
+    fallback = run()
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for a, b in zip(compiled, fallback):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
