@@ -24,6 +24,8 @@ cdef extern from "fastadam/autodiff_kernels.h":
     void fa_ad_relu_f64(const double *x, double *y, Py_ssize_t n) nogil
     void fa_ad_relu_grad_f32(const float *g, const float *x, float *o, Py_ssize_t n) nogil
     void fa_ad_relu_grad_f64(const double *g, const double *x, double *o, Py_ssize_t n) nogil
+    void fa_ad_relu_grad_scalar_f32(float g, const float *x, float *o, Py_ssize_t n) nogil
+    void fa_ad_relu_grad_scalar_f64(double g, const double *x, double *o, Py_ssize_t n) nogil
     void fa_ad_sigmoid_f32(const float *x, float *y, Py_ssize_t n) nogil
     void fa_ad_sigmoid_f64(const double *x, double *y, Py_ssize_t n) nogil
     void fa_ad_sigmoid_grad_f32(const float *g, const float *s, float *o, Py_ssize_t n) nogil
@@ -185,6 +187,28 @@ def relu_grad(cnp.ndarray g, cnp.ndarray x):
     return _run_binary(0, g, x)
 
 
+def relu_grad_scalar(double g, cnp.ndarray x):
+    """x > 0 ? g : 0 for a scalar g (new array of x's dtype)."""
+    _check(x, "x")
+    cdef cnp.ndarray o = cnp.PyArray_EMPTY(x.ndim, x.shape, cnp.PyArray_TYPE(x), 0)
+    cdef Py_ssize_t n = x.size, isz = x.itemsize, k, nchunks = (n + CHUNK - 1) // CHUNK
+    cdef bint f32 = _is_f32(x)
+    cdef char *px = <char *>cnp.PyArray_DATA(x)
+    cdef char *po = <char *>cnp.PyArray_DATA(o)
+    cdef int nt = _threads(n, nchunks)
+    cdef Py_ssize_t m
+    with nogil:
+        for k in prange(nchunks, schedule="static", num_threads=nt):
+            m = min(<Py_ssize_t>CHUNK, n - k * CHUNK)
+            if f32:
+                fa_ad_relu_grad_scalar_f32(<float>g, <float *>(px + k * CHUNK * isz),
+                                           <float *>(po + k * CHUNK * isz), m)
+            else:
+                fa_ad_relu_grad_scalar_f64(g, <double *>(px + k * CHUNK * isz),
+                                           <double *>(po + k * CHUNK * isz), m)
+    return o
+
+
 def sigmoid_grad(cnp.ndarray g, cnp.ndarray s):
     """g * s * (1 - s)."""
     return _run_binary(1, g, s)
@@ -293,8 +317,11 @@ cdef fa_conv_geom _geom(Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w, 
 
 def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
            Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho,
-           Py_ssize_t wo):
-    """x (N, C, H, W) -> cols (N, C*kh*kw, ho*wo); see the header for the formula."""
+           Py_ssize_t wo, cnp.ndarray out=None):
+    """x (N, C, H, W) -> cols (N, C*kh*kw, ho*wo); see the header for the formula.
+
+    ``out``: optional C-contiguous array of x's dtype and that shape to write into (a reused
+    workspace saves the page faults of a fresh multi-megabyte allocation on every call)."""
     _check(x, "x")
     if x.ndim != 4:
         raise ValueError("x: expected a 4-D array")
@@ -304,7 +331,16 @@ def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_
     dims[0] = g.n
     dims[1] = g.c * kh * kw
     dims[2] = ho * wo
-    cdef cnp.ndarray cols = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.ndarray cols
+    if out is None:
+        cols = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(x), 0)
+    else:
+        if cnp.PyArray_TYPE(out) != cnp.PyArray_TYPE(x) or not cnp.PyArray_IS_C_CONTIGUOUS(out) \
+                or out.ndim != 3 or out.shape[0] != dims[0] or out.shape[1] != dims[1] \
+                or out.shape[2] != dims[2] or not out.flags.writeable:
+            raise ValueError("out: expected a writable C-contiguous array of x's dtype and "
+                             f"shape ({dims[0]}, {dims[1]}, {dims[2]})")
+        cols = out
     cdef bint f32 = _is_f32(x)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
     cdef char *pc = <char *>cnp.PyArray_DATA(cols)

@@ -483,3 +483,15 @@ def test_numpy_fallback_matches_compiled_kernels(monkeypatch, dtype):
     tol = 2e-5 if dtype == np.float32 else 1e-12
     for a, b in zip(compiled, fallback):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_returned_gradients_are_writable_arrays():
+    a = leaf(3, 4)
+    (g,) = gradient(a.mean(), [a])
+    assert g.data.flags.writeable and g.data.flags.c_contiguous
+    g.data += 1.0
+    y = a * 1.0
+    (gy,) = gradient(y.sum(), [y])
+    assert gy.data.flags.writeable
+    a.sum().backward()
+    a.grad.data += 1.0

@@ -269,6 +269,8 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
             out.append(None)
             continue
         g = grads.get(_key(x))
+        if g.__class__ is Tensor and g._node is None and not g.data.flags.writeable:
+            g = _wrap(np.array(g.data))  # a broadcast view or a read-only seed: materialize
         if g is None and not allow_unused:
             raise ValueError(f"xs[{i}] is not used to compute y (no recorded path from it to y); "
                              f"pass allow_unused=True to get None for it")
@@ -310,7 +312,8 @@ def backward(y, grad_output=None, retain_graph=False, create_graph=False):
             continue
         if isinstance(g, IndexedSlices):
             g = _wrap(g.to_dense())
-        elif id(g.data) in given or g is seed:
+        elif id(g.data) in given or g is seed or (g._node is None
+                                                  and not g.data.flags.writeable):
             g = _wrap(g.data.copy())
         given.add(id(g.data))
         if leaf.grad is None:

@@ -3,6 +3,8 @@ float32/float64 arrays, NumPy otherwise (other dtypes, strided views).
 
 Every function takes and returns ndarrays and allocates its output; none is recorded.
 """
+import threading
+
 import numpy as np
 
 try:
@@ -52,6 +54,9 @@ def relu(x):
 def relu_grad(g, x):
     if g.shape == x.shape and _fast(g, x):
         return _C.relu_grad(g, x)
+    if g.shape == x.shape and _C is not None and g.dtype == x.dtype and _fast(x) \
+            and not np.any(g.strides):  # a broadcast scalar (e.g. the VJP of mean)
+        return _C.relu_grad_scalar(float(g.flat[0]), x)
     return np.where(x > 0, g, 0).astype(np.result_type(g, x), copy=False)
 
 
@@ -120,15 +125,34 @@ def log_softmax(x, axis):
     return s
 
 
-def im2col(x, kh, kw, stride, padding, dilation):
+_scratch = threading.local()
+
+
+def _workspace(size, dtype):
+    """A per-thread grow-only buffer of ``size`` elements (contents undefined)."""
+    key = "buf_" + dtype.char
+    buf = getattr(_scratch, key, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, dtype=dtype)
+        setattr(_scratch, key, buf)
+    return buf[:size]
+
+
+def im2col(x, kh, kw, stride, padding, dilation, scratch=False):
     """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
-    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x)."""
+    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x).
+
+    ``scratch=True``: write into this thread's workspace (valid until the next scratch call on
+    the same thread), for callers that consume the result at once (conv forward, weight grad)."""
     n, c, h, w = x.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if _fast(x):
-        return _C.im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo), ho, wo
+        out = None
+        if scratch:
+            out = _workspace(n * c * kh * kw * ho * wo, x.dtype).reshape(n, c * kh * kw, ho * wo)
+        return _C.im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, out), ho, wo
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     s = xp.strides
     win = np.lib.stride_tricks.as_strided(

@@ -34,7 +34,7 @@ def _wmat(w, groups):
 def _conv_forward(x, w, b, stride, padding, dilation, groups):
     n = x.shape[0]
     o, _, kh, kw = w.shape
-    cols, ho, wo = K.im2col(x, kh, kw, stride, padding, dilation)  # (N, R, L)
+    cols, ho, wo = K.im2col(x, kh, kw, stride, padding, dilation, scratch=True)  # (N, R, L)
     cols = cols.reshape(n, groups, -1, ho * wo)
     y = np.matmul(_wmat(w, groups), cols).reshape(n, o, ho * wo)   # one GEMM per sample
     if b is not None:
@@ -67,7 +67,7 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     """The adjoint of conv2d in w: the gradient of <conv2d(x, w), g> with respect to w."""
     n, o, ho, wo = g.shape
     _, _, kh, kw = w_shape
-    cols, _, _ = K.im2col(x, kh, kw, stride, padding, dilation)
+    cols, _, _ = K.im2col(x, kh, kw, stride, padding, dilation, scratch=True)
     cols = cols.reshape(n, groups, -1, ho * wo)
     g4 = g.reshape(n, groups, o // groups, ho * wo)
     return np.matmul(g4, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w_shape)

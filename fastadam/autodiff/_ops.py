@@ -25,8 +25,8 @@ def sum_to(x, shape):
 
 @primitive
 def broadcast_to(x, shape):
-    """``np.broadcast_to`` (a copy, so the result is writable and contiguous)."""
-    return np.array(np.broadcast_to(x, shape))
+    """``np.broadcast_to``: a read-only view (no copy; consumers never write into it)."""
+    return np.broadcast_to(x, shape)
 
 
 defvjp(sum_to, lambda g, ans, x, shape: broadcast_to(g, shape=x.shape))
@@ -324,7 +324,7 @@ def _mean_vjp(g, ans, x, axes, keepdims):
     count = 1
     for a in axes:
         count *= x.shape[a]
-    return divide(_expand(g, x, axes, keepdims), count or 1)
+    return _expand(divide(g, count or 1), x, axes, keepdims)  # divide before broadcasting
 
 
 def _max_vjp(g, ans, x, axes, keepdims):

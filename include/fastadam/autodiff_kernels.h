@@ -10,7 +10,7 @@
  *
  * Formulas (T = float or double):
  *   relu:          y = x > 0 ? x : 0
- *   relu_grad:     out = x > 0 ? g : 0
+ *   relu_grad:     out = x > 0 ? g : 0          (relu_grad_scalar: the same with one scalar g)
  *   sigmoid:       e = exp(-|x|); y = x >= 0 ? 1 / (1 + e) : e / (1 + e)   (never overflows)
  *   sigmoid_grad:  out = g * s * (1 - s)
  *   tanh_grad:     out = g * (1 - t * t)
@@ -42,6 +42,8 @@ typedef struct {
     void fa_ad_relu_##S(const T *x, T *y, ptrdiff_t n);                                          \
     /* out[0,n) OUT = x > 0 ? g : 0; g, x IN, length n. */                                       \
     void fa_ad_relu_grad_##S(const T *g, const T *x, T *out, ptrdiff_t n);                       \
+    /* out[0,n) OUT = x > 0 ? g : 0 for one scalar g (a broadcast cotangent); x IN. */          \
+    void fa_ad_relu_grad_scalar_##S(T g, const T *x, T *out, ptrdiff_t n);                       \
     /* y[0,n) OUT = sigmoid(x[0,n) IN), overflow-free. */                                        \
     void fa_ad_sigmoid_##S(const T *x, T *y, ptrdiff_t n);                                       \
     /* out OUT = g * s * (1 - s); g, s IN, length n. */                                          \
