@@ -495,3 +495,40 @@ def test_returned_gradients_are_writable_arrays():
     assert gy.data.flags.writeable
     a.sum().backward()
     a.grad.data += 1.0
+
+
+def test_conv2d_bias_shape_error():
+    with pytest.raises(ValueError, match=r"b: expected shape \(2,\), got \(3,\)"):
+        ad.conv2d(leaf(1, 4, 5, 5), leaf(2, 4, 3, 3), leaf(3))
+
+
+def test_kernel_module_argument_errors():
+    from fastadam import _autodiff_kernels as C
+    with pytest.raises(TypeError, match="x: expected float32 or float64, got float16"):
+        C.relu(np.ones(3, dtype=np.float16))
+    with pytest.raises(ValueError, match="x: expected a C-contiguous array"):
+        C.sigmoid(np.ones((4, 4))[:, ::2])
+    with pytest.raises(ValueError, match="expected two arrays of the same dtype and size"):
+        C.relu_grad(np.ones(3), np.ones(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="x: expected a 2-D array"):
+        C.sum_rows(np.ones(3))
+    with pytest.raises(ValueError, match="labels: expected a contiguous intp array of length N"):
+        C.sce_forward(np.ones((2, 3)), np.zeros(3, dtype=np.intp))
+    with pytest.raises(ValueError, match="logits: expected a 2-D array"):
+        C.sce_backward(np.ones(3), np.zeros(3, dtype=np.intp), 1.0)
+    with pytest.raises(ValueError, match="labels: expected a contiguous intp array$"):
+        C.check_labels(np.zeros(3, dtype=np.int32), 2)
+    x = np.ones((1, 1, 4, 4))
+    with pytest.raises(ValueError, match=r"out: expected a writable C-contiguous array"):
+        C.im2col(x, 3, 3, 1, 1, 0, 0, 1, 1, 2, 2, np.empty((1, 9, 3)))
+    with pytest.raises(ValueError, match="x: expected a 4-D array"):
+        C.im2col(np.ones((4, 4)), 3, 3, 1, 1, 0, 0, 1, 1, 2, 2)
+    with pytest.raises(ValueError, match=r"cols: expected shape \(N, C\*kh\*kw, ho\*wo\)"):
+        C.col2im(np.ones((1, 9, 3)), 1, 1, 4, 4, 3, 3, 1, 1, 0, 0, 1, 1, 2, 2)
+
+
+def test_float16_uses_the_numpy_paths():
+    x = Tensor(rng.standard_normal((3, 4)).astype(np.float16), requires_grad=True)
+    y = ad.softmax_cross_entropy(ad.relu(x) + ad.sigmoid(x), np.array([0, 1, 3]))
+    (g,) = gradient(y, [x])
+    assert y.dtype == np.float16 and g.dtype == np.float16
