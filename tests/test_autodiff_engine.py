@@ -139,7 +139,8 @@ def test_version_counter_detects_inplace_modification_of_saved_input():
     c = a * 1.0
     y = (c * b).sum()
     c += 1.0
-    with pytest.raises(RuntimeError, match=r"saved by 'multiply' \(argument 0\) was modified in place"):
+    with pytest.raises(RuntimeError,
+                       match=r"saved by 'multiply' \(argument 0\) was modified in place"):
         gradient(y, [a, b])
 
 
@@ -303,7 +304,8 @@ def test_missing_vjp_names_op_and_argument():
     y = hypot(a, b).sum()
     gradient(y, [a], retain_graph=True)
     with pytest.raises(NotImplementedError,
-                       match="VJP of primitive 'hypot' with respect to argument 1 is not registered"):
+                       match="VJP of primitive 'hypot' with respect to argument 1 is not "
+                             "registered"):
         gradient(y, [b])
 
 

@@ -181,7 +181,8 @@ def _im2col_np(x, k=3, pad=1):
     n, c, h, w = x.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     s = xp.strides
-    win = np.lib.stride_tricks.as_strided(xp, (c, k, k, n, h, w), (s[1], s[2], s[3], s[0], s[2], s[3]))
+    win = np.lib.stride_tricks.as_strided(xp, (c, k, k, n, h, w),
+                                          (s[1], s[2], s[3], s[0], s[2], s[3]))
     return win.reshape(c * k * k, n * h * w)
 
 

@@ -170,6 +170,7 @@ def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
     v = cols.reshape(n, c, kh, kw, ho, wo)
     for i in range(kh):
         for j in range(kw):
-            xp[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw] += \
-                v[:, :, i, j]
+            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+            cols_ = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            xp[:, :, rows, cols_] += v[:, :, i, j]
     return np.ascontiguousarray(xp[:, :, ph:ph + h, pw:pw + w])

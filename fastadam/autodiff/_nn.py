@@ -8,7 +8,7 @@ import numpy as np
 from .._indexed_slices import IndexedSlices
 from . import _kernels as K
 from . import _tensor
-from ._ops import _wrap, divide, multiply, reshape, subtract, sum as _sum_op
+from ._ops import _wrap, divide, multiply, subtract, sum as _sum_op
 from ._registry import as_tensor, defvjp, primitive, zero_vjp
 from ._tensor import Tensor
 
@@ -100,7 +100,8 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (cross-correlation, as ONNX Conv and torch.nn.functional.conv2d), NCHW.
 
     ``x``: (N, C, H, W); ``w``: (O, C / groups, kh, kw); ``b``: (O,) or None.
-    ``y[n, o, p, q] = b[o] + sum_{c, i, j} w[o, c, i, j] * xpad[n, g*C/G + c, p*sh + i*dh, q*sw + j*dw]``
+    ``y[n, o, p, q] = b[o] + sum_{c, i, j} w[o, c, i, j] *
+    xpad[n, g*C/G + c, p*sh + i*dh, q*sw + j*dw]``
     with ``g = o // (O / groups)`` and ``xpad`` x zero-padded by ``padding`` on each side.
     """
     x = as_tensor(x)

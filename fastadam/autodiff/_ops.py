@@ -141,7 +141,8 @@ def _matmul_vjp_b(g, ans, a, b):
     if a.ndim == 1:
         if b.ndim == 1:
             return multiply(g, a)
-        return unbroadcast(multiply(reshape(a, (a.shape[0], 1)), reshape(g, g.shape[:-1] + (1, g.shape[-1]))), b.shape)
+        outer = multiply(reshape(a, (a.shape[0], 1)), reshape(g, g.shape[:-1] + (1, g.shape[-1])))
+        return unbroadcast(outer, b.shape)
     if b.ndim == 1:
         ga = matmul(reshape(g, g.shape[:-1] + (1, g.shape[-1])), a)
         return unbroadcast(reshape(ga, ga.shape[:-2] + ga.shape[-1:]), b.shape)

@@ -14,7 +14,6 @@ Design (HIPS autograd's, with PyTorch's bookkeeping):
   are not seen: that is the escape hatch for optimizers, exactly like ``torch.Tensor.data``.
 """
 import itertools
-import weakref
 
 import numpy as np
 
@@ -55,22 +54,6 @@ class no_grad:
         wrapper.__name__ = getattr(func, "__name__", "wrapper")
         wrapper.__doc__ = getattr(func, "__doc__", None)
         return wrapper
-
-
-class _enable_grad:
-    """Internal: recording on (the backward pass with ``create_graph=True``)."""
-
-    __slots__ = ("_previous", "_mode")
-
-    def __init__(self, mode):
-        self._mode = mode
-
-    def __enter__(self):
-        self._previous = set_grad_enabled(self._mode)
-
-    def __exit__(self, *exc):
-        set_grad_enabled(self._previous)
-        return False
 
 
 class Node:
@@ -216,9 +199,6 @@ class Tensor:
     __hash__ = object.__hash__
 
     # ---- in-place updates: not recorded, bump the version counter --------------------------
-    def _bump(self):
-        self._version += 1
-
     def __iadd__(self, other):
         self.data += other.data if isinstance(other, Tensor) else other
         self._version += 1
@@ -245,8 +225,3 @@ class Tensor:
 
     def zero_grad(self):
         self.grad = None
-
-
-def weak_output(node, tensor):
-    """Link a node to its output tensor without a reference cycle."""
-    node.out_ref = weakref.ref(tensor)
