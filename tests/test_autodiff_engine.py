@@ -534,3 +534,14 @@ def test_float16_uses_the_numpy_paths():
     y = ad.softmax_cross_entropy(ad.relu(x) + ad.sigmoid(x), np.array([0, 1, 3]))
     (g,) = gradient(y, [x])
     assert y.dtype == np.float16 and g.dtype == np.float16
+
+
+def test_backward_keeps_embedding_gradients_sparse():
+    table = leaf(6, 2)
+    ad.take(table, np.array([1, 1, 5])).sum().backward()
+    assert isinstance(table.grad, IndexedSlices)
+    ad.take(table, np.array([0])).sum().backward()
+    assert isinstance(table.grad, IndexedSlices)
+    np.testing.assert_allclose(table.grad.to_dense()[:, 0], [1, 2, 0, 0, 0, 1])
+    (table * 1.0).sum().backward()
+    np.testing.assert_allclose(table.grad.data[:, 0], [2, 3, 1, 1, 1, 2])

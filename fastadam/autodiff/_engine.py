@@ -279,7 +279,12 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
 
 
 def backward(y, grad_output=None, retain_graph=False, create_graph=False):
-    """Accumulate ``d y / d leaf`` into ``leaf.grad`` for every leaf that requires gradients."""
+    """Accumulate ``d y / d leaf`` into ``leaf.grad`` for every leaf that requires gradients.
+
+    ``leaf.grad`` is a Tensor, or an ``IndexedSlices`` for an embedding table reached only
+    through ``take`` (until a dense gradient is added to it).  Every call adds to ``.grad``;
+    reset it with ``leaf.grad = None`` (or ``leaf.zero_grad()``) between steps.
+    """
     if not isinstance(y, Tensor):
         raise TypeError(f"y: expected a Tensor, got {type(y).__name__}")
     if y._node is None and not y.requires_grad:
@@ -311,13 +316,29 @@ def backward(y, grad_output=None, retain_graph=False, create_graph=False):
         if g is None:
             continue
         if isinstance(g, IndexedSlices):
-            g = _wrap(g.to_dense())
-        elif id(g.data) in given or g is seed or (g._node is None
-                                                  and not g.data.flags.writeable):
+            # an embedding table's gradient stays sparse until a dense one is added to it
+            prev = leaf.grad
+            if prev is None:
+                leaf.grad = g
+            elif isinstance(prev, IndexedSlices):
+                leaf.grad = IndexedSlices(np.concatenate([prev.values, g.values]),
+                                          np.concatenate([prev.indices, g.indices]),
+                                          prev.dense_shape)
+            else:
+                total = prev.data.copy()
+                np.add.at(total, g.indices, g.values)
+                leaf.grad = _wrap(total)
+            continue
+        if id(g.data) in given or g is seed or (g._node is None and not g.data.flags.writeable):
             g = _wrap(g.data.copy())
         given.add(id(g.data))
-        if leaf.grad is None:
+        prev = leaf.grad
+        if prev is None:
             leaf.grad = g
+        elif isinstance(prev, IndexedSlices):
+            total = g.data.copy()
+            np.add.at(total, prev.indices, prev.values)
+            leaf.grad = _wrap(total)
         else:
             from ._ops import add
-            leaf.grad = add(leaf.grad, g) if create_graph else _wrap(leaf.grad.data + g.data)
+            leaf.grad = add(prev, g) if create_graph else _wrap(prev.data + g.data)
