@@ -272,7 +272,8 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
         if g.__class__ is Tensor and g._node is None and not g.data.flags.writeable:
             g = _wrap(np.array(g.data))  # a broadcast view or a read-only seed: materialize
         if g is None and not allow_unused:
-            raise ValueError(f"xs[{i}] is not used to compute y (no recorded path from it to y); "
+            raise ValueError(f"xs[{i}] is not used to compute y (no recorded path from it to y; "
+                             f"did some input require gradients when y was computed?); "
                              f"pass allow_unused=True to get None for it")
         out.append(g)
     return out

@@ -122,6 +122,14 @@ class Tensor:
     requires_grad : bool
         Whether operations on this tensor are recorded.  Only floating-point tensors may require
         gradients; integer tensors (labels, indices) are non-differentiable.
+
+    Notes
+    -----
+    ``+ - * / ** @``, unary ``-`` and ``t[index]`` are recorded primitives; ``< <= > >=`` give
+    non-differentiable boolean tensors (masks); ``==`` is identity (tensors are hashable, as the
+    tape needs).  NumPy functions do not accept Tensors (``__array_ufunc__ = None``): use the
+    functions of ``fastadam.autodiff``, or ``.data`` for the raw array.  The grad mode
+    (``no_grad``) is process-wide, not per thread.
     """
 
     __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "__weakref__")
