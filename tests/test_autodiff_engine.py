@@ -545,3 +545,16 @@ def test_backward_keeps_embedding_gradients_sparse():
     np.testing.assert_allclose(table.grad.to_dense()[:, 0], [1, 2, 0, 0, 0, 1])
     (table * 1.0).sum().backward()
     np.testing.assert_allclose(table.grad.data[:, 0], [2, 3, 1, 1, 1, 2])
+
+
+def test_zero_dimensional_tensors_accumulate():
+    x = Tensor(np.array(2.0), requires_grad=True)
+    y = x * x + x * 3.0 + x + ad.exp(x).sum()
+    assert isinstance(y.data, np.ndarray)
+    (g,) = gradient(y, [x])
+    np.testing.assert_allclose(g.data, 2 * 2.0 + 3 + 1 + np.exp(2.0))
+    y2 = x * x + x
+    y2.backward()
+    y2b = x * x + x
+    y2b.backward()
+    np.testing.assert_allclose(x.grad.data, 10.0)

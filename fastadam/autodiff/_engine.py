@@ -77,7 +77,7 @@ def _accumulate(grads, owned, key, g, create_graph):
         total = prev.data.copy()
         np.add.at(total, g.indices, g.values)
     else:
-        total = prev.data + g.data
+        total = np.asarray(prev.data + g.data)
     grads[key] = _wrap(total)
     owned.add(key)
 
@@ -342,4 +342,4 @@ def backward(y, grad_output=None, retain_graph=False, create_graph=False):
             leaf.grad = _wrap(total)
         else:
             from ._ops import add
-            leaf.grad = add(prev, g) if create_graph else _wrap(prev.data + g.data)
+            leaf.grad = add(prev, g) if create_graph else _wrap(np.asarray(prev.data + g.data))

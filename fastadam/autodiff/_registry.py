@@ -25,6 +25,9 @@ import numpy as np
 from . import _tensor
 from ._tensor import Node, Tensor, _wrap
 
+_ndarray = np.ndarray
+
+
 def zero_vjp(g, ans, *args, **params):
     """Marker VJP: the argument does not influence the output differentiably."""
     return None
@@ -53,6 +56,8 @@ class Primitive:
                 need = True
             vsum += a._version
         out = self.fun(*[a.data for a in args], **params)
+        if out.__class__ is not _ndarray:  # NumPy returns scalars for 0-d results
+            out = np.asarray(out)
         if need and _tensor._grad_enabled:
             node = Node(self, args, params, out, vsum)
             t = _wrap(out, True, node)
@@ -73,7 +78,7 @@ class Primitive:
             tensors.append(a)
         if scalars:
             tensors = _scalars_to_tensors(tensors)
-        out = self.fun(*[a.data for a in tensors], **params)
+        out = np.asarray(self.fun(*[a.data for a in tensors], **params))
         if _tensor._grad_enabled and any(a.requires_grad for a in tensors):
             node = Node(self, tuple(tensors), params, out, 1)
             t = _wrap(out, True, node)
