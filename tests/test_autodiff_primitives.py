@@ -29,6 +29,7 @@ IDX = np.array([[1, 3], [3, 0], [4, 1]])
 CASES = {
     "add": (lambda a, b: a + b, [r(3, 4), r(4)]),
     "add_scalar": (lambda a: 2.5 + a, [r(2, 3)]),
+    "multiply_0d_broadcast": (lambda a, b: a * b + a * a, [np.asarray(r()), r(3)]),
     "subtract": (lambda a, b: a - b, [r(3, 1), r(1, 4)]),
     "multiply": (lambda a, b: a * b, [r(2, 3, 4), r(3, 1)]),
     "divide": (lambda a, b: a / b, [r(3, 4), pos(4)]),
