@@ -6,6 +6,11 @@ fastadam is faster).  Also reports the tape's per-op overhead.  Usage, from the 
 after ``python setup.py build_ext --inplace``::
 
     python asv_bench/autodiff_report.py [--quick]
+
+Note: fresh multi-megabyte NumPy outputs (conv activations) page-fault when glibc has returned
+the freed memory to the OS; on a virtual machine that costs ~1 ms per 2 MB array and dominates
+the conv workload.  PyTorch is not affected the same way.  Running the report with
+``MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=268435456`` shows the cost without it.
 """
 import argparse
 import os
