@@ -5,5 +5,6 @@ from ._dense_api import step_inplace
 from ._indexed_slices import IndexedSlices
 from ._optimizer import Adam
 from ._show_config import config, show_config
+from . import autodiff
 
-__all__ = ["Adam", "IndexedSlices", "config", "show_config", "step_inplace"]
+__all__ = ["Adam", "IndexedSlices", "autodiff", "config", "show_config", "step_inplace"]

@@ -1,0 +1,152 @@
+"""Primitives and the VJP registry (``primitive``, ``defvjp``).
+
+A primitive is a function of ndarrays (positional tensor arguments, keyword parameters that are
+never differentiated) wrapped so that it accepts Tensors and records a tape node.  Its
+vector-Jacobian products are registered separately, one per positional argument::
+
+    @primitive
+    def cube(x):
+        return x ** 3
+
+    defvjp(cube, lambda g, ans, x: g * 3 * x ** 2)
+
+A VJP receives the output cotangent ``g``, the output ``ans`` and the inputs, all as Tensors,
+plus the keyword parameters, and returns the cotangent of its argument (same shape).  VJPs are
+written with the engine's own operations, so they are recorded when ``create_graph=True`` and
+higher-order derivatives need no special code.  An argument whose VJP was never registered raises
+``NotImplementedError`` naming the primitive and the argument when a gradient flows through it;
+``zero_vjp`` declares an argument non-differentiable (gradient zero: masks, labels, indices).
+"""
+import functools
+from weakref import ref as _weakref
+
+import numpy as np
+
+from . import _tensor
+from ._tensor import Node, Tensor, _wrap
+
+_ndarray = np.ndarray
+
+
+def zero_vjp(g, ans, *args, **params):
+    """Marker VJP: the argument does not influence the output differentiably."""
+    return None
+
+
+class Primitive:
+    """A differentiable function of ndarrays.  Call it with Tensors, ndarrays or scalars."""
+
+    __slots__ = ("fun", "name", "vjps", "vjp_argnum", "__wrapped__", "__dict__")
+
+    def __init__(self, fun, name=None):
+        self.fun = fun
+        self.name = name or fun.__name__
+        self.vjps = {}
+        self.vjp_argnum = None  # variadic primitives: one VJP taking the argument number
+        self.__doc__ = fun.__doc__
+        self.__wrapped__ = fun
+
+    def __call__(self, *args, **params):
+        need = False
+        vsum = 0
+        for a in args:
+            if a.__class__ is not Tensor:
+                return self._call_converting(args, params)
+            if a.requires_grad:
+                need = True
+            vsum += a._version
+        out = self.fun(*[a.data for a in args], **params)
+        if out.__class__ is not _ndarray:  # NumPy returns scalars for 0-d results
+            out = np.asarray(out)
+        if need and _tensor._grad_enabled:
+            node = Node(self, args, params, out, vsum)
+            t = _wrap(out, True, node)
+            node.out_ref = _weakref(t)
+            return t
+        return _wrap(out)
+
+    def _call_converting(self, args, params):
+        """Slow path: some arguments are scalars, ndarrays or Tensor subclasses."""
+        tensors = []
+        scalars = False
+        for a in args:
+            if not isinstance(a, Tensor):
+                if isinstance(a, (int, float)) and not isinstance(a, bool):
+                    scalars = True
+                else:
+                    a = _wrap(np.asarray(a))
+            tensors.append(a)
+        if scalars:
+            tensors = _scalars_to_tensors(tensors)
+        out = np.asarray(self.fun(*[a.data for a in tensors], **params))
+        if _tensor._grad_enabled and any(a.requires_grad for a in tensors):
+            node = Node(self, tuple(tensors), params, out, 1)
+            t = _wrap(out, True, node)
+            node.out_ref = _weakref(t)
+            return t
+        return _wrap(out)
+
+    def vjp(self, argnum):
+        """The VJP of argument ``argnum`` (NotImplementedError if none is registered)."""
+        f = self.vjps.get(argnum)
+        if f is None:
+            if self.vjp_argnum is not None:
+                return functools.partial(self.vjp_argnum, argnum)
+            raise NotImplementedError(
+                f"VJP of primitive '{self.name}' with respect to argument {argnum} is not "
+                f"registered; register it with defvjp({self.name}, ...)")
+        return f
+
+    def __repr__(self):
+        return f"<primitive {self.name}>"
+
+
+def primitive(fun=None, *, name=None):
+    """Decorator turning a function of ndarrays into a recorded primitive."""
+    if fun is None:
+        return lambda f: Primitive(f, name)
+    return Primitive(fun, name)
+
+
+def defvjp(prim, *vjps, argnums=None):
+    """Register VJPs of ``prim``: ``vjps[k]`` is for argument ``argnums[k]`` (default ``k``).
+
+    Pass ``None`` to leave an argument without a VJP (an error if a gradient is asked through it),
+    ``zero_vjp`` for an argument that is non-differentiable by nature.
+    """
+    if not isinstance(prim, Primitive):
+        raise TypeError(f"prim: expected a primitive (decorate it with @primitive), "
+                        f"got {type(prim).__name__}")
+    if argnums is None:
+        argnums = range(len(vjps))
+    for k, f in zip(argnums, vjps):
+        if f is not None:
+            prim.vjps[k] = f
+    return prim
+
+
+def defvjp_argnum(prim, vjp):
+    """Register one VJP ``vjp(argnum, g, ans, *args, **params)`` for every argument."""
+    prim.vjp_argnum = vjp
+    return prim
+
+
+def _scalars_to_tensors(items):
+    """Python scalars take the dtype of the first floating-point tensor (no float32 promotion)."""
+    dtype = None
+    for a in items:
+        if isinstance(a, Tensor) and a.data.dtype.kind == "f":
+            dtype = a.data.dtype
+            break
+    return [a if isinstance(a, Tensor) else _wrap(np.asarray(a, dtype=dtype)) for a in items]
+
+
+def as_tensor(value, dtype=None):
+    """``value`` as a Tensor (not recorded).  Python scalars take ``dtype`` when given."""
+    if value.__class__ is Tensor:
+        return value
+    if isinstance(value, Tensor):
+        return value
+    if dtype is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _wrap(np.asarray(value, dtype=dtype))
+    return _wrap(np.asarray(value))

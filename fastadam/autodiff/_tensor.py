@@ -1,0 +1,235 @@
+"""``Tensor``, tape nodes and the grad-mode switch of fastadam's reverse-mode engine.
+
+Design (HIPS autograd's, with PyTorch's bookkeeping):
+
+* A ``Tensor`` wraps one ndarray.  It is lean on purpose (``__slots__``, no per-op allocation
+  besides the output array, the Tensor and, when recording, one ``Node``).
+* Applying a primitive to tensors of which one ``requires_grad`` while grad mode is on appends a
+  ``Node`` to the tape: the primitive, its tensor inputs, their version numbers, its keyword
+  parameters and the output array.  Nodes are numbered in creation order, so the reverse of that
+  order is a topological order of the graph: the backward walk is a sort, never a recursion.
+* Every in-place operation on a Tensor (``+=``, ``-=``, ``*=``, ``/=``, ``t[i] = v``) bumps its
+  version counter.  A node remembers the versions of what it saved and the backward walk refuses
+  to use a tensor that changed since (PyTorch's rule).  Writes through the raw ``.data`` array
+  are not seen: that is the escape hatch for optimizers, exactly like ``torch.Tensor.data``.
+"""
+import itertools
+
+import numpy as np
+
+_grad_enabled = True
+_node_ids = itertools.count()
+
+
+def is_grad_enabled():
+    """True when operations on tensors that require gradients are recorded."""
+    return _grad_enabled
+
+
+def set_grad_enabled(mode):
+    """Turn recording on or off; returns the previous mode."""
+    global _grad_enabled
+    previous = _grad_enabled
+    _grad_enabled = bool(mode)
+    return previous
+
+
+class no_grad:
+    """Context manager (and decorator) under which nothing is recorded on the tape."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self):
+        self._previous = set_grad_enabled(False)
+        return self
+
+    def __exit__(self, *exc):
+        set_grad_enabled(self._previous)
+        return False
+
+    def __call__(self, func):
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return func(*args, **kwargs)
+        wrapper.__name__ = getattr(func, "__name__", "wrapper")
+        wrapper.__doc__ = getattr(func, "__doc__", None)
+        return wrapper
+
+
+class Node:
+    """One recorded primitive application (one entry of the tape).
+
+    ``inputs``: the tensor arguments, in order; ``versions``: their version numbers when recorded
+    (None when all were 0);
+    ``params``: keyword parameters (non-differentiable); ``out_data``: the output array;
+    ``out_ref``: a weak reference to the output Tensor (no reference cycle); ``out_version``:
+    its version when recorded; ``id``: position on the tape.  ``inputs is None`` once freed.
+    """
+
+    __slots__ = ("prim", "inputs", "versions", "params", "out_data", "out_ref", "id")
+
+    def __init__(self, prim, inputs, params, out_data, version_sum=1):
+        self.prim = prim
+        self.inputs = inputs
+        # versions only increase: when they are all 0 (the common case) store None, meaning
+        # "every input was at version 0", instead of a tuple
+        self.versions = tuple([t._version for t in inputs]) if version_sum else None
+        self.params = params
+        self.out_data = out_data
+        self.out_ref = None
+        self.id = next(_node_ids)
+
+    def output(self):
+        """The output Tensor (re-wrapped around ``out_data`` if the user dropped it)."""
+        ref = self.out_ref
+        t = ref() if ref is not None else None
+        if t is None:
+            t = _wrap(self.out_data, True, self)
+        return t
+
+    def __repr__(self):
+        state = "freed" if self.inputs is None else f"{len(self.inputs)} inputs"
+        return f"<Node {self.prim.name} #{self.id} ({state})>"
+
+
+def _wrap(data, requires_grad=False, node=None):
+    """Fast constructor: no validation (``data`` is already an ndarray of a valid dtype)."""
+    t = _new(Tensor)
+    t.data = data
+    t.requires_grad = requires_grad
+    t.grad = None
+    t._node = node
+    t._version = 0
+    return t
+
+
+_new = object.__new__
+
+
+def _check_differentiable_dtype(dtype, what):
+    if dtype.kind not in "fc":
+        raise TypeError(f"{what}: integer and boolean tensors are not differentiable "
+                        f"(dtype {dtype}); only floating-point tensors can require gradients")
+
+
+class Tensor:
+    """An ndarray that records the operations applied to it for reverse-mode differentiation.
+
+    Parameters
+    ----------
+    data : array_like
+        Copied only if it is not already an ndarray (``np.asarray``); Python floats become float64.
+    requires_grad : bool
+        Whether operations on this tensor are recorded.  Only floating-point tensors may require
+        gradients; integer tensors (labels, indices) are non-differentiable.
+
+    Notes
+    -----
+    ``+ - * / ** @``, unary ``-`` and ``t[index]`` are recorded primitives; ``< <= > >=`` give
+    non-differentiable boolean tensors (masks); ``==`` is identity (tensors are hashable, as the
+    tape needs).  NumPy functions do not accept Tensors (``__array_ufunc__ = None``): use the
+    functions of ``fastadam.autodiff``, or ``.data`` for the raw array.  The grad mode
+    (``no_grad``) is process-wide, not per thread.
+    """
+
+    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "__weakref__")
+    __array_priority__ = 1000
+    __array_ufunc__ = None  # ndarray <op> Tensor defers to Tensor's reflected operator
+
+    def __init__(self, data, requires_grad=False):
+        if isinstance(data, Tensor):
+            data = data.data
+        data = np.asarray(data)
+        if requires_grad:
+            _check_differentiable_dtype(data.dtype, "requires_grad")
+        self.data = data
+        self.requires_grad = bool(requires_grad)
+        self.grad = None
+        self._node = None
+        self._version = 0
+
+    # ---- array-like attributes ------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    @property
+    def size(self):
+        return self.data.size
+
+    @property
+    def is_leaf(self):
+        """True for tensors not produced by a recorded operation."""
+        return self._node is None
+
+    def __len__(self):
+        return len(self.data)
+
+    def numpy(self):
+        """The underlying ndarray (not a copy)."""
+        return self.data
+
+    def item(self):
+        return self.data.item()
+
+    def __array__(self, dtype=None, copy=None):
+        if dtype is None:
+            return self.data
+        return self.data.astype(dtype)
+
+    def __float__(self):
+        return float(self.data)
+
+    def detach(self):
+        """A new leaf sharing this tensor's data, not recorded."""
+        return _wrap(self.data)
+
+    def requires_grad_(self, mode=True):
+        if mode:
+            _check_differentiable_dtype(self.data.dtype, "requires_grad")
+        self.requires_grad = bool(mode)
+        return self
+
+    def __repr__(self):
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        if self._node is not None:
+            extra += f", op={self._node.prim.name}"
+        return f"Tensor({np.array2string(self.data, threshold=20)}, dtype={self.data.dtype}{extra})"
+
+    __hash__ = object.__hash__
+
+    # ---- in-place updates: not recorded, bump the version counter --------------------------
+    def __iadd__(self, other):
+        self.data += other.data if isinstance(other, Tensor) else other
+        self._version += 1
+        return self
+
+    def __isub__(self, other):
+        self.data -= other.data if isinstance(other, Tensor) else other
+        self._version += 1
+        return self
+
+    def __imul__(self, other):
+        self.data *= other.data if isinstance(other, Tensor) else other
+        self._version += 1
+        return self
+
+    def __itruediv__(self, other):
+        self.data /= other.data if isinstance(other, Tensor) else other
+        self._version += 1
+        return self
+
+    def __setitem__(self, index, value):
+        self.data[index] = value.data if isinstance(value, Tensor) else value
+        self._version += 1
+
+    def zero_grad(self):
+        self.grad = None

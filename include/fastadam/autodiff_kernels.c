@@ -1,0 +1,156 @@
+/* fastadam/autodiff_kernels.c -- see autodiff_kernels.h for the formulas and contracts.
+ * One macro body per kernel, instantiated for float (f32) and double (f64).  Contiguous loops
+ * with `#pragma omp simd`; the hot elementwise loops carry FA_DISPATCH (runtime ISA choice). */
+#include <math.h>
+#include <string.h>
+
+#include "fastadam/autodiff_kernels.h"
+
+#ifdef _OPENMP
+#define FA_SIMD _Pragma("omp simd")
+#define FA_SIMD_SUM_S _Pragma("omp simd reduction(+:s)")
+#else
+#define FA_SIMD
+#define FA_SIMD_SUM_S
+#endif
+
+#define FA_AD_DEFINE(T, S, EXP, LOG)                                                            \
+    FA_DISPATCH void fa_ad_relu_##S(const T *restrict x, T *restrict y, ptrdiff_t n)            \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) y[k] = x[k] > (T)0 ? x[k] : (T)0;              \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_relu_grad_##S(const T *restrict g, const T *restrict x,              \
+                                         T *restrict out, ptrdiff_t n)                           \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] > (T)0 ? g[k] : (T)0;            \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_relu_grad_scalar_##S(T g, const T *restrict x, T *restrict out,      \
+                                                ptrdiff_t n)                                     \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] > (T)0 ? g : (T)0;               \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_sigmoid_##S(const T *restrict x, T *restrict y, ptrdiff_t n)         \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) {                                              \
+            T v = x[k];                                                                          \
+            T e = EXP(v >= (T)0 ? -v : v);                                                       \
+            T r = (T)1 / ((T)1 + e);                                                             \
+            y[k] = v >= (T)0 ? r : e * r;                                                        \
+        }                                                                                        \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_sigmoid_grad_##S(const T *restrict g, const T *restrict s,           \
+                                            T *restrict out, ptrdiff_t n)                        \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = g[k] * s[k] * ((T)1 - s[k]);          \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_tanh_grad_##S(const T *restrict g, const T *restrict t,              \
+                                         T *restrict out, ptrdiff_t n)                           \
+    {                                                                                            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = g[k] * ((T)1 - t[k] * t[k]);          \
+    }                                                                                            \
+    FA_DISPATCH void fa_ad_sum_rows_##S(const T *restrict x, T *restrict out, ptrdiff_t rows,   \
+                                        ptrdiff_t cols, ptrdiff_t j0, ptrdiff_t j1)              \
+    {                                                                                            \
+        for (ptrdiff_t j = j0; j < j1; j++) out[j] = (T)0;                                       \
+        for (ptrdiff_t i = 0; i < rows; i++) {                                                   \
+            const T *restrict row = x + i * cols;                                                \
+            FA_SIMD for (ptrdiff_t j = j0; j < j1; j++) out[j] += row[j];                        \
+        }                                                                                        \
+    }                                                                                            \
+    void fa_ad_sce_rows_##S(const T *restrict x, const intptr_t *restrict labels,                \
+                            T *restrict loss, ptrdiff_t cols, ptrdiff_t i0, ptrdiff_t i1)        \
+    {                                                                                            \
+        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
+            const T *restrict row = x + i * cols;                                                \
+            T m = row[0], s = (T)0;                                                              \
+            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
+            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) s += EXP(row[j] - m);                   \
+            loss[i] = m + LOG(s) - row[labels[i]];                                               \
+        }                                                                                        \
+    }                                                                                            \
+    void fa_ad_sce_grad_rows_##S(const T *restrict x, const intptr_t *restrict labels,           \
+                                 T *restrict out, ptrdiff_t cols, T scale, ptrdiff_t i0,         \
+                                 ptrdiff_t i1)                                                   \
+    {                                                                                            \
+        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
+            const T *restrict row = x + i * cols;                                                \
+            T *restrict o = out + i * cols;                                                      \
+            T m = row[0], s = (T)0;                                                              \
+            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
+            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) {                                 \
+                o[j] = EXP(row[j] - m);                                                          \
+                s += o[j];                                                                       \
+            }                                                                                    \
+            T r = scale / s;                                                                     \
+            FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;                              \
+            o[labels[i]] -= scale;                                                               \
+        }                                                                                        \
+    }                                                                                            \
+    void fa_ad_im2col_##S(const T *restrict x, T *restrict cols, const fa_conv_geom *gm,         \
+                          ptrdiff_t u0, ptrdiff_t u1)                                            \
+    {                                                                                            \
+        const ptrdiff_t L = gm->ho * gm->wo, R = gm->c * gm->kh * gm->kw;                        \
+        for (ptrdiff_t u = u0; u < u1; u++) {                                                    \
+            const ptrdiff_t n = u / R, r = u % R;                                                \
+            const ptrdiff_t c = r / (gm->kh * gm->kw), i = (r / gm->kw) % gm->kh, j = r % gm->kw; \
+            T *restrict dst = cols + u * L;                                                      \
+            const T *restrict plane = x + (n * gm->c + c) * gm->h * gm->w;                       \
+            const ptrdiff_t off = j * gm->dw - gm->pw;                                           \
+            for (ptrdiff_t p = 0; p < gm->ho; p++) {                                             \
+                T *restrict d = dst + p * gm->wo;                                                \
+                const ptrdiff_t hh = p * gm->sh + i * gm->dh - gm->ph;                           \
+                if (hh < 0 || hh >= gm->h) {                                                     \
+                    memset(d, 0, (size_t)gm->wo * sizeof(T));                                    \
+                    continue;                                                                    \
+                }                                                                                \
+                const T *restrict src = plane + hh * gm->w;                                      \
+                if (gm->sw == 1) {                                                               \
+                    ptrdiff_t q0 = off < 0 ? -off : 0;                                           \
+                    ptrdiff_t q1 = gm->w - off < gm->wo ? gm->w - off : gm->wo;                  \
+                    if (q1 < q0) q1 = q0;                                                        \
+                    for (ptrdiff_t q = 0; q < q0; q++) d[q] = (T)0;                              \
+                    if (q1 > q0) memcpy(d + q0, src + q0 + off, (size_t)(q1 - q0) * sizeof(T));  \
+                    for (ptrdiff_t q = q1; q < gm->wo; q++) d[q] = (T)0;                         \
+                } else {                                                                         \
+                    for (ptrdiff_t q = 0; q < gm->wo; q++) {                                     \
+                        const ptrdiff_t ww = q * gm->sw + off;                                   \
+                        d[q] = (ww >= 0 && ww < gm->w) ? src[ww] : (T)0;                         \
+                    }                                                                            \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    void fa_ad_col2im_##S(const T *restrict cols, T *restrict x, const fa_conv_geom *gm,         \
+                          ptrdiff_t k0, ptrdiff_t k1)                                            \
+    {                                                                                            \
+        const ptrdiff_t L = gm->ho * gm->wo, R = gm->c * gm->kh * gm->kw;                        \
+        for (ptrdiff_t k = k0; k < k1; k++) {                                                    \
+            const ptrdiff_t n = k / gm->c, c = k % gm->c;                                        \
+            T *restrict plane = x + k * gm->h * gm->w;                                           \
+            memset(plane, 0, (size_t)(gm->h * gm->w) * sizeof(T));                               \
+            for (ptrdiff_t i = 0; i < gm->kh; i++)                                               \
+                for (ptrdiff_t j = 0; j < gm->kw; j++) {                                         \
+                    const T *restrict src = cols + (n * R + (c * gm->kh + i) * gm->kw + j) * L;  \
+                    const ptrdiff_t off = j * gm->dw - gm->pw;                                   \
+                    for (ptrdiff_t p = 0; p < gm->ho; p++) {                                     \
+                        const ptrdiff_t hh = p * gm->sh + i * gm->dh - gm->ph;                   \
+                        if (hh < 0 || hh >= gm->h) continue;                                     \
+                        T *restrict dst = plane + hh * gm->w;                                    \
+                        const T *restrict s = src + p * gm->wo;                                  \
+                        if (gm->sw == 1) {                                                       \
+                            ptrdiff_t q0 = off < 0 ? -off : 0;                                   \
+                            ptrdiff_t q1 = gm->w - off < gm->wo ? gm->w - off : gm->wo;          \
+                            FA_SIMD for (ptrdiff_t q = q0; q < q1; q++) dst[q + off] += s[q];    \
+                        } else {                                                                 \
+                            for (ptrdiff_t q = 0; q < gm->wo; q++) {                             \
+                                const ptrdiff_t ww = q * gm->sw + off;                           \
+                                if (ww >= 0 && ww < gm->w) dst[ww] += s[q];                      \
+                            }                                                                    \
+                        }                                                                        \
+                    }                                                                            \
+                }                                                                                \
+        }                                                                                        \
+    }
+
+FA_AD_DEFINE(float, f32, expf, logf)
+FA_AD_DEFINE(double, f64, exp, log)
