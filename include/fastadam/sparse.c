@@ -77,6 +77,26 @@ ptrdiff_t fa_sort_segments(uint64_t *restrict a, uint64_t *restrict b, ptrdiff_t
 
 /* ---- float kernels, one body per dtype ------------------------------------------------- */
 
+/* Software prefetch of one randomly placed row (its first FA_PREFETCH_MAX_BYTES; the hardware
+ * prefetcher follows longer rows).  Gathering rows in random order is latency-bound without it. */
+#define FA_PREFETCH_VALUES 8
+#define FA_PREFETCH_ROWS 4
+#define FA_PREFETCH_MAX_BYTES 512
+
+static inline void fa_prefetch_read(const void *p, ptrdiff_t bytes)
+{
+    const char *c = (const char *)p;
+    if (bytes > FA_PREFETCH_MAX_BYTES) bytes = FA_PREFETCH_MAX_BYTES;
+    for (ptrdiff_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+static inline void fa_prefetch_write(const void *p, ptrdiff_t bytes)
+{
+    const char *c = (const char *)p;
+    if (bytes > FA_PREFETCH_MAX_BYTES) bytes = FA_PREFETCH_MAX_BYTES;
+    for (ptrdiff_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 1, 3);
+}
+
 #define FA_CAT_(a, b) a##b
 #define FA_CAT(a, b) FA_CAT_(a, b)
 

@@ -36,14 +36,19 @@ static inline __attribute__((always_inline)) void FA_FN(row_update)(
     }
 }
 
-/* out = +0 + values[perm[j0]] + ... + values[perm[j1 - 1]], added left to right. */
+/* out = +0 + values[perm[j0]] + ... + values[perm[j1 - 1]], added left to right.  The gradient
+ * rows are gathered in random order: the row FA_PREFETCH_VALUES positions ahead in perm (up to
+ * jend, the end of this thread's range) is prefetched, so the misses overlap. */
 static inline __attribute__((always_inline)) void FA_FN(sum_segment)(
     FA_S *restrict out, const FA_S *restrict values, ptrdiff_t row_size,
-    const int64_t *restrict perm, int64_t j0, int64_t j1)
+    const int64_t *restrict perm, int64_t j0, int64_t j1, int64_t jend)
 {
+    const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
 #pragma omp simd
     for (ptrdiff_t i = 0; i < row_size; i++) out[i] = (FA_S)0;
     for (int64_t j = j0; j < j1; j++) {
+        if (j + FA_PREFETCH_VALUES < jend)
+            fa_prefetch_read(values + perm[j + FA_PREFETCH_VALUES] * row_size, row_bytes);
         const FA_S *restrict src = values + perm[j] * row_size;
 #pragma omp simd
         for (ptrdiff_t i = 0; i < row_size; i++) out[i] = out[i] + src[i];
@@ -56,7 +61,8 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
                            ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict out)
 {
     for (ptrdiff_t s = s0; s < s1; s++)
-        FA_FN(sum_segment)(out + s * row_size, values, row_size, perm, offsets[s], offsets[s + 1]);
+        FA_FN(sum_segment)(out + s * row_size, values, row_size, perm, offsets[s], offsets[s + 1],
+                           offsets[s1]);
 }
 
 /* Lazy and catchup share one loop over segments; L2 and CATCHUP are constants here too. */
@@ -67,9 +73,16 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
     int64_t *restrict last_step, int64_t t, const fa_adam_coeffs *c, const int L2,
     const int CATCHUP)
 {
+    const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
     for (ptrdiff_t s = s0; s < s1; s++) {
         const int64_t r = rows[s];
         const ptrdiff_t at = (ptrdiff_t)r * row_size;
+        if (s + FA_PREFETCH_ROWS < s1) { /* the table rows are random too */
+            const ptrdiff_t ahead = (ptrdiff_t)rows[s + FA_PREFETCH_ROWS] * row_size;
+            fa_prefetch_write(x + ahead, row_bytes);
+            fa_prefetch_write(m + ahead, row_bytes);
+            fa_prefetch_write(v + ahead, row_bytes);
+        }
         FA_S d1 = (FA_S)1, d2 = (FA_S)1;
         if (CATCHUP) {
             const int64_t idle = t - 1 - last_step[r];
@@ -79,7 +92,7 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
             }
             last_step[r] = t;
         }
-        FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1]);
+        FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
         FA_FN(row_update)(x + at, gbuf, m + at, v + at, row_size, c, d1, d2, L2, CATCHUP, 0);
     }
 }
@@ -139,7 +152,8 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
         }
         if (r < r1) { /* the touched row r == rows[s] */
             const ptrdiff_t at = r * row_size;
-            FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1]);
+            FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1],
+                               offsets[nseg]);
             FA_FN(row_update)(x + at, gbuf, m + at, v + at, row_size, c, 1, 1, L2, 0, 0);
             r++;
             s++;
