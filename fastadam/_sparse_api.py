@@ -97,7 +97,7 @@ def segment_sum(indices, values, *, num_threads=None):
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
     row_shape = values.shape[1:]
-    flat = values.reshape(values.shape[0], -1)
+    flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
     sums = _sparse.segment_sum(flat, perm, offsets, nt)
     return rows.astype(indices.dtype, copy=False), sums.reshape((rows.shape[0],) + row_shape)
 
