@@ -7,6 +7,8 @@ table rows for the dense mode (chunks of about CHUNK elements).  A segment is al
 one thread in its original order, so results are bit-identical for any thread count.
 Arguments arrive validated (fastadam/_sparse_api.py); this module only reads their pointers.
 """
+import threading
+
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, threadid
@@ -83,22 +85,39 @@ MODES = {"lazy": 0, "dense": 1, "catchup": 2}
 PACKED_LIMIT = 1 << 32
 
 
+# Per-thread scratch buffers of the sort, kept between calls: a fresh 512 KiB buffer costs a
+# page fault per 4 KiB page on every call (glibc returns freed blocks of that size to the OS),
+# which was more than the sort itself.  Each holds as much as the largest batch seen so far.
+_workspace = threading.local()
+
+
+cdef cnp.ndarray scratch(str name, Py_ssize_t n, object dtype):
+    """A length-n view of this thread's cached buffer `name` (grown when too small)."""
+    cdef cnp.ndarray buf = getattr(_workspace, name, None)
+    if buf is None or buf.shape[0] < n:
+        buf = np.empty(max(n, 4096), dtype=dtype)
+        setattr(_workspace, name, buf)
+    return buf[:n]
+
+
 def sort_segments(cnp.ndarray indices, long long n_rows):
     """Stable sort of validated indices (int32 or int64, 1-D, contiguous, in [0, n_rows)).
 
-    Returns (perm, rows, offsets), int64: see fa_sort_segments.  Falls back to NumPy's stable
-    argsort when an index or a position does not fit in 32 bits (tables of over 2^32 rows).
+    Returns (perm, rows, offsets), int64: see fa_sort_segments.  They are views of this
+    thread's scratch buffers, valid until its next call: copy what must outlive the step.
+    Falls back to NumPy's stable argsort when an index or a position does not fit in 32 bits
+    (tables of over 2^32 rows).
     """
     cdef Py_ssize_t k = indices.shape[0]
     if k >= PACKED_LIMIT or n_rows > PACKED_LIMIT:
         return _sort_segments_numpy(indices)
     cdef int key_bits = int(max(n_rows - 1, 0)).bit_length()
-    cdef cnp.ndarray a = np.empty(k, dtype=np.uint64)
-    cdef cnp.ndarray b = np.empty(k, dtype=np.uint64)
-    cdef cnp.ndarray hist = np.empty(FA_RADIX_MAX_PASSES << FA_RADIX_BITS, dtype=np.intp)
-    cdef cnp.ndarray perm = np.empty(k, dtype=np.int64)
-    cdef cnp.ndarray rows = np.empty(k, dtype=np.int64)
-    cdef cnp.ndarray offsets = np.empty(k + 1, dtype=np.int64)
+    cdef cnp.ndarray a = scratch("a", k, np.uint64)
+    cdef cnp.ndarray b = scratch("b", k, np.uint64)
+    cdef cnp.ndarray hist = scratch("hist", FA_RADIX_MAX_PASSES << FA_RADIX_BITS, np.intp)
+    cdef cnp.ndarray perm = scratch("perm", k, np.int64)
+    cdef cnp.ndarray rows = scratch("rows", k, np.int64)
+    cdef cnp.ndarray offsets = scratch("offsets", k + 1, np.int64)
     cdef int typenum = cnp.PyArray_TYPE(indices)
     cdef void *pi = cnp.PyArray_DATA(indices)
     cdef uint64_t *pa = <uint64_t *>cnp.PyArray_DATA(a)

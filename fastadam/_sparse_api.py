@@ -19,7 +19,7 @@ _INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
 
 
-def _check_indices(indices, name, n_rows):
+def _check_indices(indices, name, n_rows, unit="rows"):
     """A 1-D int32/int64 array (contiguous copy if needed: it is only read) in [0, n_rows)."""
     if not isinstance(indices, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
@@ -37,7 +37,7 @@ def _check_indices(indices, name, n_rows):
             raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
                              f"(no wrap-around, as in TensorFlow and torch.sparse)")
         if n_rows is not None and hi >= n_rows:
-            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} rows")
+            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
     return indices
 
 
@@ -99,7 +99,8 @@ def segment_sum(indices, values, *, num_threads=None):
     row_shape = values.shape[1:]
     flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
     sums = _sparse.segment_sum(flat, perm, offsets, nt)
-    return rows.astype(indices.dtype, copy=False), sums.reshape((rows.shape[0],) + row_shape)
+    # rows is a view of the sort's scratch buffer: astype copies it out
+    return rows.astype(indices.dtype), sums.reshape((rows.shape[0],) + row_shape)
 
 
 def _is_scipy_sparse(grad):
@@ -142,7 +143,7 @@ def _csr_rows(x, grad):
     nnz = int(indptr[-1])
     if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
         raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols)
+    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
     if data.dtype != x.dtype:
         raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
                         f"got {data.dtype}")

@@ -536,3 +536,38 @@ def test_nan_policy_propagates_into_the_touched_rows_only(mode):
 def test_public_names_are_exported():
     assert "segment_sum" in fastadam.__all__ and "sparse_step_inplace" in fastadam.__all__
     assert fastadam.sparse_step_inplace.__doc__.count("Weight decay rule") == 1
+
+
+def test_segment_sum_results_do_not_share_the_sort_scratch():
+    rows1, sums1 = fastadam.segment_sum(np.array([5, 2, 5]), np.ones((3, 2)))
+    fastadam.segment_sum(np.array([9, 7, 8, 1, 0]), np.ones((5, 2)))  # reuses the scratch
+    np.testing.assert_array_equal(rows1, [2, 5])
+    np.testing.assert_array_equal(sums1, [[1.0, 1.0], [2.0, 2.0]])
+
+
+def test_zero_width_rows_and_empty_tables():
+    x = np.zeros((5, 0), np.float32)
+    for mode in ("lazy", "dense"):
+        fastadam.sparse_step_inplace(x, (np.array([1, 2]), np.zeros((2, 0), np.float32)),
+                                     x.copy(), x.copy(), 1, mode=mode)
+    rows, sums = fastadam.segment_sum(np.array([3, 1, 3]), np.zeros((3, 0)))
+    np.testing.assert_array_equal(rows, [1, 3])
+    assert sums.shape == (2, 0)
+    empty = np.zeros((0, 4))
+    fastadam.sparse_step_inplace(empty, (np.zeros(0, np.int64), np.zeros((0, 4))),
+                                 empty.copy(), empty.copy(), 1, mode="dense")
+    with pytest.raises(IndexError, match="indices: index 0 is out of range for 0 rows"):
+        fastadam.sparse_step_inplace(empty, (np.array([0]), np.zeros((1, 4))), empty.copy(),
+                                     empty.copy(), 1)
+
+
+def test_csr_column_indices_are_range_checked():
+    sp = pytest.importorskip("scipy.sparse")
+    x = np.zeros((3, 4))
+    for col, match in ((-1, "grad.indices: negative index -1"),
+                       (4, "grad.indices: index 4 is out of range for 4 columns")):
+        grad = sp.csr_matrix((np.array([1.0]), np.array([col]), np.array([0, 1, 1, 1])),
+                             shape=(3, 4))
+        with pytest.raises(IndexError, match=match):
+            fastadam.sparse_step_inplace(x, grad, np.zeros_like(x), np.zeros_like(x), 1)
+        assert not x.any()

@@ -79,7 +79,7 @@ ptrdiff_t fa_sort_segments(uint64_t *restrict a, uint64_t *restrict b, ptrdiff_t
 
 /* Software prefetch of one randomly placed row (its first FA_PREFETCH_MAX_BYTES; the hardware
  * prefetcher follows longer rows).  Gathering rows in random order is latency-bound without it. */
-#define FA_PREFETCH_VALUES 8
+#define FA_PREFETCH_VALUES 16
 #define FA_PREFETCH_ROWS 8
 #define FA_PREFETCH_MAX_BYTES 512
 

@@ -3,7 +3,8 @@
  *   FA_S     the storage and compute type (float or double),
  *   FA_SQRT  its square root (sqrtf or sqrt),
  *   FA_FN(name)  name with the dtype suffix (_f32 or _f64).
- * No include guard: this file is meant to be included more than once.
+ * No include guard: this file is meant to be included more than once.  setup.py does not track
+ * headers: after editing this file, touch sparse.c (or build_ext --force) so it is recompiled.
  */
 
 /* The Adam update of n contiguous elements.  L2, CATCHUP and ZERO_G are compile-time constants
