@@ -10,7 +10,8 @@ uniformly and Zipf-like; 1 and 2 threads.
   2. segment_sum of 65536 x 64 rows vs np.add.at (and torch coalesce), thread scaling;
   3. dense mode vs a dense step_inplace on the whole table.
 Inputs are built by asv_bench/benchmarks/bench_sparse.py, so the asv suite times the same thing.
-Timings on a shared machine are noisy: each entry is the median of --repeat runs.
+Timings on a shared machine are noisy: each entry is the median of --repeat runs, and the
+columns of one row are timed round-robin so that their ratios survive a slow spell.
 """
 import argparse
 import os
@@ -31,15 +32,19 @@ except ImportError:  # the report still runs, without the torch columns
     torch = None
 
 
-def median_time(fn, repeat, warmup=1):
-    for _ in range(warmup):
-        fn()
-    times = []
+def median_times(fns, repeat, warmup=1):
+    """Median seconds of each function, timed round-robin (fn1, fn2, ..., fn1, fn2, ...) so that
+    a slow spell of a shared machine hits every column alike and the ratios stay meaningful."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        for fn, bucket in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - t0)
+    return [float(np.median(b)) for b in times]
 
 
 def ms(seconds):
@@ -57,15 +62,16 @@ def lazy_section(x, m, v, repeat, batches, distributions, threads_list):
             values = rng.standard_normal((batch, ROW)).astype(np.float32)
             nunique = np.unique(idx).size
             for nt in threads_list:
-                t_fa = median_time(lambda: fastadam.sparse_step_inplace(
-                    x, (idx, values), m, v, 1, num_threads=nt), repeat)
-                t_np = median_time(lambda: numpy_sparse_adam(x, m, v, idx, values, 1),
-                                   max(3, repeat // 2))
+                fns = [lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1,
+                                                            num_threads=nt),
+                       lambda: numpy_sparse_adam(x, m, v, idx, values, 1)]
                 if torch is not None:
                     opt = TorchSparseAdam(x, nt)
-                    t_th = median_time(lambda: opt.step(idx, values), max(3, repeat // 2))
+                    fns.append(lambda: opt.step(idx, values))
+                t_fa, t_np, *t_th = median_times(fns, repeat)
+                if torch is not None:
                     del opt
-                    th, r_th = ms(t_th), f"{t_th / t_fa:7.1f}x"
+                    th, r_th = ms(t_th[0]), f"{t_th[0] / t_fa:7.1f}x"
                 else:
                     th, r_th = f"{'-':>9}", f"{'-':>8}"
                 print(f"{batch:6d} {dist:>8} {nt:3d} | {ms(t_fa)} {th} {ms(t_np)} | {r_th}"
@@ -80,18 +86,19 @@ def segment_section(repeat, batch, threads_list):
         rng = np.random.default_rng(7)
         idx = draw_indices(rng, N_ROWS, batch, dist)
         values = rng.standard_normal((batch, ROW)).astype(np.float32)
-        t_np = median_time(lambda: numpy_segment_sum(idx, values), max(3, repeat // 2))
         t_one = None
         for nt in threads_list:
-            t_fa = median_time(lambda: fastadam.segment_sum(idx, values, num_threads=nt), repeat)
-            t_one = t_one or t_fa
+            fns = [lambda: fastadam.segment_sum(idx, values, num_threads=nt),
+                   lambda: numpy_segment_sum(idx, values)]
             if torch is not None:
                 torch.set_num_threads(nt)
                 coo = torch.sparse_coo_tensor(torch.from_numpy(idx)[None],
-                                              torch.from_numpy(values), (N_ROWS, ROW))
-                t_th = ms(median_time(lambda: coo.coalesce(), max(3, repeat // 2)))
-            else:
-                t_th = f"{'-':>9}"
+                                              torch.from_numpy(values), (N_ROWS, ROW),
+                                              check_invariants=False)
+                fns.append(lambda: coo.coalesce())
+            t_fa, t_np, *t_th = median_times(fns, repeat)
+            t_one = t_one or t_fa
+            t_th = ms(t_th[0]) if t_th else f"{'-':>9}"
             print(f"{dist:>8} {nt:3d} | {ms(t_fa)} {ms(t_np)} {t_th} | {t_np / t_fa:8.1f}x"
                   f" {t_one / t_fa:7.2f}x")
 
@@ -105,10 +112,10 @@ def dense_section(x, m, v, repeat, batches, threads_list):
         idx = draw_indices(rng, N_ROWS, batch, "uniform")
         values = rng.standard_normal((batch, ROW)).astype(np.float32)
         for nt in threads_list:
-            t_sp = median_time(lambda: fastadam.sparse_step_inplace(
-                x, (idx, values), m, v, 1, mode="dense", num_threads=nt), repeat)
-            t_de = median_time(lambda: fastadam.step_inplace(x, g, m, v, 1, num_threads=nt),
-                               repeat)
+            t_sp, t_de = median_times([
+                lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1, mode="dense",
+                                                     num_threads=nt),
+                lambda: fastadam.step_inplace(x, g, m, v, 1, num_threads=nt)], repeat)
             print(f"{batch:6d} {nt:3d} | {ms(t_sp):>10} {ms(t_de):>12} | {t_sp / t_de:5.2f}x")
     del g
 
