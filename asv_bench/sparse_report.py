@@ -1,7 +1,9 @@
 """Side-by-side report for sparse Adam (issue 3): median times and ratios, measured in one process.
 
-    PYTHONPATH=. python asv_bench/sparse_report.py [--repeat 7] [--quick]   (from the repository root,
-    after python setup.py build_ext --inplace; or with fastadam installed)
+    PYTHONPATH=. python asv_bench/sparse_report.py [--repeat 7] [--quick]
+
+(from the repository root after ``python setup.py build_ext --inplace``, or with fastadam
+installed).
 
 Configurations: a 1e6 x 64 float32 embedding table; batches of 4096 and 65536 indices drawn
 uniformly and Zipf-like; 1 and 2 threads.

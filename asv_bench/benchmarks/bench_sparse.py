@@ -95,6 +95,7 @@ class _LazyInputs:
         self.x, self.m, self.v = make_table(N_ROWS, ROW, dtype)
         self.indices = draw_indices(rng, N_ROWS, batch, distribution)
         self.values = rng.standard_normal((batch, ROW)).astype(dtype)
+        self.last = np.zeros(N_ROWS, np.int64)
         self.t = 1
 
 
@@ -106,8 +107,6 @@ class SparseAdamLazy(_LazyInputs):
                                      num_threads=threads)
 
     def time_fastadam_catchup(self, dtype, batch, distribution, threads):
-        if not hasattr(self, "last"):
-            self.last = np.zeros(N_ROWS, np.int64)
         self.t += 1
         fastadam.sparse_step_inplace(self.x, (self.indices, self.values), self.m, self.v,
                                      self.t, mode="catchup", last_step=self.last,
@@ -159,7 +158,8 @@ class SegmentSumTorch(_SegmentInputs):
 
         torch.set_num_threads(threads)
         self.coo = torch.sparse_coo_tensor(torch.from_numpy(self.indices)[None],
-                                           torch.from_numpy(self.values), (N_ROWS, ROW))
+                                           torch.from_numpy(self.values), (N_ROWS, ROW),
+                                           check_invariants=False)
 
     def time_torch_coalesce(self, dtype, batch, distribution, threads):
         self.coo.coalesce()
