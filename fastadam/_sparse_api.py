@@ -115,7 +115,7 @@ def _gradient_rows(x, grad):
             raise ValueError(f"grad: dense_shape {tuple(grad.dense_shape)} does not match "
                              f"x.shape {x.shape}")
         return grad.indices, grad.values, False
-    if isinstance(grad, tuple) and len(grad) == 2:
+    if isinstance(grad, (tuple, list)) and len(grad) == 2:
         return grad[0], grad[1], False
     if _is_scipy_sparse(grad):
         return _csr_rows(x, grad) + (True,)

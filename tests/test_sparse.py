@@ -510,6 +510,13 @@ def test_overlapping_buffers_are_rejected():
                                      last_step=last)
 
 
+def test_gradient_as_a_list_pair():
+    x, m, v, idx, values = base_args()
+    ref = sparse_adam_reference(x, idx, values, m, v, 1)
+    fastadam.sparse_step_inplace(x, [idx, values], m, v, 1)
+    np.testing.assert_allclose(x, ref[0], **TOL[np.float32])
+
+
 def test_read_only_gradient_is_fine():
     x, m, v, idx, values = base_args()
     idx.flags.writeable = False
