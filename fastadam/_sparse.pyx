@@ -87,12 +87,17 @@ PACKED_LIMIT = 1 << 32
 
 # Per-thread scratch buffers of the sort, kept between calls: a fresh 512 KiB buffer costs a
 # page fault per 4 KiB page on every call (glibc returns freed blocks of that size to the OS),
-# which was more than the sort itself.  Each holds as much as the largest batch seen so far.
+# which was more than the sort itself.  Each holds as much as the largest batch seen so far, up
+# to SCRATCH_MAX items (8 MiB per buffer); larger batches get fresh buffers (NumPy backs those
+# with huge pages, so they fault far less per byte).
 _workspace = threading.local()
+SCRATCH_MAX = 1 << 20
 
 
 cdef cnp.ndarray scratch(str name, Py_ssize_t n, object dtype):
     """A length-n view of this thread's cached buffer `name` (grown when too small)."""
+    if n > SCRATCH_MAX:
+        return np.empty(n, dtype=dtype)
     cdef cnp.ndarray buf = getattr(_workspace, name, None)
     if buf is None or buf.shape[0] < n:
         buf = np.empty(max(n, 4096), dtype=dtype)

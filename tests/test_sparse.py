@@ -578,3 +578,14 @@ def test_csr_column_indices_are_range_checked():
         with pytest.raises(IndexError, match=match):
             fastadam.sparse_step_inplace(x, grad, np.zeros_like(x), np.zeros_like(x), 1)
         assert not x.any()
+
+
+def test_segment_sum_of_a_batch_beyond_the_cached_scratch():
+    from fastadam import _sparse
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 5000, size=_sparse.SCRATCH_MAX + 5).astype(np.int32)
+    values = rng.standard_normal(idx.shape[0]).astype(np.float32)
+    rows, sums = fastadam.segment_sum(idx, values, num_threads=2)
+    ref_rows, ref_sums = segment_sum_reference(idx, values, np.float32)
+    np.testing.assert_array_equal(rows, ref_rows)
+    np.testing.assert_array_equal(sums, ref_sums)
