@@ -184,10 +184,12 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     - ``"catchup"``: lazy, plus ``last_step`` (int64, one entry per row of ``x``, or per element
       of ``x`` for a CSR gradient; updated in place; 0 = "never touched"): a row last touched at
       step ``s`` and touched again at step ``t`` first applies the ``k = t - 1 - s`` decays it
-      missed, ``m *= beta1**k`` and ``v *= beta2**k`` (powers in float64, rounded once), then
-      the step above, then ``last_step[r] = t``.  Without weight decay its ``m`` and ``v`` are
-      those of dense mode (bit for bit after one idle step; after ``k > 1`` idle steps dense
-      mode rounds ``k`` times and catchup once, so they agree to a few ulps).  It does **not**
+      missed, ``m *= beta1**k`` and ``v *= beta2**k``, then the step above, then
+      ``last_step[r] = t``.  Gaps of up to 64 idle steps are replayed one multiplication at a
+      time, rounded as dense mode rounds them, so without weight decay ``m`` and ``v`` are bit
+      for bit those of dense mode (up to the sign of a zero); a longer gap is one
+      multiplication by ``beta**k`` (a float64 power rounded once: bounded cost per row), which
+      agrees with dense mode's ``k`` roundings to a few ulps.  It does **not**
       reproduce the idle steps' movement of ``x`` (dense mode keeps moving an idle row with its
       decaying momentum; catchup leaves it in place) nor, with weight decay, the idle rows'
       decay.  Needs ``t >= 1`` and ``0 <= last_step[r] < t`` for every touched row.

@@ -242,20 +242,32 @@ def test_multi_step_run_with_idle_rows(dtype):
     assert not np.allclose(state["catchup"][0][20:], state["dense"][0][20:], rtol=1e-7, atol=0)
 
 
-def test_catchup_after_one_idle_step_is_bit_identical_to_dense_mode():
-    x, m, v, _, _ = make_problem(6, (33,), 0, np.float32, seed=9)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("maximize", [False, True])
+def test_catchup_m_v_are_bit_identical_to_dense_mode_for_short_gaps(dtype, maximize):
+    """Gaps of up to 64 idle steps are replayed decay by decay: m and v equal dense mode's bit
+    for bit once a row is touched again; a 70-step gap is one multiplication (a few ulps)."""
+    n = 8
+    x, m, v, _, _ = make_problem(n, (33,), 0, dtype, seed=9)
     xd, md, vd = x.copy(), m.copy(), v.copy()
-    last = np.zeros(6, np.int64)
+    last = np.zeros(n, np.int64)
     rng = np.random.default_rng(1)
-    steps = [np.array([0, 1, 2, 3, 4, 5]), np.array([0, 1, 2]), np.array([3, 4, 5, 0])]
-    for t, idx in enumerate(steps, start=1):
-        values = rng.standard_normal((len(idx), 33)).astype(np.float32)
-        fastadam.sparse_step_inplace(x, (idx, values), m, v, t, mode="catchup", last_step=last)
-        fastadam.sparse_step_inplace(xd, (idx, values), md, vd, t, mode="dense")
-    fresh = [0, 3, 4, 5]  # touched at t = 3; rows 1, 2 still owe one decay
-    np.testing.assert_array_equal(m[fresh], md[fresh])
-    np.testing.assert_array_equal(v[fresh], vd[fresh])
-    np.testing.assert_array_equal(last, [3, 2, 2, 3, 3, 3])
+    gap = {0: 1, 1: 2, 2: 3, 3: 7, 4: 64, 5: 65, 6: 70, 7: 1}  # row -> touched every gap + 1
+    final = 2 + 71 * 2
+    for t in range(1, final + 1):
+        idx = [r for r in range(n) if t == 1 or t == final or (t - 1) % (gap[r] + 1) == 0]
+        idx = np.array(idx * 2, dtype=np.int64)
+        values = rng.standard_normal((len(idx), 33)).astype(dtype)
+        fastadam.sparse_step_inplace(x, (idx, values), m, v, t, mode="catchup", last_step=last,
+                                     maximize=maximize)
+        fastadam.sparse_step_inplace(xd, (idx, values), md, vd, t, mode="dense",
+                                     maximize=maximize)
+    assert (last == final).all()
+    short = [0, 1, 2, 3, 4, 7]
+    np.testing.assert_array_equal(m[short], md[short])
+    np.testing.assert_array_equal(v[short], vd[short])
+    np.testing.assert_allclose(m[[5, 6]], md[[5, 6]], rtol=1e-5 if dtype == np.float32 else 1e-13)
+    np.testing.assert_allclose(v[[5, 6]], vd[[5, 6]], rtol=1e-5 if dtype == np.float32 else 1e-13)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

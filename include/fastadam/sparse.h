@@ -20,7 +20,8 @@
  *   g' = g' + l2 * x                             only with FA_L2 (coupled weight decay)
  *   x  = decay_mul * x                           AdamW: decay_mul = 1 - lr*wd, else exactly 1
  *   m  = beta1 * (m * d1) + (1 - beta1) * g'     d1 = beta1^k, d2 = beta2^k: catchup only,
- *   v  = beta2 * (v * d2) + (1 - beta2) * g'^2   k = idle steps of the row; else no multiply
+ *   v  = beta2 * (v * d2) + (1 - beta2) * g'^2   k = idle steps of the row (replayed one at a
+ *                                                time instead when k <= FA_CATCHUP_EXACT)
  *   x  = x - alpha * m / (sqrt(v) * denom_scale + eps)
  * with alpha and denom_scale as in include/fastadam/dense.h (the fa_adam_coeffs struct is shared;
  * post_mul, grad_scale, FA_SCALE, FA_AMSGRAD and FA_NESTEROV are not used here).  This is the
@@ -32,6 +33,9 @@
 
 #include "fastadam/common.h"
 #include "fastadam/dense.h"
+
+/* Longest idle gap that catchup mode replays one decay at a time (see fa_sparse_catchup). */
+#define FA_CATCHUP_EXACT 64
 
 /* Radix digit width: 2^11 counters (16 KiB) stay in L1; 32-bit keys need at most 3 passes. */
 #define FA_RADIX_BITS 11
@@ -84,8 +88,11 @@ void fa_sparse_lazy_f64(double *x, double *m, double *v, ptrdiff_t row_size,
                         const fa_adam_coeffs *c);
 
 /* fa_sparse_catchup_<dtype>: as fa_sparse_lazy, but row r first catches up the decays of the
- * k = t - 1 - last_step[r] steps it missed (m *= beta1^k, v *= beta2^k, the powers taken in
- * float64 and rounded to the dtype; no multiply when k == 0), then last_step[r] = t.
+ * k = t - 1 - last_step[r] steps it missed, then last_step[r] = t.  For k <= FA_CATCHUP_EXACT
+ * that is k multiplications m = beta1 * m, v = beta2 * v, each rounded as dense mode's idle step
+ * rounds it (so m and v are bit-identical to dense mode's, up to the sign of a zero); beyond,
+ * one multiplication by beta1^k and beta2^k (taken in float64, rounded to the dtype), which
+ * keeps the cost per row bounded and agrees with dense mode to a few ulps.
  *   last_step IN/OUT n_rows   only entries rows[s0..s1) are read or written
  *   t         IN              this step's number
  * Preconditions: as fa_sparse_lazy, and 0 <= last_step[rows[s]] < t (checked by the caller).

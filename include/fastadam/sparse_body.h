@@ -84,12 +84,21 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
             fa_prefetch_write(m + ahead, row_bytes);
             fa_prefetch_write(v + ahead, row_bytes);
         }
-        FA_S d1 = (FA_S)1, d2 = (FA_S)1;
+        FA_S d1 = (FA_S)1, d2 = (FA_S)1; /* multiplying by exactly 1 changes nothing */
         if (CATCHUP) {
             const int64_t idle = t - 1 - last_step[r];
-            if (idle > 0) {
+            if (idle > FA_CATCHUP_EXACT) {
                 d1 = (FA_S)pow(c->beta1, (double)idle);
                 d2 = (FA_S)pow(c->beta2, (double)idle);
+            } else if (idle > 0) { /* dense mode's idle steps, one rounding each */
+                const FA_S b1 = (FA_S)c->beta1, b2 = (FA_S)c->beta2;
+                for (int64_t q = 0; q < idle; q++) {
+#pragma omp simd
+                    for (ptrdiff_t i = 0; i < row_size; i++) {
+                        m[at + i] = b1 * m[at + i];
+                        v[at + i] = b2 * v[at + i];
+                    }
+                }
             }
             last_step[r] = t;
         }
