@@ -601,3 +601,39 @@ def test_segment_sum_of_a_batch_beyond_the_cached_scratch():
     ref_rows, ref_sums = segment_sum_reference(idx, values, np.float32)
     np.testing.assert_array_equal(rows, ref_rows)
     np.testing.assert_array_equal(sums, ref_sums)
+
+
+def test_remaining_error_messages():
+    x, m, v, idx, values = base_args()
+    with pytest.raises(ValueError, match="t: catchup mode counts steps from 1, got t=0"):
+        fastadam.sparse_step_inplace(x, (idx, values), m, v, 0, mode="catchup",
+                                     convention="onnx", last_step=np.zeros(10, np.int64))
+    with pytest.raises(ValueError, match="values: expected at least one dimension"):
+        fastadam.segment_sum(np.array([0]), np.zeros(()))
+    sp = pytest.importorskip("scipy.sparse")
+    grad = sp.csr_matrix(np.ones((10, 4), np.float32))
+    grad.indptr = grad.indptr[:5]
+    with pytest.raises(ValueError, match="grad: invalid CSR indptr"):
+        fastadam.sparse_step_inplace(x, grad, m, v, 1)
+    grad = sp.csr_matrix(np.ones((10, 4), np.float32))
+    grad.indptr[3] = 1  # decreasing
+    with pytest.raises(ValueError, match="grad: invalid CSR indptr"):
+        fastadam.sparse_step_inplace(x, grad, m, v, 1)
+    with pytest.raises(ValueError, match="grad: a CSR gradient needs a 2-D x"):
+        x3 = np.zeros((10, 4, 1), np.float32)
+        fastadam.sparse_step_inplace(x3, grad, x3.copy(), x3.copy(), 1)
+    np.testing.assert_array_equal(m, 0.5)
+
+
+def test_onnx_convention_without_bias_correction():
+    x, m, v, idx, values = base_args(np.float64)
+    ref = sparse_adam_reference(x, idx, values, m, v, 0, convention="onnx")
+    fastadam.sparse_step_inplace(x, (idx, values), m, v, 0, convention="onnx")
+    np.testing.assert_allclose(x, ref[0], **TOL[np.float64])
+
+
+def test_sparse_extension_kept_openmp():
+    from fastadam import _config, _sparse
+    assert _sparse.openmp_enabled() == _config.openmp_enabled()
+    if fastadam.config()["max_threads"] > 1:
+        assert _sparse.openmp_enabled()
