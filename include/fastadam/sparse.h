@@ -13,7 +13,9 @@
  * Each segment is always summed by one thread, starting from +0 and adding its rows in their
  * original order, so sums (and hence every update) are bit-identical for any thread count and
  * equal to np.add.at on a zeroed buffer.  The sum of a segment never leaves a per-thread scratch
- * row `gbuf` (row_size elements, in L1) before the row update uses it.
+ * row `gbuf` (row_size elements, in L1) before the row update uses it.  Lazy and catchup steps
+ * are bound by the latency of randomly placed rows (gradient rows in sorted order, table rows):
+ * the kernels prefetch both a few positions ahead (sparse.c, FA_PREFETCH_*).
  *
  * Formula (one element of a touched row; g = the segment sum; `C` = the dtype):
  *   g' = sign * g                                sign = -1 when maximizing
