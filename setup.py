@@ -53,6 +53,9 @@ if OPENMP:
 
 def make_extensions():
     extensions = []
+    # Every kernel header: a change to one rebuilds the extensions (setuptools does not scan
+    # #include lines itself).
+    headers = [str(h.relative_to(HERE)) for h in sorted((HERE / "include").rglob("*.h"))]
     for pyx in sorted((HERE / "fastadam").glob("_*.pyx")):
         name = pyx.stem
         sources = [str(pyx.relative_to(HERE))]
@@ -63,6 +66,7 @@ def make_extensions():
             Extension(
                 "fastadam." + name,
                 sources=sources,
+                depends=headers,
                 include_dirs=["include", np.get_include()],
                 define_macros=macros,
                 extra_compile_args=compile_args,

@@ -1,0 +1,143 @@
+"""Side-by-side report for sparse Adam (issue 3): median times and ratios, measured in one process.
+
+    PYTHONPATH=. python asv_bench/sparse_report.py [--repeat 7] [--quick]
+
+(from the repository root after ``python setup.py build_ext --inplace``, or with fastadam
+installed).
+
+Configurations: a 1e6 x 64 float32 embedding table; batches of 4096 and 65536 indices drawn
+uniformly and Zipf-like; 1 and 2 threads.
+  1. lazy sparse_step_inplace vs torch.optim.SparseAdam (its gradient coalescing included) and
+     vs a NumPy np.unique + np.add.at implementation;
+  2. segment_sum of 65536 x 64 rows vs np.add.at (and torch coalesce), thread scaling;
+  3. dense mode vs a dense step_inplace on the whole table.
+Inputs are built by asv_bench/benchmarks/bench_sparse.py, so the asv suite times the same thing.
+Timings on a shared machine are noisy: each entry is the median of --repeat runs, and the
+columns of one row are timed round-robin so that their ratios survive a slow spell.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))
+
+import fastadam  # noqa: E402
+from bench_sparse import (N_ROWS, ROW, TorchSparseAdam, draw_indices, make_table,  # noqa: E402
+                          numpy_segment_sum, numpy_sparse_adam)
+
+try:
+    import torch
+except ImportError:  # the report still runs, without the torch columns
+    torch = None
+
+
+def median_times(fns, repeat, warmup=1):
+    """Median seconds of each function, timed round-robin (fn1, fn2, ..., fn1, fn2, ...) so that
+    a slow spell of a shared machine hits every column alike and the ratios stay meaningful."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, bucket in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - t0)
+    return [float(np.median(b)) for b in times]
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:9.2f}"
+
+
+def lazy_section(x, m, v, repeat, batches, distributions, threads_list):
+    print("\n1. Lazy sparse Adam step, 1e6 x 64 float32 (ms, median; ratio = baseline / fastadam)")
+    print(f"{'batch':>6} {'dist':>8} {'thr':>3} | {'fastadam':>9} {'torch':>9} {'numpy':>9} |"
+          f" {'vs torch':>8} {'vs numpy':>8}")
+    for batch in batches:
+        for dist in distributions:
+            rng = np.random.default_rng(42)
+            idx = draw_indices(rng, N_ROWS, batch, dist)
+            values = rng.standard_normal((batch, ROW)).astype(np.float32)
+            nunique = np.unique(idx).size
+            for nt in threads_list:
+                fns = [lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1,
+                                                            num_threads=nt),
+                       lambda: numpy_sparse_adam(x, m, v, idx, values, 1)]
+                if torch is not None:
+                    opt = TorchSparseAdam(x, nt)
+                    fns.append(lambda: opt.step(idx, values))
+                t_fa, t_np, *t_th = median_times(fns, repeat)
+                if torch is not None:
+                    del opt
+                    th, r_th = ms(t_th[0]), f"{t_th[0] / t_fa:7.1f}x"
+                else:
+                    th, r_th = f"{'-':>9}", f"{'-':>8}"
+                print(f"{batch:6d} {dist:>8} {nt:3d} | {ms(t_fa)} {th} {ms(t_np)} | {r_th}"
+                      f" {t_np / t_fa:7.1f}x   ({nunique} unique rows)")
+
+
+def segment_section(repeat, batch, threads_list):
+    print(f"\n2. segment_sum of {batch} x 64 float32 rows (ms, median)")
+    print(f"{'dist':>8} {'thr':>3} | {'fastadam':>9} {'np.add.at':>9} {'coalesce':>9} |"
+          f" {'vs add.at':>9} {'scaling':>8}")
+    for dist in ("uniform", "zipf"):
+        rng = np.random.default_rng(7)
+        idx = draw_indices(rng, N_ROWS, batch, dist)
+        values = rng.standard_normal((batch, ROW)).astype(np.float32)
+        t_one = None
+        for nt in threads_list:
+            fns = [lambda: fastadam.segment_sum(idx, values, num_threads=nt),
+                   lambda: numpy_segment_sum(idx, values)]
+            if torch is not None:
+                torch.set_num_threads(nt)
+                coo = torch.sparse_coo_tensor(torch.from_numpy(idx)[None],
+                                              torch.from_numpy(values), (N_ROWS, ROW),
+                                              check_invariants=False)
+                fns.append(lambda: coo.coalesce())
+            t_fa, t_np, *t_th = median_times(fns, repeat)
+            t_one = t_one or t_fa
+            t_th = ms(t_th[0]) if t_th else f"{'-':>9}"
+            print(f"{dist:>8} {nt:3d} | {ms(t_fa)} {ms(t_np)} {t_th} | {t_np / t_fa:8.1f}x"
+                  f" {t_one / t_fa:7.2f}x")
+
+
+def dense_section(x, m, v, repeat, batches, threads_list):
+    print("\n3. Dense mode (TF1 semantics, every row moves) vs dense step_inplace, whole table")
+    print(f"{'batch':>6} {'thr':>3} | {'dense mode':>10} {'step_inplace':>12} | {'ratio':>6}")
+    g = np.zeros_like(x)
+    for batch in batches:
+        rng = np.random.default_rng(3)
+        idx = draw_indices(rng, N_ROWS, batch, "uniform")
+        values = rng.standard_normal((batch, ROW)).astype(np.float32)
+        for nt in threads_list:
+            t_sp, t_de = median_times([
+                lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1, mode="dense",
+                                                     num_threads=nt),
+                lambda: fastadam.step_inplace(x, g, m, v, 1, num_threads=nt)], repeat)
+            print(f"{batch:6d} {nt:3d} | {ms(t_sp):>10} {ms(t_de):>12} | {t_sp / t_de:5.2f}x")
+    del g
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs per entry (median)")
+    parser.add_argument("--quick", action="store_true", help="one batch, 3 runs: a smoke test")
+    args = parser.parse_args()
+    repeat = 3 if args.quick else args.repeat
+    batches = [4096] if args.quick else [4096, 65536]
+    threads_list = [1, 2]
+    print(f"fastadam {fastadam.__version__}, simd {fastadam.config()['simd_level']}, "
+          f"torch {torch.__version__ if torch else 'absent'}, numpy {np.__version__}, "
+          f"{os.cpu_count()} CPUs visible")
+    x, m, v = make_table(N_ROWS, ROW, np.float32)
+    lazy_section(x, m, v, repeat, batches, ("uniform", "zipf"), threads_list)
+    segment_section(repeat, batches[-1], threads_list)
+    dense_section(x, m, v, repeat, batches, threads_list)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Public sparse Adam API: ``segment_sum`` and ``sparse_step_inplace``.
+
+Python checks every input before anything is written (a step is all or nothing), folds the
+hyper-parameters into float64 coefficients with the dense step's helpers, then makes one
+compiled call to sort the indices and one to update (fastadam/_sparse.pyx).
+"""
+import numbers
+
+import numpy as np
+
+from . import _sparse
+from ._dense_api import check_hyperparameters, step_coefficients
+from ._indexed_slices import IndexedSlices
+from ._threads import resolve_num_threads
+from ._validation import check_array, check_disjoint
+
+MODES = ("lazy", "dense", "catchup")
+_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
+_VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
+
+
+def _check_indices(indices, name, n_rows, unit="rows"):
+    """A 1-D int32/int64 array (contiguous copy if needed: it is only read) in [0, n_rows)."""
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
+                        f"got {type(indices).__name__}")
+    if indices.dtype not in _INDEX_TYPES:
+        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
+    if indices.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
+    indices = np.ascontiguousarray(indices)
+    if indices.dtype.byteorder not in "=|":
+        indices = indices.astype(indices.dtype.newbyteorder("="))
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0:
+            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
+                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
+        if n_rows is not None and hi >= n_rows:
+            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
+    return indices
+
+
+def _check_values(values, name, k, row_shape, dtype):
+    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
+    if not isinstance(values, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
+    if dtype is None:
+        if values.dtype not in _VALUE_TYPES:
+            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
+    elif values.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
+    expected = (k,) + tuple(row_shape)
+    if values.shape != expected:
+        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
+    values = np.ascontiguousarray(values)
+    if values.dtype.byteorder not in "=|":
+        values = values.astype(values.dtype.newbyteorder("="))
+    return values
+
+
+def segment_sum(indices, values, *, num_threads=None):
+    """Sum the rows of ``values`` that share an index: a deterministic ``unsorted_segment_sum``.
+
+    Returns ``(unique_indices, sums)``: ``unique_indices`` the distinct indices in increasing
+    order (dtype of ``indices``) and ``sums[s] = values[indices == unique_indices[s]].sum(0)``,
+    each sum starting from +0 and adding the rows **in their original order**.  So the result is
+    bit-identical for any thread count and run to run, and equal to ``np.add.at`` on a zeroed
+    buffer (TensorFlow's ``_deduplicate_indexed_slices``, PyTorch's ``coalesce``).
+
+    The indices are ordered by a stable LSD radix sort (11-bit digits: O(k) for up to 2^32
+    distinct rows), then the segments are split over the threads so that each thread sums about
+    the same number of rows; one segment is always summed by one thread.
+
+    Parameters
+    ----------
+    indices : ndarray of int32 or int64, shape (k,)
+        Unsorted, with duplicates; must be >= 0 (negative indices raise IndexError).
+    values : ndarray of float32 or float64, shape (k, ...)
+        Only read; a non-contiguous array is copied.  NaN and infinities propagate (IEEE).
+    num_threads : int, optional
+        OpenMP threads (None: as many as OpenMP allows; negative counts back from that).
+
+    Returns
+    -------
+    unique_indices : ndarray, shape (nseg,)
+    sums : ndarray, shape (nseg,) + values.shape[1:], dtype of ``values``
+    """
+    indices = _check_indices(indices, "indices", None)
+    if not isinstance(values, np.ndarray):
+        raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
+    if values.ndim < 1:
+        raise ValueError("values: expected at least one dimension (one row per index), got a "
+                         "0-d array")
+    values = _check_values(values, "values", indices.shape[0], values.shape[1:], None)
+    nt = resolve_num_threads(num_threads)
+    n_rows = int(indices.max()) + 1 if indices.size else 0
+    perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
+    row_shape = values.shape[1:]
+    flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
+    sums = _sparse.segment_sum(flat, perm, offsets, nt)
+    # rows is a view of the sort's scratch buffer: astype copies it out
+    return rows.astype(indices.dtype), sums.reshape((rows.shape[0],) + row_shape)
+
+
+def _is_scipy_sparse(grad):
+    module = type(grad).__module__ or ""
+    return module.startswith("scipy.sparse")
+
+
+def _gradient_rows(x, grad):
+    """(indices, values, n_rows, row_size, element_wise) of a validated gradient for x."""
+    if isinstance(grad, IndexedSlices):
+        if tuple(grad.dense_shape) != x.shape:
+            raise ValueError(f"grad: dense_shape {tuple(grad.dense_shape)} does not match "
+                             f"x.shape {x.shape}")
+        return grad.indices, grad.values, False
+    if isinstance(grad, (tuple, list)) and len(grad) == 2:
+        return grad[0], grad[1], False
+    if _is_scipy_sparse(grad):
+        return _csr_rows(x, grad) + (True,)
+    raise TypeError(f"grad: expected an IndexedSlices, an (indices, values) pair or a SciPy "
+                    f"CSR matrix, got {type(grad).__name__}")
+
+
+def _csr_rows(x, grad):
+    """Flat element indices (row * ncols + col) and values of a CSR gradient of x."""
+    import scipy.sparse
+
+    if not scipy.sparse.issparse(grad) or grad.format != "csr":
+        fmt = getattr(grad, "format", type(grad).__name__)
+        raise TypeError(f"grad: expected a SciPy CSR matrix or array, got format {fmt!r} "
+                        f"(convert with .tocsr())")
+    if x.ndim != 2:
+        raise ValueError(f"grad: a CSR gradient needs a 2-D x, got x.shape {x.shape}")
+    if tuple(grad.shape) != x.shape:
+        raise ValueError(f"grad: CSR shape {tuple(grad.shape)} does not match x.shape "
+                         f"{x.shape}")
+    n_rows, n_cols = x.shape
+    indptr, cols, data = grad.indptr, grad.indices, grad.data
+    if indptr.shape != (n_rows + 1,) or (n_rows + 1 and indptr[0] != 0):
+        raise ValueError(f"grad: invalid CSR indptr (expected {n_rows + 1} entries from 0)")
+    nnz = int(indptr[-1])
+    if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
+        raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
+    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
+    if data.dtype != x.dtype:
+        raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
+                        f"got {data.dtype}")
+    row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr).astype(np.int64))
+    flat = row_of * np.int64(n_cols) + cols.astype(np.int64, copy=False)
+    return flat, np.ascontiguousarray(data[:nnz])
+
+
+def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-3, beta1=0.9,
+                        beta2=0.999, eps=1e-8, convention="tf", weight_decay=0.0,
+                        decoupled_weight_decay=False, maximize=False, num_threads=None):
+    """One Adam step with a sparse gradient, in place.
+
+    Duplicate indices are first summed (see :func:`segment_sum`: stable sort, original order,
+    bit-identical for any thread count).  Then, for each row ``r`` that is updated, with ``g``
+    its summed gradient (0 for untouched rows in dense mode), per element::
+
+        g' = (-1 if maximize else 1) * g
+        g' = g' + weight_decay * x                  # unless decoupled_weight_decay
+        x  = (1 - lr * weight_decay) * x            # if decoupled_weight_decay (AdamW)
+        m  = beta1 * m + (1 - beta1) * g'
+        v  = beta2 * v + (1 - beta2) * g'**2
+        x  = x - alpha * m / (sqrt(v) * s + eps)
+
+    with ``alpha`` and ``s`` from ``convention`` exactly as in :func:`fastadam.step_inplace`
+    (``"tf"``: ``alpha = lr * sqrt(1 - beta2**t) / (1 - beta1**t)``, ``s = 1``; ``"torch"``:
+    ``alpha = lr / (1 - beta1**t)``, ``s = 1 / sqrt(1 - beta2**t)``; ``"onnx"``: as ``"tf"``,
+    and no bias correction for ``t <= 0``).  PyTorch's ``SparseAdam`` uses the ``"tf"`` form
+    (epsilon added after the bias correction), so ``convention="tf"`` reproduces it.
+
+    Modes (which rows change):
+
+    - ``"lazy"``: only the touched rows' ``x``, ``m``, ``v`` change (PyTorch ``SparseAdam``,
+      TF-Addons ``LazyAdam``).  Cost proportional to the gradient.
+    - ``"dense"``: TensorFlow 1's ``Adam._apply_sparse_shared``: every row's ``m`` and ``v``
+      decay and every row of ``x`` moves.  Bit-identical to ``fastadam.step_inplace`` on the
+      densified gradient (``IndexedSlices.to_dense``); costs a pass over the whole table.
+    - ``"catchup"``: lazy, plus ``last_step`` (int64, one entry per row of ``x``, or per element
+      of ``x`` for a CSR gradient; updated in place; 0 = "never touched"): a row last touched at
+      step ``s`` and touched again at step ``t`` first applies the ``k = t - 1 - s`` decays it
+      missed, ``m *= beta1**k`` and ``v *= beta2**k``, then the step above, then
+      ``last_step[r] = t``.  Gaps of up to 64 idle steps are replayed one multiplication at a
+      time, rounded as dense mode rounds them, so without weight decay ``m`` and ``v`` are bit
+      for bit those of dense mode (up to the sign of a zero); a longer gap is one
+      multiplication by ``beta**k`` (a float64 power rounded once: bounded cost per row), which
+      agrees with dense mode's ``k`` roundings to a few ulps.  It does **not**
+      reproduce the idle steps' movement of ``x`` (dense mode keeps moving an idle row with its
+      decaying momentum; catchup leaves it in place) nor, with weight decay, the idle rows'
+      decay.  Needs ``t >= 1`` and ``0 <= last_step[r] < t`` for every touched row.
+
+    Weight decay rule: in ``"lazy"`` and ``"catchup"`` modes only the touched rows decay (coupled
+    decay is added to their summed gradient, decoupled decay scales their ``x``); in ``"dense"``
+    mode every row decays, as in the dense step.  Untouched rows never decay lazily.
+
+    Parameters
+    ----------
+    x, m, v : ndarray
+        Parameters and moments: C-contiguous, writable, float32 or float64, one shape (rank >= 1;
+        rows are the first axis; 2-D for a CSR gradient), not overlapping each other nor the
+        gradient.  Updated in place.
+    grad : IndexedSlices, (indices, values) pair, or SciPy CSR matrix/array
+        ``indices``: 1-D int32 or int64, unsorted, duplicates allowed, each in
+        ``[0, x.shape[0])``; **negative indices are rejected** (IndexError: there is no
+        wrap-around, as in TensorFlow and ``torch.sparse``).  ``values``: ``x``'s dtype, shape
+        ``(len(indices),) + x.shape[1:]``.  A CSR gradient (``scipy.sparse.csr_matrix`` or
+        ``csr_array`` of ``x.shape``, duplicates and unsorted column indices allowed) is
+        element-sparse: each stored entry touches one element of ``x``, so in the lazy modes only
+        those elements change.  Only read (non-contiguous inputs are copied).
+    t : int
+        Step number of this update (1 for the first step).
+    mode : {"lazy", "dense", "catchup"}
+    last_step : ndarray of int64, required in catchup mode only
+        Shape ``x.shape[:1]`` (``x.shape`` for a CSR gradient); updated in place.
+    num_threads : int, optional
+        OpenMP threads (None: as many as OpenMP allows; negative counts back from that).
+        The result is bit-identical for any thread count.
+
+    NaN policy: as in the dense step (default ``skip_nonfinite=False``): NaN and infinities in
+    the gradient propagate (IEEE) into the rows they touch, and no exception is raised.
+
+    All checks run before any array is written: if one fails (TypeError, ValueError,
+    IndexError naming the argument), ``x``, ``m``, ``v`` and ``last_step`` are unchanged.
+    """
+    lr, beta1, beta2, eps, weight_decay, _, _ = check_hyperparameters(
+        lr, beta1, beta2, eps, convention, weight_decay, 0.0)
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    alpha, denom_scale = step_coefficients(t, lr, beta1, beta2, convention)
+    t = int(t)
+    if mode == "catchup" and t < 1:
+        raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
+    nt = resolve_num_threads(num_threads)
+
+    x = check_array(x, "x", -1, None, True)
+    if x.ndim < 1:
+        raise ValueError("x: expected at least one dimension (rows are the first axis), "
+                         "got a 0-d array")
+    if x.dtype not in _VALUE_TYPES:
+        raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
+    typenum = x.dtype.num
+    m = check_array(m, "m", typenum, x.shape, True)
+    v = check_array(v, "v", typenum, x.shape, True)
+
+    indices, values, element_wise = _gradient_rows(x, grad)
+    if element_wise:
+        n_rows, row_shape, rows_shape = x.size, (), x.shape
+    else:
+        n_rows, row_shape, rows_shape = x.shape[0], x.shape[1:], x.shape[:1]
+        indices = _check_indices(indices, "indices", n_rows)
+        values = _check_values(values, "values", indices.shape[0], row_shape, x.dtype)
+
+    if mode == "catchup":
+        if last_step is None:
+            raise ValueError("last_step: catchup mode needs last_step, an int64 array of "
+                             f"shape {rows_shape} updated in place (start it at zeros)")
+        check_array(last_step, "last_step", np.dtype(np.int64).num, rows_shape, True,
+                    floating=False)
+    elif last_step is not None:
+        raise ValueError(f"last_step: only used in catchup mode, got it with mode={mode!r}")
+
+    groups = [("x", [x], True), ("m", [m], True), ("v", [v], True),
+              ("values", [values], False), ("indices", [indices], False)]
+    if mode == "catchup":
+        groups.append(("last_step", [last_step], True))
+    check_disjoint(groups, True)
+
+    perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
+    if mode == "catchup" and rows.size:
+        seen = last_step.reshape(-1)[rows]
+        if seen.min() < 0 or seen.max() >= t:
+            bad = int(seen[(seen < 0) | (seen >= t)][0])
+            raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
+                             f"row, got {bad}")
+
+    flags = 0
+    l2 = 0.0
+    decay_mul = 1.0
+    if weight_decay != 0.0:
+        if decoupled_weight_decay:
+            decay_mul = 1.0 - lr * weight_decay
+        else:
+            l2 = weight_decay
+            flags |= _sparse.FLAG_L2
+    row_size = int(np.prod(row_shape, dtype=np.int64))
+    _sparse.sparse_step(
+        x.reshape(n_rows, row_size), m.reshape(n_rows, row_size), v.reshape(n_rows, row_size),
+        values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
+        last_step.reshape(-1) if mode == "catchup" else None, t, alpha, denom_scale, eps,
+        beta1, beta2, -1.0 if maximize else 1.0, l2, decay_mul, flags, nt)

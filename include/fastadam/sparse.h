@@ -1,0 +1,128 @@
+/* fastadam/sparse.h -- sparse Adam: a stable O(n) index sort, a deterministic segment sum, and
+ * the lazy / dense / catchup row updates.
+ *
+ * Design: a sparse gradient is k rows `values[j]` (row_size elements each) aimed at rows
+ * `indices[j]` of a table x of n_rows rows.  The Python layer (fastadam/_sparse_api.py) checks
+ * every input; the Cython layer (fastadam/_sparse.pyx) then
+ *   1. sorts the indices with fa_sort_segments (LSD radix sort, stable), giving
+ *      perm[k]      the original positions in sorted order (equal indices keep their order),
+ *      rows[nseg]   the distinct indices, increasing,
+ *      offsets[nseg + 1]  segment s is perm[offsets[s] .. offsets[s + 1]);
+ *   2. hands contiguous ranges of segments (lazy, catchup, segment sum) or of table rows (dense)
+ *      to the threads of one OpenMP parallel region.
+ * Each segment is always summed by one thread, starting from +0 and adding its rows in their
+ * original order, so sums (and hence every update) are bit-identical for any thread count and
+ * equal to np.add.at on a zeroed buffer.  The sum of a segment never leaves a per-thread scratch
+ * row `gbuf` (row_size elements, in L1) before the row update uses it.  Lazy and catchup steps
+ * are bound by the latency of randomly placed rows (gradient rows in sorted order, table rows):
+ * the kernels prefetch both a few positions ahead (sparse.c, FA_PREFETCH_*).
+ *
+ * Formula (one element of a touched row; g = the segment sum; `C` = the dtype):
+ *   g' = sign * g                                sign = -1 when maximizing
+ *   g' = g' + l2 * x                             only with FA_L2 (coupled weight decay)
+ *   x  = decay_mul * x                           AdamW: decay_mul = 1 - lr*wd, else exactly 1
+ *   m  = beta1 * (m * d1) + (1 - beta1) * g'     d1 = beta1^k, d2 = beta2^k: catchup only,
+ *   v  = beta2 * (v * d2) + (1 - beta2) * g'^2   k = idle steps of the row (replayed one at a
+ *                                                time instead when k <= FA_CATCHUP_EXACT)
+ *   x  = x - alpha * m / (sqrt(v) * denom_scale + eps)
+ * with alpha and denom_scale as in include/fastadam/dense.h (the fa_adam_coeffs struct is shared;
+ * post_mul, grad_scale, FA_SCALE, FA_AMSGRAD and FA_NESTEROV are not used here).  This is the
+ * dense kernel's expression, operation for operation, so dense mode equals fa_adam_dense on the
+ * densified gradient bit for bit; untouched rows in dense mode use g = +0.
+ */
+#ifndef FASTADAM_SPARSE_H
+#define FASTADAM_SPARSE_H
+
+#include "fastadam/common.h"
+#include "fastadam/dense.h"
+
+/* Longest idle gap that catchup mode replays one decay at a time (see fa_sparse_catchup). */
+#define FA_CATCHUP_EXACT 64
+
+/* Radix digit width: 2^11 counters (16 KiB) stay in L1; 32-bit keys need at most 3 passes. */
+#define FA_RADIX_BITS 11
+#define FA_RADIX_MAX_PASSES 3
+
+/* fa_pack_keys_<itype>: a[j] = (indices[j] << 32) | j, the sort's input.
+ *   indices IN  k   row indices, each in [0, 2^32)
+ *   a       OUT k
+ * Preconditions: 0 <= k < 2^32, indices checked non-negative and < 2^32.  O(k), thread safe. */
+void fa_pack_keys_i32(const int32_t *indices, ptrdiff_t k, uint64_t *a);
+void fa_pack_keys_i64(const int64_t *indices, ptrdiff_t k, uint64_t *a);
+
+/* fa_sort_segments: stable LSD radix sort of packed keys, then the segment tables.
+ *   a        IN/OUT k  packed keys from fa_pack_keys (clobbered)
+ *   b        OUT    k  scratch
+ *   key_bits IN        bits of the largest key (0..32): ceil(key_bits / 11) passes
+ *   hist     OUT       scratch, FA_RADIX_MAX_PASSES << FA_RADIX_BITS counters
+ *   perm     OUT    k  original positions in sorted order (stable)
+ *   rows     OUT  <=k  distinct keys, increasing
+ *   offsets  OUT <=k+1 segment s is perm[offsets[s] .. offsets[s+1]); offsets[nseg] = k
+ * Returns nseg, the number of distinct keys.  Passes whose digit is equal for all keys are
+ * skipped.  O(k * passes + passes * 2^11) time, serial; thread safe on distinct buffers. */
+ptrdiff_t fa_sort_segments(uint64_t *a, uint64_t *b, ptrdiff_t k, int key_bits, ptrdiff_t *hist,
+                           int64_t *perm, int64_t *rows, int64_t *offsets);
+
+/* fa_segment_sum_<dtype>: out[s] = sum of values[perm[j]] for j in segment s, s in [s0, s1).
+ *   values   IN   k x row_size   gradient rows (never written)
+ *   perm, offsets IN             from fa_sort_segments
+ *   out      OUT  nseg x row_size   only rows [s0, s1) are written
+ * Each sum starts at +0 and adds in increasing j (= original order): equal to np.add.at.
+ * O((offsets[s1] - offsets[s0] + s1 - s0) * row_size).  Disjoint [s0, s1) may run at once. */
+void fa_segment_sum_f32(const float *values, ptrdiff_t row_size, const int64_t *perm,
+                        const int64_t *offsets, ptrdiff_t s0, ptrdiff_t s1, float *out);
+void fa_segment_sum_f64(const double *values, ptrdiff_t row_size, const int64_t *perm,
+                        const int64_t *offsets, ptrdiff_t s0, ptrdiff_t s1, double *out);
+
+/* fa_sparse_lazy_<dtype>: the Adam step on the touched rows rows[s], s in [s0, s1), only.
+ *   x, m, v  IN/OUT  n_rows x row_size   only rows rows[s0..s1) are read or written
+ *   values, perm, offsets, rows  IN      gradient and segment tables (rows unique, sorted)
+ *   gbuf     OUT     row_size            scratch, private to the calling thread
+ *   c        IN                          coefficients (flags: FA_L2 or 0)
+ * Preconditions: x, m, v, values, gbuf do not overlap; rows[s] < n_rows.
+ * O((offsets[s1] - offsets[s0] + s1 - s0) * row_size).  Disjoint [s0, s1) may run at once. */
+void fa_sparse_lazy_f32(float *x, float *m, float *v, ptrdiff_t row_size, const float *values,
+                        const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                        ptrdiff_t s0, ptrdiff_t s1, float *gbuf, const fa_adam_coeffs *c);
+void fa_sparse_lazy_f64(double *x, double *m, double *v, ptrdiff_t row_size,
+                        const double *values, const int64_t *perm, const int64_t *offsets,
+                        const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, double *gbuf,
+                        const fa_adam_coeffs *c);
+
+/* fa_sparse_catchup_<dtype>: as fa_sparse_lazy, but row r first catches up the decays of the
+ * k = t - 1 - last_step[r] steps it missed, then last_step[r] = t.  For k <= FA_CATCHUP_EXACT
+ * that is k multiplications m = beta1 * m, v = beta2 * v, each rounded as dense mode's idle step
+ * rounds it (so m and v are bit-identical to dense mode's, up to the sign of a zero); beyond,
+ * one multiplication by beta1^k and beta2^k (taken in float64, rounded to the dtype), which
+ * keeps the cost per row bounded and agrees with dense mode to a few ulps.
+ *   last_step IN/OUT n_rows   only entries rows[s0..s1) are read or written
+ *   t         IN              this step's number
+ * Preconditions: as fa_sparse_lazy, and 0 <= last_step[rows[s]] < t (checked by the caller).
+ * Same complexity and thread safety as fa_sparse_lazy. */
+void fa_sparse_catchup_f32(float *x, float *m, float *v, ptrdiff_t row_size,
+                           const float *values, const int64_t *perm, const int64_t *offsets,
+                           const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, float *gbuf,
+                           int64_t *last_step, int64_t t, const fa_adam_coeffs *c);
+void fa_sparse_catchup_f64(double *x, double *m, double *v, ptrdiff_t row_size,
+                           const double *values, const int64_t *perm, const int64_t *offsets,
+                           const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, double *gbuf,
+                           int64_t *last_step, int64_t t, const fa_adam_coeffs *c);
+
+/* fa_sparse_dense_<dtype>: TensorFlow 1's dense-decay sparse Adam on table rows [r0, r1): every
+ * row is updated, with g = its segment sum when touched and +0 otherwise.  Runs of untouched
+ * rows are one contiguous loop that never reads a gradient.
+ *   x, m, v  IN/OUT  n_rows x row_size   only rows [r0, r1) are read or written
+ *   values, perm, offsets, rows  IN      segment tables of nseg segments
+ *   gbuf     OUT     row_size            scratch, private to the calling thread
+ * Preconditions: as fa_sparse_lazy.  O((r1 - r0) * row_size + log(nseg) + the touched rows'
+ * gradient rows).  Disjoint [r0, r1) may run at once. */
+void fa_sparse_dense_f32(float *x, float *m, float *v, ptrdiff_t row_size, const float *values,
+                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                         ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, float *gbuf,
+                         const fa_adam_coeffs *c);
+void fa_sparse_dense_f64(double *x, double *m, double *v, ptrdiff_t row_size,
+                         const double *values, const int64_t *perm, const int64_t *offsets,
+                         const int64_t *rows, ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1,
+                         double *gbuf, const fa_adam_coeffs *c);
+
+#endif /* FASTADAM_SPARSE_H */
