@@ -22,7 +22,6 @@ SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
 THREADS = (1, 2)
 IMPLS = ("fastadam", "numpy", "torch fused")
 STREAM = "stream_rw_f32"
-PARALLEL_MIN = 131072  # as in fastadam/_dense.pyx: smaller steps run on one thread
 
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 
@@ -118,9 +117,6 @@ def measure_dense(sizes=SIZES, threads=THREADS, repeats=5, min_time=0.02, torch=
             x, m, v = x0.copy(), np.zeros_like(x0), np.zeros_like(x0)
             xn, mn, vn, tmp = x0.copy(), np.zeros_like(x0), np.zeros_like(x0), np.empty_like(x0)
             sa, sb, sc = x0.copy(), np.zeros_like(x0), np.zeros_like(x0)
-            # The step runs serially below PARALLEL_MIN elements (fastadam/_dense.pyx);
-            # stream_rw_f32 does not, so the yardstick is given the same thread count here.
-            nt_stream = nt if size >= PARALLEL_MIN else 1
             # fastadam, NumPy and the yardstick share one OpenMP runtime and are timed in
             # interleaved rounds (fair ratios on a loaded machine).  PyTorch brings its own
             # libgomp, whose threads spin after each parallel region and would steal the cores
@@ -128,7 +124,7 @@ def measure_dense(sizes=SIZES, threads=THREADS, repeats=5, min_time=0.02, torch=
             timings = median_seconds_interleaved({
                 "fastadam": lambda: fastadam.step_inplace(x, g, m, v, 10, num_threads=nt),
                 "numpy": lambda: numpy_adam_step(xn, g, mn, vn, 10, tmp),
-                STREAM: lambda: _dense.stream_rw_f32(sa, g, sb, sc, nt_stream),
+                STREAM: lambda: _dense.stream_rw_f32(sa, g, sb, sc, nt),
             }, repeats, min_time)
             if th is not None:
                 opt = torch_fused_adam([x0.copy()], [g.copy()])

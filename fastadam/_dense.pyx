@@ -163,8 +163,10 @@ def adam_dense(list xs, list gs, list ms, list vs, vmaxs, int typenum, double al
 
 
 def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, cnp.ndarray c, int num_threads=1):
-    """Bandwidth yardstick (benchmarks only): read a, d, b, c and write a, b, c, chunked and
-    threaded exactly like adam_dense.  Arrays must be float32, C-contiguous and of equal size."""
+    """Bandwidth yardstick (benchmarks only): read a, d, b, c and write a, b, c -- the traffic of
+    a float32 Adam step -- cut into the same chunks and run on the same number of threads as
+    adam_dense would be (serially below PARALLEL_MIN elements).  float32, C-contiguous, equal
+    shapes, a/b/c writable."""
     for name, arr in (("a", a), ("d", d), ("b", b), ("c", c)):
         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
@@ -172,10 +174,13 @@ def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, cnp.ndarray c, in
     cdef float *pd = <float *>cnp.PyArray_DATA(d)
     cdef float *pb = <float *>cnp.PyArray_DATA(b)
     cdef float *pc = <float *>cnp.PyArray_DATA(c)
-    cdef int nt = num_threads
+    cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
     with nogil:
         if nt == 1:
-            fa_stream_rw_f32(pa, pd, pb, pc, n)
+            for k in range(nchunks):
+                start = k * CHUNK
+                fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
+                                 min(CHUNK, n - start))
         else:
             for k in prange(nchunks, schedule="static", num_threads=nt):
                 start = k * CHUNK

@@ -9,7 +9,7 @@ import numpy as np
 
 import fastadam
 from fastadam import _dense
-from fastadam._bench import (BYTES_PER_ELEMENT_F32, PARALLEL_MIN, median_seconds_interleaved,
+from fastadam._bench import (BYTES_PER_ELEMENT_F32, median_seconds_interleaved,
                              numpy_adam_step, torch_fused_adam)
 
 SIZES = [10**3, 10**4, 10**5, 10**6, 10**7]
@@ -126,12 +126,11 @@ class DenseBandwidth:
     def setup(self, size, threads):
         (self.x, self.a), (self.g, self.d), (self.m, self.b), (self.v, self.c) = _seeded(
             "float32", [size, size])
-        stream_threads = threads if size >= PARALLEL_MIN else 1
         self.seconds = median_seconds_interleaved({
             "adam": lambda: fastadam.step_inplace(self.x, self.g, self.m, self.v, 10,
                                                   num_threads=threads),
             "stream": lambda: _dense.stream_rw_f32(self.a, self.d, self.b, self.c,
-                                                   stream_threads),
+                                                   threads),
         }, repeats=5, min_time=0.02)
         self.size = size
 
