@@ -5,12 +5,13 @@ float32 and float64, and prints median times and ratios (ratio = other / fastada
 fastadam is faster).  Also reports the tape's per-op overhead.  Usage, from the repository root
 after ``python setup.py build_ext --inplace``::
 
-    python asv_bench/autodiff_report.py [--quick]
+    python asv_bench/autodiff_report.py [--quick] [--keep-freed-memory]
 
 Note: fresh multi-megabyte NumPy outputs (conv activations) page-fault when glibc has returned
 the freed memory to the OS; on a virtual machine that costs ~1 ms per 2 MB array and dominates
-the conv workload.  PyTorch is not affected the same way.  Running the report with
-``MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=268435456`` shows the cost without it.
+the conv workload.  ``--keep-freed-memory`` calls the opt-in ``fastadam.keep_freed_memory()``
+first (glibc keeps freed blocks for reuse; it applies to every library in the process, the
+baselines too), which is what a training loop should do: run the report both ways.
 """
 import argparse
 import os
@@ -61,7 +62,13 @@ def tape_overhead(dtype):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="call fastadam.keep_freed_memory() before measuring")
     args = parser.parse_args()
+    if args.keep_freed_memory:
+        import fastadam
+
+        print(f"fastadam.keep_freed_memory(): {fastadam.keep_freed_memory()}")
     budget = 0.25 if args.quick else 0.7
     undo = B._limit_threads()
     workloads = [

@@ -45,3 +45,14 @@ def test_stream_yardstick_checks_its_arrays():
     a = np.zeros(10, np.float32)
     with pytest.raises(TypeError, match="d: expected dtype float32"):
         _dense.stream_rw_f32(a, np.zeros(10), a.copy(), a.copy())
+
+
+def test_keep_freed_memory_checks_its_argument():
+    with pytest.raises(ValueError, match=r"nbytes: expected 0 < nbytes < 2\*\*31, got 0"):
+        fastadam.keep_freed_memory(0)
+    with pytest.raises(TypeError, match="nbytes: expected an int, got float"):
+        fastadam.keep_freed_memory(1.5)
+    # glibc accepts the setting (this machine's C library); elsewhere it reports False.
+    import platform
+    applied = fastadam.keep_freed_memory(64 * 1024 * 1024)
+    assert applied is (platform.libc_ver()[0] == "glibc")
