@@ -11,22 +11,12 @@ from libc.stdlib cimport malloc, free
 
 from ._validation import check_array
 
+from fastadam._coeffs cimport fa_adam_coeffs
+
 cnp.import_array()
 
 cdef extern from "fastadam/dense.h":
     ctypedef unsigned short fa_half
-    ctypedef struct fa_adam_coeffs:
-        double alpha
-        double denom_scale
-        double eps
-        double beta1
-        double beta2
-        double sign
-        double grad_scale
-        double l2
-        double decay_mul
-        double post_mul
-        int flags
     void fa_adam_dense_f32(float *x, const float *g, float *m, float *v, float *v_max,
                            Py_ssize_t n, const fa_adam_coeffs *c) nogil
     void fa_adam_dense_f64(double *x, const double *g, double *m, double *v, double *v_max,

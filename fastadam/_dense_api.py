@@ -79,6 +79,16 @@ def step_coefficients(t, lr, beta1, beta2, convention):
     return lr * math.sqrt(bc2) / bc1, 1.0
 
 
+def weight_decay_coefficients(lr, weight_decay, decoupled_weight_decay):
+    """(l2, decay_mul) of the kernels: coupled decay adds ``l2 * x`` to the gradient (PyTorch
+    Adam, ONNX norm_coefficient), decoupled decay scales ``x`` by ``decay_mul`` (AdamW)."""
+    if weight_decay == 0.0:
+        return 0.0, 1.0
+    if decoupled_weight_decay:
+        return 0.0, 1.0 - lr * weight_decay
+    return weight_decay, 1.0
+
+
 def step_inplace(x, g, m, v, t, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, convention="tf",
                  weight_decay=0.0, decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
                  v_max=None, nesterov=False, maximize=False, grad_scale=None,
@@ -140,15 +150,8 @@ def step_inplace(x, g, m, v, t, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, co
     alpha, denom_scale = step_coefficients(t, lr, beta1, beta2, convention)
     nt = resolve_num_threads(num_threads)
     xs, gs, ms, vs, vmaxs, typenum = check_tensor_lists(x, g, m, v, v_max if amsgrad else None)
-    flags = 0
-    l2 = 0.0
-    decay_mul = 1.0
-    if weight_decay != 0.0:
-        if decoupled_weight_decay:
-            decay_mul = 1.0 - lr * weight_decay
-        else:
-            l2 = weight_decay
-            flags |= _dense.FLAG_L2
+    l2, decay_mul = weight_decay_coefficients(lr, weight_decay, decoupled_weight_decay)
+    flags = _dense.FLAG_L2 if l2 != 0.0 else 0
     if grad_scale is not None:
         flags |= _dense.FLAG_SCALE
     if amsgrad:

@@ -14,21 +14,9 @@ cimport numpy as cnp
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
-cnp.import_array()
+from fastadam._coeffs cimport fa_adam_coeffs
 
-cdef extern from "fastadam/dense.h":
-    ctypedef struct fa_adam_coeffs:
-        double alpha
-        double denom_scale
-        double eps
-        double beta1
-        double beta2
-        double sign
-        double grad_scale
-        double l2
-        double decay_mul
-        double post_mul
-        int flags
+cnp.import_array()
 
 cdef extern from "fastadam/common.h":
     int fa_openmp_enabled() nogil

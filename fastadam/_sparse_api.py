@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from . import _sparse
-from ._dense_api import check_hyperparameters, step_coefficients
+from ._dense_api import check_hyperparameters, step_coefficients, weight_decay_coefficients
 from ._indexed_slices import IndexedSlices
 from ._threads import resolve_num_threads
 from ._validation import check_array, check_disjoint
@@ -278,15 +278,8 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
             raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
                              f"row, got {bad}")
 
-    flags = 0
-    l2 = 0.0
-    decay_mul = 1.0
-    if weight_decay != 0.0:
-        if decoupled_weight_decay:
-            decay_mul = 1.0 - lr * weight_decay
-        else:
-            l2 = weight_decay
-            flags |= _sparse.FLAG_L2
+    l2, decay_mul = weight_decay_coefficients(lr, weight_decay, decoupled_weight_decay)
+    flags = _sparse.FLAG_L2 if l2 != 0.0 else 0
     row_size = int(np.prod(row_shape, dtype=np.int64))
     _sparse.sparse_step(
         x.reshape(n_rows, row_size), m.reshape(n_rows, row_size), v.reshape(n_rows, row_size),
