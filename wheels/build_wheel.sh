@@ -4,7 +4,7 @@
 #   1. sdist:   python -m build --sdist          (isolated build env: setuptools, Cython, numpy)
 #   2. wheel:   pip wheel <the sdist> --no-deps   (so the wheel is built from what the sdist ships)
 #   3. repair:  auditwheel repair                 (bundles libgomp, sets the manylinux tag)
-#   4. test:    a fresh venv outside the source tree: pip install the repaired wheel + test deps,
+#   4. test:    a fresh venv outside the source tree: pip install the repaired wheel[test],
 #               pytest on a copy of tests/, then a smoke check of the installed package
 #               (OpenMP on, runtime SIMD dispatch, libgomp loaded from fastadam.libs).
 #
@@ -12,8 +12,6 @@
 # git-ignored; everything else lives in a temporary directory removed on exit.
 #
 # Environment knobs:
-#   FASTADAM_WHEEL_TORCH=0     do not install torch==2.13.0 in the test venv (default 1; the
-#                              file lies on local disk, so it costs seconds, not a download)
 #   FASTADAM_WHEEL_TESTS=DIR   test directory to run (default: <repo>/tests)
 #   FASTADAM_WHEEL_KEEP=1      keep the temporary directory (printed at the end)
 set -euo pipefail
@@ -77,16 +75,19 @@ EOF
 step "fresh venv $WORK/venv: the repaired wheel + test deps"
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-DEPS=(pytest scipy threadpoolctl)
-if [ "${FASTADAM_WHEEL_TORCH:-1}" = 1 ]; then DEPS+=("torch==2.13.0"); fi
-"$VPY" -m pip install -q "$WHEEL" "${DEPS[@]}"
+# The wheel with its test extra (pytest, scipy, torch==2.13.0, onnx, scikit-learn, threadpoolctl,
+# autograd): the whole suite, comparisons with other libraries included, runs on the wheel.
+"$VPY" -m pip install -q "$WHEEL[test]"
 
 # Run from a directory that holds neither the source tree nor its build, on a copy of the
 # tests, so that nothing but the installed package can be imported.
 RUN="$WORK/run"
 mkdir -p "$RUN"
 cp -r "$TESTS" "$RUN/tests"
-find "$RUN/tests" -name '__pycache__' -prune -exec rm -rf {} +
+# Some tests check the benchmark workloads (tests/test_autodiff_bench.py): they sit beside tests/.
+mkdir -p "$RUN/asv_bench"
+cp -r "$REPO/asv_bench/benchmarks" "$RUN/asv_bench/benchmarks"
+find "$RUN" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$RUN/installed_only.py" <<'EOF'
 """pytest plugin: fail the session unless fastadam was imported from the venv's site-packages."""
 import os
