@@ -7,6 +7,7 @@ import numpy as np
 from .optim._coefficients import check_adam_hyperparameters as check_hyperparameters
 from .optim._functional import step_inplace
 from ._validation import check_parameter_list
+from . import gpu as _gpu
 
 _FORMAT = "fastadam.Adam/1"
 
@@ -34,7 +35,11 @@ class Adam:
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, convention="tf",
                  weight_decay=0.0, decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
                  nesterov=False, maximize=False, num_threads=None):
-        self.params = check_parameter_list(params)
+        if _gpu.holds_device_array(params):  # CuPy arrays: the moments live on their device
+            from .gpu._validation import check_parameter_list as check_device_parameters
+            self.params = check_device_parameters(params)
+        else:
+            self.params = check_parameter_list(params)
         try:
             beta1, beta2 = betas
         except (TypeError, ValueError):
@@ -54,7 +59,7 @@ class Adam:
     def step(self, grads, *, grad_scale=None, skip_nonfinite=False):
         """Apply one step with ``grads`` (an array or a list like ``params``).  Returns False,
         and changes nothing, if ``skip_nonfinite`` found a non-finite gradient."""
-        if isinstance(grads, np.ndarray):
+        if isinstance(grads, np.ndarray) or _gpu.is_device_array(grads):
             grads = [grads]
         applied = step_inplace(self.params, grads, self.m, self.v, self.t + 1,
                                v_max=self.v_max, grad_scale=grad_scale,
