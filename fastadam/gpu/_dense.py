@@ -8,7 +8,7 @@ whose block range holds b, so a list of a thousand small tensors is one launch.
 import cupy
 import numpy as np
 
-from . import _kernels, _source
+from . import _kernels, _layout, _source
 from ._validation import check_step_arrays
 
 _FLAG_MASK = {_source.KINDS["adam"]: 15, _source.KINDS["adagrad"]: 7,
@@ -17,20 +17,9 @@ _FLAG_MASK = {_source.KINDS["adam"]: 15, _source.KINDS["adagrad"]: 7,
 
 def build_table(coeffs, xs, gs, slot_lists):
     """(device table, number of entries, number of blocks) for the non-empty tensors."""
-    keep = [i for i, a in enumerate(xs) if a.size]
-    n = len(keep)
-    host = np.zeros(_kernels.HEADER_BYTES + 64 * n, dtype=np.uint8)
-    _kernels.coefficient_bytes(coeffs, host)
-    tab = host[_kernels.HEADER_BYTES:].view(np.int64).reshape(n, 8)
-    sizes = np.array([xs[i].size for i in keep], dtype=np.int64)
-    blocks = (sizes + _kernels.CHUNK - 1) // _kernels.CHUNK
-    tab[:, 0] = [xs[i].data.ptr for i in keep]
-    tab[:, 1] = [gs[i].data.ptr for i in keep]
-    for q, lst in enumerate(slot_lists[:3]):
-        tab[:, 2 + q] = [lst[i].data.ptr for i in keep]
-    tab[:, 5] = sizes
-    tab[:, 6] = np.cumsum(blocks) - blocks
-    return cupy.asarray(host), n, int(blocks.sum())
+    pointers = [[a.data.ptr for a in lst] for lst in [xs, gs] + slot_lists]
+    host, n, nblocks = _layout.host_table(coeffs, [a.size for a in xs], pointers)
+    return cupy.asarray(host), n, nblocks
 
 
 def dense_step(coeffs, x, g, slots, skip_nonfinite):

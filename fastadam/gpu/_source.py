@@ -90,7 +90,22 @@ def all_modules():
 
 
 def compile_options():
-    return ("-I" + str(include_dir()), "--std=c++14")
+    """NVRTC options.  --fmad=false: no FMA contraction, as the C build's -ffp-contract=off, so
+    every operation of a formula rounds as on the CPU (NVRTC's division and sqrt are IEEE
+    round-to-nearest by default): float32/float64 results equal the CPU kernels' bit for bit."""
+    return ("-I" + str(include_dir()), "--std=c++14", "--fmad=false")
+
+
+def cupy_source():
+    """The source as given to cupy.RawModule: prefixed by a digest of every header it includes,
+    because CuPy's on-disk kernel cache is keyed by the source text and options only (a changed
+    formula header must not reuse a stale binary)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for header in sorted((include_dir() / "fastadam").rglob("*.h")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return f"// fastadam headers {digest.hexdigest()}\n" + source()
 
 
 def nvrtc_ptx(names, arch="compute_75"):
