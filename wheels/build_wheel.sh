@@ -77,7 +77,9 @@ step "fresh venv $WORK/venv: the repaired wheel + test deps"
 VPY="$WORK/venv/bin/python"
 # The wheel with its test extra (pytest, scipy, torch==2.13.0, onnx, scikit-learn, threadpoolctl,
 # autograd): the whole suite, comparisons with other libraries included, runs on the wheel.
-"$VPY" -m pip install -q "$WHEEL[test]"
+# gpu-compile (NVRTC): the CUDA source and headers the wheel ships compile to PTX
+# (tests/test_gpu_compile.py), so a wheel that lost them fails here.
+"$VPY" -m pip install -q "$WHEEL[test,gpu-compile]"
 
 # Run from a directory that holds neither the source tree nor its build, on a copy of the
 # tests, so that nothing but the installed package can be imported.
