@@ -20,10 +20,7 @@ _MAX_GRID = 1 << 20  # the kernels loop over rows/segments beyond this many bloc
 
 def check_indices(indices, name, n_rows, device):
     """A private int64 copy of 1-D int32/int64 device indices, checked to lie in [0, n_rows)."""
-    if not isinstance(indices, cupy.ndarray):
-        raise TypeError(f"{name}: expected a cupy.ndarray of int32 or int64 (x is a "
-                        f"cupy.ndarray), got {type(indices).__name__}")
-    check_device_array(cupy, indices, name, device)
+    check_device_array(cupy, indices, name, device)  # a NumPy array: the mix error
     if indices.dtype not in _INDEX_TYPES:
         raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
     if indices.ndim != 1:
@@ -40,8 +37,6 @@ def check_indices(indices, name, n_rows, device):
 
 
 def check_values(values, name, k, row_shape, dtype, device):
-    if not isinstance(values, cupy.ndarray):
-        raise TypeError(f"{name}: expected a cupy.ndarray, got {type(values).__name__}")
     check_device_array(cupy, values, name, device)
     if dtype is None:
         if values.dtype not in _VALUE_TYPES:
@@ -77,11 +72,8 @@ def _threads(row_size):
 def segment_sum(indices, values):
     """fastadam.segment_sum on device arrays: (unique indices, sums), deterministic."""
     import_cupy("indices")
-    device = check_device_array(cupy, indices, "indices", None) if isinstance(
-        indices, cupy.ndarray) else None
+    device = check_device_array(cupy, values, "values", None)
     private = check_indices(indices, "indices", None, device)
-    if not isinstance(values, cupy.ndarray):
-        raise TypeError(f"values: expected a cupy.ndarray, got {type(values).__name__}")
     if values.ndim < 1:
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
