@@ -53,3 +53,22 @@ def host_table(coeffs, sizes, pointers):
     tab[:, 5] = kept
     tab[:, 6] = np.cumsum(blocks) - blocks
     return host, n, int(blocks.sum())
+
+
+def sort_segments(xp, indices):
+    """(perm, rows, offsets) of 1-D int64 indices, with the array module ``xp`` (NumPy or CuPy):
+    the stable order of the indices, the distinct indices in increasing order, and where each
+    one's run starts in that order, plus the end (the segment sum's contract in kernels.cu)."""
+    k = indices.shape[0]
+    # CuPy's argsort is always stable; NumPy's must be asked
+    perm = xp.argsort(indices, kind="stable") if xp is np else xp.argsort(indices)
+    perm = perm.astype(np.int64, copy=False)
+    ordered = indices[perm]
+    if k == 0:
+        return perm, ordered, xp.zeros(1, dtype=np.int64)
+    new = xp.empty(k, dtype=bool)
+    new[0] = True
+    xp.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    starts = xp.flatnonzero(new).astype(np.int64)
+    offsets = xp.concatenate([starts, xp.array([k], dtype=np.int64)])
+    return perm, ordered[starts], offsets

@@ -10,7 +10,7 @@ are those of fastadam/sparse/_api.py; everything is checked before the first wri
 import cupy
 import numpy as np
 
-from . import _kernels, _source
+from . import _kernels, _layout, _source
 from ._validation import check_array, check_disjoint, check_device_array, import_cupy
 
 _INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -50,19 +50,7 @@ def check_values(values, name, k, row_shape, dtype, device):
 
 
 def sort_segments(indices):
-    """(perm, rows, offsets): the stable order of the indices, the distinct indices in
-    increasing order, and where each one's run starts in that order (plus the end)."""
-    k = indices.shape[0]
-    perm = cupy.argsort(indices)  # stable
-    ordered = indices[perm]
-    if k == 0:
-        return perm, ordered, cupy.zeros(1, dtype=np.int64)
-    new = cupy.empty(k, dtype=bool)
-    new[0] = True
-    cupy.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    starts = cupy.flatnonzero(new).astype(np.int64)
-    offsets = cupy.concatenate([starts, cupy.array([k], dtype=np.int64)])
-    return perm, ordered[starts], offsets
+    return _layout.sort_segments(cupy, indices)
 
 
 def _threads(row_size):

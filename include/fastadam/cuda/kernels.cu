@@ -71,6 +71,7 @@ template <> struct fa_store<double> {
 };
 template <> struct fa_store<unsigned short> {
     typedef float C;
+#ifndef FA_CUDA_HOST_EMULATION
     static __device__ __forceinline__ float load(unsigned short h)
     {
         float f;
@@ -83,6 +84,21 @@ template <> struct fa_store<unsigned short> {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
         return h;
     }
+#else /* tests/gpu_emulation.cpp runs these kernels on the host: _Float16 converts the same way */
+    static float load(unsigned short h)
+    {
+        _Float16 v;
+        memcpy(&v, &h, sizeof v);
+        return (float)v;
+    }
+    static unsigned short save(float f)
+    {
+        const _Float16 v = (_Float16)f;
+        unsigned short h;
+        memcpy(&h, &v, sizeof h);
+        return h;
+    }
+#endif
 };
 
 static __device__ __forceinline__ int fa_is_finite(float y)
