@@ -25,6 +25,9 @@ def config():
     }
     if info["openmp"]:
         info["openmp_runtime"] = _openmp_library()
+    from . import gpu
+
+    info["gpu"] = gpu.describe()  # CuPy, CUDA, devices (imports CuPy only if installed)
     return info
 
 

@@ -177,3 +177,11 @@ def test_device_array_without_cupy_says_cupy_is_missing():
     with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not"):
         fastadam.sparse_step_inplace(FakeDeviceArray(), (np.array([0]), np.zeros((1,))),
                                      np.zeros(1), np.zeros(1), 1)
+
+
+def test_show_config_reports_the_gpu_path():
+    line = fastadam.config()["gpu"]
+    if importlib.util.find_spec("cupy") is None:
+        assert line.startswith("not available (CuPy not installed")
+    else:
+        assert line.startswith("CuPy ") or line.startswith("not available (CuPy is installed")

@@ -7,8 +7,11 @@ sparse modes and float16 conversions without a GPU; it cannot check CuPy, NVRTC 
 test_gpu_compile.py) or anything about concurrency.  Skips without g++.
 """
 import ctypes
+import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -231,10 +234,6 @@ def test_the_gpu_suite_passes_through_a_fake_cupy():
     by the CPU path)."""
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to build the host emulation of the GPU kernels")
-    import os
-    import re
-    import sys
-
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE / "fake_cupy"), str(HERE)] + [p for p in [env.get("PYTHONPATH")] if p])

@@ -32,7 +32,7 @@ import sys
 
 from ._validation import explain_mix, import_cupy  # NumPy only: no CuPy import
 
-__all__ = ["is_device_array", "holds_device_array", "available", "explain_mix", "dense_step",
+__all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix", "dense_step",
            "sparse_step", "segment_sum"]
 
 
@@ -50,6 +50,29 @@ def holds_device_array(obj):
     if isinstance(obj, (list, tuple)):
         return bool(obj) and is_device_array(obj[0])
     return is_device_array(obj)
+
+
+def describe():
+    """One line for ``fastadam.show_config()``: CuPy and CUDA versions and the devices, or why
+    the GPU path is not available.  Imports CuPy if it is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return "not available (CuPy not installed: pip install 'fastadam[gpu]')"
+    try:
+        import cupy
+        runtime = cupy.cuda.runtime
+        count = runtime.getDeviceCount()
+        names = []
+        for i in range(count):
+            props = runtime.getDeviceProperties(i)
+            name = props["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            names.append(f"{name} (sm_{props['major']}{props['minor']})")
+        return (f"CuPy {cupy.__version__}, CUDA runtime {runtime.runtimeGetVersion()}, "
+                f"{count} device(s): {', '.join(names) or 'none'}")
+    except Exception as exc:  # a driver or device problem: say what it was
+        return f"not available (CuPy is installed but: {exc})"
 
 
 def available():
