@@ -22,6 +22,7 @@ from fastadam import _config
 from fastadam.gpu import _layout, _source
 from fastadam.optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                           momentum_coefficients)
+from gpu_emulation_build import BuildError, build
 from reference import segment_sum_reference
 from test_adagrad_momentum import ADAGRAD_CASES, MOMENTUM_CASES
 from test_dense import OPTION_SETS, make_state
@@ -33,20 +34,13 @@ THREADS = 3  # an odd block size, so the kernels' strided loops are exercised
 
 
 @pytest.fixture(scope="module")
-def emu(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("needs g++ to build the host emulation of the GPU kernels")
-    lib = tmp_path_factory.mktemp("gpu_emulation") / "gpu_emulation.so"
-    cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-math-errno", "-shared",
-           "-fPIC", "-I", str(_source.include_dir()), str(HERE / "gpu_emulation.cpp"), "-o",
-           str(lib)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        if "_Float16" in out.stderr:
-            pytest.skip("the host compiler has no _Float16")
-        pytest.fail(f"building the emulation failed:\n{out.stderr}")
-    return ctypes.CDLL(str(lib))
+def emu():
+    try:
+        return build()
+    except BuildError as exc:
+        if "g++" in str(exc) or "_Float16" in str(exc):
+            pytest.skip(str(exc).splitlines()[0])
+        pytest.fail(f"building the emulation failed:\n{exc}")
 
 
 def ptr(a):

@@ -9,11 +9,7 @@ expressions its RawModule was built with.  What this cannot show: anything about
 NVRTC's code, CUDA's arithmetic, streams or concurrency.  Passing here is not a GPU run.
 """
 import ctypes
-import hashlib
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -150,24 +146,14 @@ class cuda:  # noqa: N801 (the module name CuPy uses)
 
 
 def _library():
-    src = [_TESTS / "gpu_emulation.cpp"] + sorted((_TESTS.parent / "include").rglob("*.[hc]*"))
-    include = _TESTS.parent / "include"
-    if not (include / "fastadam" / "cuda" / "kernels.cu").is_file():
-        from fastadam.gpu import _source
-        include = _source.include_dir()
-        src = [_TESTS / "gpu_emulation.cpp"] + sorted((include / "fastadam").rglob("*"))
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src if p.is_file())).hexdigest()
-    lib = Path(tempfile.gettempdir()) / f"fastadam_fake_cupy_{digest[:16]}.so"
-    if not lib.exists():
-        cxx = shutil.which("g++")
-        if cxx is None:
-            raise ImportError("the fake CuPy needs g++")
-        tmp = lib.with_suffix(".tmp.so")
-        subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-math-errno",
-                        "-shared", "-fPIC", "-I", str(include),
-                        str(_TESTS / "gpu_emulation.cpp"), "-o", str(tmp)], check=True)
-        tmp.replace(lib)
-    return ctypes.CDLL(str(lib))
+    import sys
+
+    sys.path.insert(0, str(_TESTS))
+    try:
+        from gpu_emulation_build import build
+    finally:
+        sys.path.remove(str(_TESTS))
+    return build()
 
 
 _LIB = _library()
