@@ -93,7 +93,7 @@ def compile_options():
     """NVRTC options.  --fmad=false: no FMA contraction, as the C build's -ffp-contract=off, so
     every operation of a formula rounds as on the CPU (NVRTC's division and sqrt are IEEE
     round-to-nearest by default): float32/float64 results equal the CPU kernels' bit for bit."""
-    return ("-I" + str(include_dir()), "--std=c++14", "--fmad=false")
+    return ("-I" + str(include_dir()), "--fmad=false")  # the language standard: NVRTC's default
 
 
 def cupy_source():
