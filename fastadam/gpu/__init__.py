@@ -30,6 +30,8 @@ apart by their type; the modules that use CuPy are imported when a CuPy array is
 """
 import sys
 
+import numpy as np
+
 from ._validation import explain_mix, import_cupy  # NumPy only: no CuPy import
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix", "dense_step",
@@ -39,6 +41,8 @@ __all__ = ["is_device_array", "holds_device_array", "available", "describe", "ex
 def is_device_array(obj):
     """True for a ``cupy.ndarray``, or for another CUDA array (``__cuda_array_interface__``) so
     that it gets the GPU path's clear error instead of a NumPy conversion."""
+    if type(obj) is np.ndarray:  # the CPU path's common case, first
+        return False
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(obj, cupy.ndarray):
         return True
