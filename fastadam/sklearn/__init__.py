@@ -22,6 +22,8 @@ worker processes, which avoids libgomp's fork hazard (see README "Threads").
 """
 from ._accelerate import AdamOptimizer, accelerate_mlp, check_sklearn_contract
 from ._mlp import MLPClassifier, MLPRegressor
+from ._sparse_linear import SparseLinearClassifier
 
-__all__ = ["AdamOptimizer", "MLPClassifier", "MLPRegressor", "accelerate_mlp",
+__all__ = ["AdamOptimizer", "MLPClassifier", "MLPRegressor", "SparseLinearClassifier",
+           "accelerate_mlp",
            "check_sklearn_contract"]
