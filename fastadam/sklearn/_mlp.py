@@ -148,6 +148,10 @@ class _BaseMLP(BaseEstimator):
             h = dense(h, params[i], params[n + i], self.activation if i != n - 1 else "identity")
         loss = self._loss(h, targets, weights)
         grads = [g.data for g in ad.gradient(loss, params)]
+        value = float(loss.data)
+        if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
+            value += 0.5 * self.alpha * penalty_scale * sum(
+                float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
         self._adam_t += 1
         common = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                       eps=self.epsilon, convention="tf", num_threads=self.num_threads)
@@ -155,10 +159,6 @@ class _BaseMLP(BaseEstimator):
                               self._adam_t, weight_decay=self.alpha * penalty_scale, **common)
         fastadam.step_inplace(self.intercepts_, grads[n:], self._adam_m[n:], self._adam_v[n:],
                               self._adam_t, **common)
-        value = float(loss.data)
-        if self.alpha:
-            value += 0.5 * self.alpha * penalty_scale * sum(
-                float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
         return value
 
     def _fit(self, X, y, sample_weight, incremental, classes=None):
@@ -245,14 +245,14 @@ class _BaseMLP(BaseEstimator):
         return self
 
     def _split(self, X, targets, sample_weight, rng):
-        stratify = targets if isinstance(self, ClassifierMixin) else None
+        stratify = None
+        if isinstance(self, ClassifierMixin):
+            # as scikit-learn's MLP (which stratifies only single-column, i.e. binary, targets),
+            # so that both draw the same validation split from the same random_state
+            stratify = targets if len(self.classes_) == 2 else None
         arrays = [X, targets] + ([sample_weight] if sample_weight is not None else [])
-        try:
-            parts = train_test_split(*arrays, random_state=rng, stratify=stratify,
-                                     test_size=self.validation_fraction)
-        except ValueError:
-            parts = train_test_split(*arrays, random_state=rng,
-                                     test_size=self.validation_fraction)
+        parts = train_test_split(*arrays, random_state=rng, stratify=stratify,
+                                 test_size=self.validation_fraction)
         X_tr, X_val, t_tr, t_val = parts[:4]
         sw_tr, sw_val = (parts[4], parts[5]) if sample_weight is not None else (None, None)
         if X_val.shape[0] < 2:
