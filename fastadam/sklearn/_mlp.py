@@ -36,7 +36,7 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 
@@ -315,9 +315,6 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
 
     def _encode_targets(self, y, first_pass, incremental, classes):
         check_classification_targets(y)
-        if type_of_target(y) not in ("binary", "multiclass"):
-            raise ValueError(f"Unknown label type: {type_of_target(y)!r}; "
-                             "fastadam.sklearn.MLPClassifier supports binary and multiclass y")
         if first_pass:
             if incremental:
                 if classes is None:

@@ -33,7 +33,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 _LOSSES = {"log_loss": (_wsce, weighted_softmax_cross_entropy_grad),
@@ -136,9 +136,6 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _encode(self, y, first_pass, incremental, classes):
         check_classification_targets(y)
-        if type_of_target(y) not in ("binary", "multiclass"):
-            raise ValueError(f"Unknown label type: {type_of_target(y)!r}; "
-                             "SparseLinearClassifier supports binary and multiclass y")
         if first_pass:
             if incremental and classes is None:
                 raise ValueError("classes must be passed on the first call to partial_fit.")
