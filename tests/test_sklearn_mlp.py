@@ -300,6 +300,7 @@ def test_nan_in_X_is_rejected_with_sklearn_message(rng):
         MLPClassifier().fit(X, y)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_non_finite_weights_are_reported(rng):
     X, y = _blobs(rng)
     with warnings.catch_warnings():
