@@ -15,6 +15,8 @@ keyword parameters, so one fused NumPy pass computes the value and one computes 
 First-order only: their gradients are primitives without a registered VJP, so asking for a
 second derivative raises ``NotImplementedError`` naming them.
 """
+import threading
+
 import numpy as np
 
 from fastadam.autodiff import Tensor, defvjp, is_grad_enabled, multiply, primitive
@@ -32,20 +34,35 @@ def _scaled_vjp(grad_primitive):
     return vjp
 
 
-def _log_softmax_rows(z):
+def _softmax_parts(z):
+    """``shifted = z - max``, ``e = exp(shifted)``, ``s = e.sum(1)`` (softmax = e / s)."""
     shifted = z - z.max(axis=1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    e = np.exp(shifted)
+    return shifted, e, e.sum(axis=1)
+
+
+# the forward pass's exp(z - max) and row sums, reused by the gradient of the same z (one entry
+# per thread; dropped once used)
+_softmax_cache = threading.local()
 
 
 @primitive
 def _wsce(z, *, labels, weights):
-    picked = _log_softmax_rows(z)[np.arange(z.shape[0]), labels]
+    shifted, e, s = _softmax_parts(z)
+    picked = shifted[np.arange(z.shape[0]), labels] - np.log(s)
+    _softmax_cache.entry = (z, e, s)
     return np.asarray(-np.dot(weights, picked), dtype=z.dtype)
 
 
 @primitive
 def weighted_softmax_cross_entropy_grad(z, *, labels, weights):
-    p = np.exp(_log_softmax_rows(z))
+    entry = getattr(_softmax_cache, "entry", None)
+    if entry is not None and entry[0] is z:
+        _softmax_cache.entry = None
+        _, p, s = entry
+    else:
+        _, p, s = _softmax_parts(z)
+    p /= s[:, None]
     p[np.arange(z.shape[0]), labels] -= 1
     p *= weights[:, None]
     return p
