@@ -154,3 +154,26 @@ class SparseLinearFit:
 
     def time_fit(self, impl, n_features):
         self.fit()
+
+
+class SparseLinearEpoch:
+    """One more epoch (partial_fit) of a fitted model on 1e4 hashed documents: the steady
+    per-epoch cost, without allocating and first touching the weight tables."""
+    params = (["fastadam", "sgd"], [10**5, 10**6])
+    param_names = ["impl", "n_features"]
+    timeout = 300
+
+    def setup(self, impl, n_features):
+        try:
+            import sklearn  # noqa: F401
+        except ImportError:
+            raise NotImplementedError("scikit-learn is not installed")
+        self.limits = _limit_threads()
+        fit, _, _, (self.X, self.y) = build_sparse(impl, 10000, n_features, epochs=1)
+        self.model = fit()
+
+    def teardown(self, impl, n_features):
+        self.limits.restore_original_limits()
+
+    def time_one_more_epoch(self, impl, n_features):
+        self.model.partial_fit(self.X, self.y)
