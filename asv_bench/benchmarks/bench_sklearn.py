@@ -64,6 +64,30 @@ def build_mlp(problem, impl, epochs=50, hidden=(100,)):
     return fit, lambda model: float(model.score(X_te, y_te))
 
 
+def build_accelerated_wide(accelerated, epochs=3):
+    """scikit-learn's MLPClassifier on a wide layer with small batches (784 features, (512,)
+    hidden, batch_size=32): the configuration where the Adam update is a large share of a step.
+    Returns ``fit()``."""
+    from sklearn.datasets import make_classification
+    from sklearn.neural_network import MLPClassifier
+    X, y = make_classification(n_samples=2000, n_features=784, n_informative=50, n_classes=10,
+                               random_state=0)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(512,), batch_size=32,  # noqa: E731
+                                 max_iter=epochs, random_state=0)
+
+    def fit():
+        from sklearn.exceptions import ConvergenceWarning
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            if accelerated:
+                from fastadam.sklearn import accelerate_mlp
+                with accelerate_mlp():
+                    return make().fit(X, y)
+            return make().fit(X, y)
+
+    return fit
+
+
 def text_problem(n_docs, n_features, n_classes=4, mean_words=40, seed=0):
     """Hashed bag-of-words CSR (float32 counts): Zipf word frequencies, document lengths
     Poisson(mean_words); each class draws half of its words from its own shifted vocabulary."""
