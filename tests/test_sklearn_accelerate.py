@@ -181,6 +181,12 @@ def test_changed_constructor_fails_loudly(monkeypatch):
             pass
 
 
+def test_building_the_optimizer_checks_the_contract(monkeypatch):
+    monkeypatch.delattr(sk_opt.BaseOptimizer, "trigger_stopping")
+    with pytest.raises(RuntimeError, match="AdamOptimizer.trigger_stopping is missing"):
+        fsk.AdamOptimizer([np.zeros(3)])
+
+
 def test_missing_module_global_fails_loudly(monkeypatch):
     monkeypatch.delattr(sk_mlp, "AdamOptimizer")
     with pytest.raises(RuntimeError, match="no longer looks up AdamOptimizer"):

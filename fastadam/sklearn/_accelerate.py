@@ -13,8 +13,9 @@ order, so the coefficients are those scikit-learn computes.
 The MLP looks its optimizer up as the module global ``AdamOptimizer`` of
 ``sklearn.neural_network._multilayer_perceptron``; ``accelerate_mlp()`` swaps that global for the
 duration of a ``with`` block.  Both are private to scikit-learn, so ``check_sklearn_contract()``
-verifies them (names, constructor signature, methods) and raises ``RuntimeError`` naming what
-changed instead of training with a different optimizer than asked.
+verifies them (names, constructor signature, methods) when the block is entered and when an
+``AdamOptimizer`` is built, and raises ``RuntimeError`` naming what changed instead of training
+with a different optimizer than asked (importing ``fastadam.sklearn`` never fails on it).
 """
 import contextlib
 import inspect
@@ -25,8 +26,12 @@ import numpy as np
 import fastadam
 
 from . import _compat  # noqa: F401  (clear ImportError without scikit-learn)
-from sklearn.neural_network import _multilayer_perceptron as _sk_mlp
-from sklearn.neural_network import _stochastic_optimizers as _sk_opt
+
+try:  # private modules: their absence must not break ``import fastadam.sklearn``
+    from sklearn.neural_network import _multilayer_perceptron as _sk_mlp
+    from sklearn.neural_network import _stochastic_optimizers as _sk_opt
+except ImportError:  # pragma: no cover - a scikit-learn that reorganised its MLP
+    _sk_mlp = _sk_opt = None
 
 _EXPECTED_INIT = ["self", "params", "learning_rate_init", "beta_1", "beta_2", "epsilon"]
 _CONTRACT_HINT = ("fastadam.sklearn relies on scikit-learn's private MLP optimizer contract, which "
@@ -37,6 +42,9 @@ _CONTRACT_HINT = ("fastadam.sklearn relies on scikit-learn's private MLP optimiz
 def check_sklearn_contract():
     """Raise ``RuntimeError`` if the installed scikit-learn no longer has the private optimizer
     contract ``AdamOptimizer`` and ``accelerate_mlp()`` rely on; return None otherwise."""
+    if _sk_opt is None or _sk_mlp is None:
+        raise RuntimeError(f"{_CONTRACT_HINT}: sklearn.neural_network._stochastic_optimizers or "
+                           "._multilayer_perceptron cannot be imported")
     problems = []
     base = getattr(_sk_opt, "AdamOptimizer", None)
     if not isinstance(base, type):
@@ -58,10 +66,13 @@ def check_sklearn_contract():
         raise RuntimeError(f"{_CONTRACT_HINT}: " + "; ".join(problems))
 
 
-check_sklearn_contract()
+# subclass scikit-learn's optimizer when it exists; if the contract is broken, the class still
+# defines (so the estimators of this package stay importable) and refuses to be built
+_BASE = getattr(_sk_opt, "AdamOptimizer", None)
+_BASE = _BASE if isinstance(_BASE, type) else object
 
 
-class AdamOptimizer(_sk_opt.AdamOptimizer):
+class AdamOptimizer(_BASE):
     """scikit-learn's MLP ``AdamOptimizer`` with the update done by one fused, threaded call.
 
     Same constructor, attributes and methods as
@@ -81,6 +92,7 @@ class AdamOptimizer(_sk_opt.AdamOptimizer):
 
     def __init__(self, params, learning_rate_init=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
                  num_threads=None):
+        check_sklearn_contract()
         super().__init__(params, learning_rate_init, beta_1, beta_2, epsilon)
         # C-contiguous moments whatever the parameters' layout (zeros_like keeps Fortran order)
         self.ms = [np.zeros(np.shape(p), dtype=np.asarray(p).dtype) for p in params]
