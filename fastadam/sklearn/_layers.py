@@ -49,7 +49,7 @@ def _dz_array(g, ans, activation):
     if last[0] is g and last[1] is ans:
         return last[2]
     if activation == "relu":
-        dz = g * (ans > 0)
+        dz = np.multiply(g, ans > 0, dtype=g.dtype)  # no bool -> float promotion pass
     elif activation == "tanh":
         dz = g * (1 - ans * ans)
     elif activation == "logistic":
