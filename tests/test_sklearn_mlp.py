@@ -1,7 +1,7 @@
 """fastadam.sklearn.MLPClassifier / MLPRegressor.
 
-References: scikit-learn's own MLP (same random_state, ``shuffle=False``: its Glorot draws, its
-loss scaling and its early-stopping split are reproduced, so float64 coefficients agree to
+References: scikit-learn's own MLP (same random_state: its Glorot draws, shuffles, outputs,
+loss scaling and early-stopping split are reproduced, so float64 coefficients agree to
 rounding), finite differences for the fused dense-layer and loss primitives, and NumPy for
 predict_proba."""
 import io
@@ -42,23 +42,26 @@ def _max_diff(a, b):
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
-def test_classifier_equals_sklearn_mlp(rng, activation):
-    X, y = _blobs(rng)
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_classifier_equals_sklearn_mlp(rng, activation, n_classes):
+    X, y = _blobs(rng, k=n_classes)
     sw = rng.uniform(0.5, 2, len(y))
     kw = dict(hidden_layer_sizes=(9, 7), activation=activation, random_state=0, max_iter=6,
-              shuffle=False, batch_size=32, alpha=1e-3)
+              batch_size=32, alpha=1e-3)
     ref = SkMLPClassifier(**kw).fit(X, y, sample_weight=sw)
     ours = MLPClassifier(**kw).fit(X, y, sample_weight=sw)
     assert _max_diff(ref, ours) < 1e-12
     np.testing.assert_allclose(ours.loss_curve_, ref.loss_curve_, rtol=1e-12)
     np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), rtol=1e-10)
+    np.testing.assert_array_equal(ours.predict(X), ref.predict(X))
+    assert [c.shape for c in ours.coefs_] == [c.shape for c in ref.coefs_]
 
 
 def test_regressor_and_early_stopping_equal_sklearn(rng):
     X = rng.standard_normal((200, 5))
     y = X @ rng.standard_normal(5) + 0.1 * rng.standard_normal(200)
-    kw = dict(hidden_layer_sizes=(12,), random_state=2, max_iter=40, shuffle=False,
-              early_stopping=True, n_iter_no_change=3)
+    kw = dict(hidden_layer_sizes=(12,), random_state=2, max_iter=40, early_stopping=True,
+              n_iter_no_change=3)
     ref = SkMLPRegressor(**kw).fit(X, y)
     ours = MLPRegressor(**kw).fit(X, y)
     assert ours.n_iter_ == ref.n_iter_
@@ -68,6 +71,17 @@ def test_regressor_and_early_stopping_equal_sklearn(rng):
     assert _max_diff(ref, ours) < 1e-12
     # early stopping restores the best epoch's weights
     assert ours.score(*_val_split(X, y)) == pytest.approx(ours.best_validation_score_)
+
+
+def test_binary_early_stopping_equals_sklearn(rng):
+    X, y = _blobs(rng, n=200, k=2)
+    kw = dict(hidden_layer_sizes=(10,), random_state=4, max_iter=30, early_stopping=True,
+              n_iter_no_change=2, learning_rate_init=0.01)
+    ref = SkMLPClassifier(**kw).fit(X, y)
+    ours = MLPClassifier(**kw).fit(X, y)
+    assert ours.n_iter_ == ref.n_iter_
+    np.testing.assert_allclose(ours.validation_scores_, ref.validation_scores_)
+    assert _max_diff(ref, ours) < 1e-12
 
 
 def _val_split(X, y):

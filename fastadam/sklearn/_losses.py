@@ -6,6 +6,9 @@ keyword parameters, so one fused NumPy pass computes the value and one computes 
 
 - ``weighted_softmax_cross_entropy(z, labels=y, weights=w) = -sum_i w_i log softmax(z_i)[y_i]``,
   gradient ``w_i (softmax(z_i) - onehot(y_i))``;
+- ``weighted_binary_cross_entropy(z, targets=t, weights=w)`` (one logistic output, binary):
+  ``-sum_i w_i (t_i log p_i + (1 - t_i) log(1 - p_i))``, ``p = sigmoid(z)``, gradient
+  ``w_i (p_i - t_i)``;
 - ``weighted_half_squared_error(p, targets=Y, weights=w) = sum_i w_i mean_k (p_ik - Y_ik)^2 / 2``,
   gradient ``w_i (p_ik - Y_ik) / K``;
 - ``weighted_multiclass_hinge(z, labels=y, weights=w) = sum_i w_i max(0, 1 + max_{k!=y_i} z_ik -
@@ -18,6 +21,7 @@ second derivative raises ``NotImplementedError`` naming them.
 import threading
 
 import numpy as np
+from scipy.special import expit
 
 from fastadam.autodiff import Tensor, defvjp, is_grad_enabled, multiply, primitive
 
@@ -69,6 +73,40 @@ def weighted_softmax_cross_entropy_grad(z, *, labels, weights):
 
 
 defvjp(_wsce, _scaled_vjp(weighted_softmax_cross_entropy_grad))
+
+
+@primitive
+def _wbce(z, *, targets, weights):
+    p = expit(z)
+    _sigmoid_cache.entry = (z, p)
+    eps = np.finfo(p.dtype).eps
+    q = np.clip(p, eps, 1 - eps)  # scikit-learn's binary_log_loss, so loss_curve_ agrees
+    v = targets * np.log(q) + (1 - targets) * np.log1p(-q)
+    return np.asarray(-np.dot(weights, v[:, 0]), dtype=z.dtype)
+
+
+@primitive
+def weighted_binary_cross_entropy_grad(z, *, targets, weights):
+    entry = getattr(_sigmoid_cache, "entry", None)
+    if entry is not None and entry[0] is z:
+        _sigmoid_cache.entry = None
+        p = entry[1]
+    else:
+        p = expit(z)
+    p -= targets
+    p *= weights[:, None]
+    return p
+
+
+_sigmoid_cache = threading.local()
+defvjp(_wbce, _scaled_vjp(weighted_binary_cross_entropy_grad))
+
+
+def weighted_binary_cross_entropy(z, targets, weights):
+    """``-sum_i weights[i] * (t_i log p_i + (1 - t_i) log(1 - p_i))`` with ``p = sigmoid(z)``
+    (clipped to [eps, 1 - eps] in the value, as scikit-learn does); ``z`` and ``targets`` of
+    shape (n, 1), targets 0/1.  Gradient ``weights[i] * (p_i - t_i)``."""
+    return _wbce(z, targets=targets, weights=weights)
 
 
 def weighted_softmax_cross_entropy(z, labels, weights):

@@ -1,15 +1,19 @@
 """``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained by ``fastadam.autodiff``
 and the fused Adam step.
 
-The network, its initialisation (Glorot uniform), the loss scaling (``alpha / sum(w_batch)`` L2
-on the weights, not the intercepts) and the stopping rules (``tol``, ``n_iter_no_change``,
-``early_stopping``) follow scikit-learn's MLP, so results are comparable; what differs is how a
-step is computed:
+The network, its initialisation (Glorot uniform), the outputs (one logistic unit for two
+classes, softmax for more, identity for regression), the loss scaling (``alpha / sum(w_batch)``
+L2 on the weights, not the intercepts), the random draws (initialisation, per-epoch shuffle,
+early-stopping split, in scikit-learn's order) and the stopping rules (``tol``,
+``n_iter_no_change``, ``early_stopping``) follow scikit-learn's MLP, so in float64 a fit follows
+the same trajectory as ``sklearn.neural_network.MLPClassifier(solver="adam")`` up to rounding.
+What differs is how a step is computed:
 
-- each epoch shuffles the rows once (one gather, then contiguous mini-batch views), in
+- each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
   ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
-- a mini-batch records ``matmul``/``add``/activation on the autodiff tape, ends in a fused,
-  sample-weighted loss primitive (``_losses``) and gets all gradients from one ``gradient`` call;
+- a mini-batch records one fused ``dense`` node per layer (``_layers``) on the autodiff tape,
+  ends in a fused, sample-weighted loss primitive (``_losses``) and gets every gradient from
+  one ``gradient`` call;
 - the update is two ``fastadam.step_inplace(..., convention="tf")`` calls (weights with the L2
   term folded in as ``weight_decay``, intercepts without) over the whole parameter list.
 
@@ -22,13 +26,15 @@ import numbers
 import warnings
 
 import numpy as np
+from scipy.special import expit, log_expit
 
 import fastadam
 from fastadam import autodiff as ad
 
 from ._compat import validate_data
 from ._layers import ACTIVATIONS, activation_inplace, dense
-from ._losses import weighted_half_squared_error, weighted_softmax_cross_entropy
+from ._losses import (weighted_binary_cross_entropy, weighted_half_squared_error,
+                      weighted_softmax_cross_entropy)
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -195,12 +201,16 @@ class _BaseMLP(BaseEstimator):
             self.n_iter_ = 0
         progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
         stop_message = None
+        order = np.arange(n_samples)
         try:
             for _ in range(epochs):
-                order = rng.permutation(n_samples) if self.shuffle else None
-                Xe = X[order] if order is not None else X
-                te = targets[order] if order is not None else targets
-                swe = (sample_weight[order] if order is not None and sample_weight is not None
+                if self.shuffle:  # scikit-learn's draw: shuffle the previous epoch's order
+                    perm = np.arange(n_samples)
+                    rng.shuffle(perm)
+                    order = order[perm]
+                Xe = X[order] if self.shuffle else X
+                te = targets[order] if self.shuffle else targets
+                swe = (sample_weight[order] if self.shuffle and sample_weight is not None
                        else sample_weight)
                 total = 0.0
                 for start in range(0, n_samples, batch_size):
@@ -297,7 +307,7 @@ class _BaseMLP(BaseEstimator):
 
 
 class MLPClassifier(ClassifierMixin, _BaseMLP):
-    """Multi-layer perceptron classifier (softmax output, log-loss) trained with fastadam.
+    """Multi-layer perceptron classifier (log-loss) trained with fastadam.
 
     Parameters and attributes are those of ``sklearn.neural_network.MLPClassifier(solver=
     "adam")``: ``hidden_layer_sizes``, ``activation``, ``alpha`` (L2 on the weights),
@@ -305,8 +315,9 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     ``early_stopping``, ``validation_fraction``, ``shuffle``, ``random_state``, ``warm_start``,
     ``verbose`` (a tqdm progress bar with the loss when tqdm is installed, else one line per
     epoch), ``beta_1``, ``beta_2``, ``epsilon``; plus ``dtype`` (None: X's float32/float64 as
-    scikit-learn does; "float32" trains and predicts in float32, about twice as fast) and ``num_threads`` (the Adam step's threads; results
-    do not depend on it).  Binary problems use a two-column softmax.
+    scikit-learn does; "float32" trains and predicts in float32, about twice as fast) and
+    ``num_threads`` (the Adam step's threads; results do not depend on it).  As in
+    scikit-learn, two classes use one logistic output and more classes a softmax.
 
     Attributes: ``classes_``, ``coefs_``, ``intercepts_``, ``loss_``, ``loss_curve_``,
     ``n_iter_``, ``t_``, ``best_loss_``, ``validation_scores_``, ``best_validation_score_``,
@@ -332,16 +343,26 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
         if unseen.size:
             raise ValueError(f"Expected only labels in classes_ = {list(self.classes_)!r} but "
                              f"got {list(unseen)!r}")
-        return np.searchsorted(self.classes_, y).astype(np.intp)
+        labels = np.searchsorted(self.classes_, y).astype(np.intp)
+        if len(self.classes_) == 2:  # one logistic output: 0/1 targets of shape (n, 1)
+            return labels.astype(self._train_dtype).reshape(-1, 1)
+        return labels
 
     def _n_outputs(self, targets):
-        return len(self.classes_)
+        return 1 if len(self.classes_) == 2 else len(self.classes_)
 
     def _loss(self, z, targets, weights):
+        if len(self.classes_) == 2:
+            return weighted_binary_cross_entropy(z, targets, weights)
         return weighted_softmax_cross_entropy(z, targets, weights)
 
-    def _validation_score(self, X, labels, sample_weight):
-        pred = self._forward_numpy(X).argmax(axis=1)
+    @staticmethod
+    def _best_index(z):
+        return (z[:, 0] > 0).astype(np.intp) if z.shape[1] == 1 else z.argmax(axis=1)
+
+    def _validation_score(self, X, targets, sample_weight):
+        labels = targets[:, 0].astype(np.intp) if targets.ndim == 2 else targets
+        pred = self._best_index(self._forward_numpy(X))
         return float(accuracy_score(labels, pred, sample_weight=sample_weight))
 
     def partial_fit(self, X, y, sample_weight=None, classes=None):
@@ -356,14 +377,17 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
 
     def decision_function(self, X):
         """The output layer's values (logits), shape (n_samples, n_classes); for two classes
-        the logit difference ``z[:, 1] - z[:, 0]`` (positive means ``classes_[1]``), shape
-        (n_samples,), as scikit-learn's binary classifiers return."""
+        the single logit, shape (n_samples,) (positive means ``classes_[1]``)."""
         z = self._logits(X)
-        return z[:, 1] - z[:, 0] if z.shape[1] == 2 else z
+        return z[:, 0] if z.shape[1] == 1 else z
 
     def predict_proba(self, X):
-        """Class probabilities (softmax of the logits), shape (n_samples, n_classes)."""
+        """Class probabilities, shape (n_samples, n_classes): the softmax of the logits, or
+        ``[1 - sigmoid(z), sigmoid(z)]`` for two classes."""
         z = self._logits(X)
+        if z.shape[1] == 1:
+            p = expit(z)
+            return np.hstack([1 - p, p])
         z -= z.max(axis=1, keepdims=True)
         np.exp(z, out=z)
         z /= z.sum(axis=1, keepdims=True)
@@ -372,13 +396,15 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def predict_log_proba(self, X):
         """Logarithm of ``predict_proba``."""
         z = self._logits(X)
+        if z.shape[1] == 1:
+            return np.hstack([log_expit(-z), log_expit(z)])
         z -= z.max(axis=1, keepdims=True)
         z -= np.log(np.exp(z).sum(axis=1, keepdims=True))
         return z
 
     def predict(self, X):
         """The most probable class of each row."""
-        best = self._logits(X).argmax(axis=1)
+        best = self._best_index(self._logits(X))
         return self.classes_[best]
 
 
