@@ -112,8 +112,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(1):
+    with B._limit_threads():
         mlp_section(epochs=5 if args.quick else 50, repeats=repeats)
         accelerate_section(repeats)
         sparse_section(n_docs=5000 if args.quick else 10**5, epochs=5, repeats=repeats)

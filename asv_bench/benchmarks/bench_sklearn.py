@@ -13,6 +13,9 @@ MLP_IMPLS = ["sklearn", "sklearn_accelerated", "fastadam", "fastadam_float32"]
 
 
 def _limit_threads():
+    """One thread for BLAS and every OpenMP runtime.  fastadam is imported first: threadpoolctl
+    only limits the libraries already loaded, and fastadam's libgomp loads with it."""
+    import fastadam  # noqa: F401
     from threadpoolctl import threadpool_limits
     return threadpool_limits(1)
 
