@@ -29,7 +29,7 @@ from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
 from ._core_ops import OPERATORS
-from ._training_ops import OPTIMIZERS
+from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
@@ -196,7 +196,7 @@ class Graph:
         arrays = [t.data for t in inputs[2:]]
         n = len(arrays) // per
         lists = [arrays[k * n:(k + 1) * n] for k in range(per)]
-        lists[1] = [np.ascontiguousarray(g) for g in lists[1]]  # gradients are only read
+        lists[1] = [contiguous(g) for g in lists[1]]  # gradients are only read
         apply(inputs[0].data, inputs[1].data, lists, **step.attrs)
         return [Tensor(a) for k in written for a in lists[k]]
 

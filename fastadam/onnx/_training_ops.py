@@ -61,10 +61,15 @@ def _by_dtype(lists):
     return groups.values()
 
 
+def contiguous(a):
+    """``a`` or a C-contiguous copy (keeps 0-d arrays 0-d, unlike np.ascontiguousarray)."""
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
 def _fresh(lists, written):
     """Writable contiguous copies of the lists that the kernel writes; the rest as they are."""
     return [[np.array(a, order="C") for a in lst] if k in written
-            else [np.ascontiguousarray(a) for a in lst] for k, lst in enumerate(lists)]
+            else [contiguous(a) for a in lst] for k, lst in enumerate(lists)]
 
 
 def _outputs(lists, written):
