@@ -287,9 +287,12 @@ class Graph:
                     outs = step.run(inputs)
             except (ValueError, TypeError, IndexError, NotImplementedError,
                     ZeroDivisionError) as e:
-                if str(e).startswith("node "):
+                msg = str(e)
+                if msg.startswith("node "):
                     raise
-                raise type(e)(f"{step.label}: {e}") from e
+                if msg.startswith(step.node.op_type + ": "):
+                    msg = msg[len(step.node.op_type) + 2:]
+                raise type(e)(f"{step.label}: {msg}") from e
             for name, value in zip(step.outputs, outs):
                 if name:
                     self.assign(env, name, value)
