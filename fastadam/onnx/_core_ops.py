@@ -14,6 +14,10 @@ import numpy as np
 from .. import autodiff as ad
 from ..autodiff import Tensor
 
+class UnsupportedOperatorError(NotImplementedError):
+    """An operator, domain, opset or operator form that fastadam.onnx does not run."""
+
+
 # op_type -> (lowest supported opset, function)
 OPERATORS = {}
 
@@ -355,5 +359,5 @@ def constant(inputs, attrs, opset):
             return [const(np.array(attrs[key], dtype=dtype))]
     if "value" in attrs:
         return [const(attrs["value"])]
-    raise NotImplementedError(f"Constant: only value, value_float(s) and value_int(s) are "
+    raise UnsupportedOperatorError(f"Constant: only value, value_float(s) and value_int(s) are "
                               f"supported, got {sorted(attrs)}")

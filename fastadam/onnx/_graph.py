@@ -28,15 +28,11 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
-from ._core_ops import OPERATORS
+from ._core_ops import OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
-
-
-class UnsupportedOperatorError(NotImplementedError):
-    """An operator, domain or opset that fastadam.onnx does not run."""
 
 
 def attributes(node):

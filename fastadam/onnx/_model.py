@@ -76,7 +76,8 @@ def check_feeds(inputs, feeds, optional=()):
                 raise TypeError(f"feeds['{name}']: expected dtype {dtype}, got {a.dtype}")
             if shape is not None and (len(shape) != a.ndim or any(
                     d is not None and d != s for d, s in zip(shape, a.shape))):
-                shown = tuple("?" if d is None else d for d in shape)
+                shown = "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+                    ("," if len(shape) == 1 else "") + ")"
                 raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
         out[name] = Tensor(a)
     return out

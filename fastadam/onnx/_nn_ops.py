@@ -9,13 +9,13 @@ Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pad
 import numpy as np
 
 from .. import autodiff as ad
-from ._core_ops import register, same_dtype
+from ._core_ops import UnsupportedOperatorError, register, same_dtype
 
 
 def _spatial(x, w_shape, attrs, what):
     """(kernel, strides, dilations, pads as (top, left, bottom, right)) of a 2-D window op."""
     if x.ndim != 4:
-        raise NotImplementedError(f"{what}: only 2-D (N, C, H, W) inputs are supported, got "
+        raise UnsupportedOperatorError(f"{what}: only 2-D (N, C, H, W) inputs are supported, got "
                                   f"shape {x.shape}")
     kernel = tuple(attrs.get("kernel_shape", w_shape))
     strides = tuple(attrs.get("strides", (1, 1)))
@@ -48,7 +48,7 @@ def conv(inputs, attrs, opset):
     b = inputs[2] if len(inputs) > 2 else None
     same_dtype("Conv", x, w, b)
     if w.ndim != 4:
-        raise NotImplementedError(f"Conv: only 2-D convolutions are supported, got W of shape "
+        raise UnsupportedOperatorError(f"Conv: only 2-D convolutions are supported, got W of shape "
                                   f"{w.shape}")
     kernel, strides, dilations, pads = _spatial(x, w.shape[2:], attrs, "Conv")
     if kernel != tuple(w.shape[2:]):
@@ -63,9 +63,9 @@ def conv(inputs, attrs, opset):
 
 def _pool_checks(attrs, outputs, what):
     if attrs.get("ceil_mode", 0):
-        raise NotImplementedError(f"{what}: ceil_mode=1 is not supported")
+        raise UnsupportedOperatorError(f"{what}: ceil_mode=1 is not supported")
     if outputs > 1:
-        raise NotImplementedError(f"{what}: the Indices output is not supported")
+        raise UnsupportedOperatorError(f"{what}: the Indices output is not supported")
 
 
 @register("MaxPool", since=8)
@@ -97,7 +97,7 @@ def global_average_pool(inputs, attrs, opset):
 def batch_normalization(inputs, attrs, opset):
     x, scale, bias, mean, var = inputs
     if attrs.get("training_mode", 0) or (opset < 9 and not attrs.get("spatial", 1)):
-        raise NotImplementedError("BatchNormalization: only the inference form (training_mode=0, "
+        raise UnsupportedOperatorError("BatchNormalization: only the inference form (training_mode=0, "
                                   "spatial=1) is supported")
     c = x.shape[1] if x.ndim > 1 else None
     for name, t in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
