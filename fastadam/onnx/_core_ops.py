@@ -44,6 +44,12 @@ def ints(t):
 
 
 def same_dtype(op_type, *ts):
+    first = ts[0].data.dtype
+    for t in ts:
+        if t is not None and t.data.dtype != first:
+            break
+    else:
+        return
     dts = {t.data.dtype for t in ts if t is not None}
     if len(dts) > 1:
         raise TypeError(f"inputs of {op_type} must have one dtype, got "
@@ -66,8 +72,7 @@ def _binary(op_type, ad_fun, np_fun):
     @register(op_type)
     def run(inputs, attrs, opset):
         a, b = inputs
-        same_dtype(op_type, a, b)
-        np.broadcast_shapes(a.shape, b.shape)
+        same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
         if is_float(a):
             return [ad_fun(a, b)]
         return [const(np_fun(a.data, b.data))]
@@ -175,9 +180,6 @@ def gemm(inputs, attrs, opset):
     if ka != kb:
         raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {a.shape} and "
                          f"B{' (transposed)' if tb else ''} has shape {b.shape}: {ka} != {kb}")
-    if c is not None:
-        m, n = (a.shape[1] if ta else a.shape[0]), (b.shape[0] if tb else b.shape[1])
-        np.broadcast_shapes(c.shape, (m, n))
     return [ad.gemm(a, b, c, alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
                     trans_a=ta, trans_b=tb)]
 

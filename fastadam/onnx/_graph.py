@@ -194,7 +194,7 @@ class Graph:
         lists = [arrays[k * n:(k + 1) * n] for k in range(per)]
         lists[1] = [contiguous(g) for g in lists[1]]  # gradients are only read
         apply(inputs[0].data, inputs[1].data, lists, **step.attrs)
-        return [Tensor(a) for k in written for a in lists[k]]
+        return [inputs[2 + k * n + i] for k in written for i in range(n)]  # now the new values
 
     def _compile_gradient(self, step):
         a = step.attrs
@@ -289,9 +289,12 @@ class Graph:
                 if msg.startswith(step.node.op_type + ": "):
                     msg = msg[len(step.node.op_type) + 2:]
                 raise type(e)(f"{step.label}: {msg}") from e
+            leaves = self.grad_names
             for name, value in zip(step.outputs, outs):
-                if name:
+                if name in leaves:
                     self.assign(env, name, value)
+                elif name:
+                    env[name] = value
 
     def _run_gradient(self, step, inputs, env):
         nx = len(step.xs)

@@ -50,37 +50,48 @@ def _declared(value_info):
     return dtype, shape
 
 
-def check_feeds(inputs, feeds, optional=()):
-    """Feeds as Tensors, checked against ``inputs`` (ValueInfoProtos): names, dtypes, shapes.
+class FeedChecker:
+    """Checks feeds against ``inputs`` (ValueInfoProtos): names, dtypes, shapes.
 
-    ``optional``: input names that have a default (initializers listed as inputs).
+    ``optional``: input names that have a default (initializers listed as inputs).  Calling it
+    returns the feeds as Tensors (no copies).
     """
-    if not isinstance(feeds, dict):
-        raise TypeError(f"feeds: expected a dict of input name -> array, got "
-                        f"{type(feeds).__name__}")
-    by_name = {vi.name: vi for vi in inputs}
-    unknown = sorted(set(feeds) - set(by_name))
-    if unknown:
-        raise ValueError(f"feeds: {unknown} are not inputs of the graph (inputs: "
-                         f"{sorted(by_name)})")
-    missing = [n for n in by_name if n not in feeds and n not in optional]
-    if missing:
-        raise ValueError(f"feeds: missing values for the inputs {missing}")
-    out = {}
-    for name, value in feeds.items():
-        a = np.asarray(value.data if isinstance(value, Tensor) else value)
-        declared = _declared(by_name[name])
-        if declared is not None:
-            dtype, shape = declared
-            if dtype is not None and a.dtype != dtype:
-                raise TypeError(f"feeds['{name}']: expected dtype {dtype}, got {a.dtype}")
-            if shape is not None and (len(shape) != a.ndim or any(
-                    d is not None and d != s for d, s in zip(shape, a.shape))):
-                shown = "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
-                    ("," if len(shape) == 1 else "") + ")"
-                raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
-        out[name] = Tensor(a)
-    return out
+
+    def __init__(self, inputs, optional=()):
+        self.declared = {vi.name: _declared(vi) for vi in inputs}
+        self.required = [n for n in self.declared if n not in optional]
+
+    def __call__(self, feeds):
+        if not isinstance(feeds, dict):
+            raise TypeError(f"feeds: expected a dict of input name -> array, got "
+                            f"{type(feeds).__name__}")
+        declared = self.declared
+        missing = [n for n in self.required if n not in feeds]
+        if missing:
+            raise ValueError(f"feeds: missing values for the inputs {missing}")
+        out = {}
+        for name, value in feeds.items():
+            if name not in declared:
+                raise ValueError(f"feeds: {sorted(set(feeds) - set(declared))} are not inputs "
+                                 f"of the graph (inputs: {sorted(declared)})")
+            a = value.data if isinstance(value, Tensor) else np.asarray(value)
+            d = declared[name]
+            if d is not None:
+                dtype, shape = d
+                if dtype is not None and a.dtype != dtype:
+                    raise TypeError(f"feeds['{name}']: expected dtype {dtype}, got {a.dtype}")
+                if shape is not None and (len(shape) != a.ndim or any(
+                        d is not None and d != s for d, s in zip(shape, a.shape))):
+                    shown = "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+                        ("," if len(shape) == 1 else "") + ")"
+                    raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
+            out[name] = Tensor(a)
+        return out
+
+
+def check_feeds(inputs, feeds, optional=()):
+    """``FeedChecker(inputs, optional)(feeds)``."""
+    return FeedChecker(inputs, optional)(feeds)
 
 
 def graph_known_names(*graphs):

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 
 from ..autodiff import Tensor, no_grad
 from ._graph import Graph
-from ._model import check_feeds, graph_known_names, initializer_arrays, load_model, opsets
+from ._model import FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model, opsets
 from ._training_ops import OPTIMIZERS
 
 
@@ -76,7 +76,7 @@ def _mark_inplace(plan, updates, state):
 
 class _Algorithm:
     __slots__ = ("plan", "updates", "inputs", "init_names", "outputs", "init_plan",
-                 "init_bindings", "init_arrays", "init_outputs")
+                 "init_bindings", "init_arrays", "init_outputs", "check_feeds", "schedules")
 
 
 def _writable_copy(a, state_ids):
@@ -125,6 +125,8 @@ class TrainingSession:
                                     set(alg.outputs) | set(self._graph_outputs),
                                     "the algorithm graph or the inference graph", taken_update)
             _mark_inplace(alg.plan, alg.updates, self._state)
+            alg.check_feeds = FeedChecker(alg.inputs, alg.init_names)
+            alg.schedules = {}
             init = info.initialization
             alg.init_plan = Graph(init.node, ops, graph_known_names(init))
             alg.init_arrays = initializer_arrays(init)
@@ -134,6 +136,9 @@ class TrainingSession:
                                           main_inits | set(own), set(alg.init_outputs),
                                           "the initialization graph", taken_init)
             self._algorithms.append(alg)
+        self._default_outputs = self.default_outputs()
+        self._tensors = {}
+        self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -148,9 +153,18 @@ class TrainingSession:
         return out
 
     def _env(self, plan, names):
+        """Tensors around the state arrays (no copies); a tensor some Gradient differentiates
+        is a leaf that requires gradients.  The Tensors are cached while their array stays the
+        same object (in-place updates keep it; a rebinding replaces it)."""
+        state, leaves, cache = self._state, plan.grad_names, self._tensors
         env = {}
-        for name in names:
-            plan.assign(env, name, Tensor(self._state[name]))
+        for n in names:
+            a = state[n]
+            t = cache.get((id(plan), n))
+            if t is None or t.data is not a or not t.is_leaf or t.grad is not None:
+                t = Tensor(a, requires_grad=n in leaves and a.dtype.kind == "f")
+                cache[(id(plan), n)] = t
+            env[n] = t
         return env
 
     def _result(self, env, names):
@@ -189,13 +203,12 @@ class TrainingSession:
         if not isinstance(feeds, dict):
             raise TypeError(f"feeds: expected a dict of input name -> array, got "
                             f"{type(feeds).__name__}")
-        wanted = self.default_outputs() if output_names is None else list(output_names)
-        declared = set()
-        for alg in self._algorithms:
-            declared.update(vi.name for vi in alg.inputs)
-        unknown = sorted(set(feeds) - declared)
-        if unknown:
-            raise ValueError(f"feeds: {unknown} are inputs of no algorithm graph")
+        wanted = self._default_outputs if output_names is None else list(output_names)
+        declared = self._declared_inputs
+        for name in feeds:
+            if name not in declared:
+                raise ValueError(f"feeds: {sorted(set(feeds) - declared)} are inputs of no "
+                                 f"algorithm graph")
         results = {}
         for alg in self._algorithms:
             names = {vi.name for vi in alg.inputs}
@@ -207,20 +220,40 @@ class TrainingSession:
             raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
         return results
 
+    def _schedule(self, alg, wanted):
+        """What a step with these outputs runs, compiled once per set of outputs."""
+        key = tuple(wanted)
+        sched = alg.schedules.get(key)
+        if sched is None:
+            plan = alg.plan
+            order = plan.needed([v for _, v in alg.updates] + list(wanted))
+            first = [k for k in order if not plan.steps[k].inplace]
+            last = [k for k in order if plan.steps[k].inplace]
+            used = {n for k in order for n in plan.steps[k].inputs}
+            used.update(wanted)
+            used.update(v for _, v in alg.updates)
+            states = [n for n in alg.init_names if n in used]
+
+            def by_inplace(name):
+                k = plan.producer.get(name)
+                return k is not None and plan.steps[k].inplace
+
+            copied = [(k, v) for k, v in alg.updates if not by_inplace(v)]
+            fresh = [n for n in wanted if by_inplace(n)]
+            sched = alg.schedules[key] = (first, last, states, copied, fresh)
+        return sched
+
     def _step_one(self, alg, feeds, wanted):
         plan = alg.plan
-        checked = check_feeds(alg.inputs, feeds, optional=alg.init_names)
-        env = self._env(plan, alg.init_names)
+        first, last, states, copied, fresh = self._schedule(alg, wanted)
+        checked = alg.check_feeds(feeds)
+        env = self._env(plan, states)
         for name, t in checked.items():
             plan.assign(env, name, t)
-        order = plan.needed([v for _, v in alg.updates] + wanted)
-        plan.execute(env, [k for k in order if not plan.steps[k].inplace])
+        plan.execute(env, first)
         pending = []
         state_ids = {id(a) for a in self._state.values()}
-        for key, value in alg.updates:
-            k = plan.producer.get(value)
-            if k is not None and plan.steps[k].inplace:
-                continue
+        for key, value in copied:
             new = env[value].data
             old = self._state[key]
             if new.dtype != old.dtype or new.shape != old.shape:
@@ -228,14 +261,13 @@ class TrainingSession:
                                  f"{new.shape}, but initializer '{key}' has {old.dtype} and "
                                  f"{old.shape}")
             pending.append((key, _writable_copy(new, state_ids)))
-        result = self._result(env, wanted)
-        plan.execute(env, [k for k in order if plan.steps[k].inplace])
+        result = {n: (env[n].data.copy() if id(env[n].data) in state_ids else env[n].data)
+                  for n in wanted}
+        plan.execute(env, last)  # the in-place optimizer updates, once nothing can fail
         for key, new in pending:
             self._state[key] = new
-        for n in wanted:  # in-place outputs: report the new values
-            k = plan.producer.get(n)
-            if k is not None and plan.steps[k].inplace:
-                result[n] = env[n].data.copy()
+        for n in fresh:  # outputs of in-place updates: report the new values
+            result[n] = env[n].data.copy()
         return result
 
     def run(self, feeds, output_names=None):

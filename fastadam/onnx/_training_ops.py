@@ -17,6 +17,11 @@ import fastadam
 
 
 def _scalar(value, name, kind):
+    if value.__class__ is np.ndarray and value.ndim == 0:  # the common case: a 0-d tensor
+        if kind == "int" and value.dtype.kind in "iu":
+            return int(value)
+        if kind == "float" and value.dtype.kind == "f":
+            return float(value)
     a = np.asarray(value)
     if a.size != 1:
         raise ValueError(f"{name}: expected a scalar, got shape {a.shape}")
@@ -58,7 +63,11 @@ def _by_dtype(lists):
     groups = {}
     for i, x in enumerate(lists[0]):
         groups.setdefault(x.dtype, []).append(i)
-    return groups.values()
+    return list(groups.values())
+
+
+def _select(lst, idx):
+    return lst if len(idx) == len(lst) else [lst[i] for i in idx]
 
 
 def contiguous(a):
@@ -93,8 +102,8 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     xs, gs, vs, hs = lists
     for idx in _by_dtype(lists):
-        fastadam.step_inplace([xs[i] for i in idx], [gs[i] for i in idx], [vs[i] for i in idx],
-                              [hs[i] for i in idx], t, lr=lr, beta1=alpha, beta2=beta,
+        fastadam.step_inplace(_select(xs, idx), _select(gs, idx), _select(vs, idx),
+                              _select(hs, idx), t, lr=lr, beta1=alpha, beta2=beta,
                               eps=epsilon, convention="onnx", weight_decay=norm_coefficient,
                               post_decay=norm_coefficient_post)
 
@@ -129,7 +138,7 @@ def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient):
     step = _need("adagrad_step_inplace")
     xs, gs, hs = lists
     for idx in _by_dtype(lists):
-        step([xs[i] for i in idx], [gs[i] for i in idx], [hs[i] for i in idx], t, lr=lr,
+        step(_select(xs, idx), _select(gs, idx), _select(hs, idx), t, lr=lr,
              lr_decay=decay_factor, eps=epsilon, weight_decay=norm_coefficient,
              convention="onnx")
 
@@ -170,7 +179,7 @@ def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient):
     step = _need("momentum_step_inplace")
     xs, gs, vs = lists
     for idx in _by_dtype(lists):
-        step([xs[i] for i in idx], [gs[i] for i in idx], [vs[i] for i in idx], t, lr=lr,
+        step(_select(xs, idx), _select(gs, idx), _select(vs, idx), t, lr=lr,
              momentum=alpha, dampening=1.0 - beta, nesterov=(mode == "nesterov"),
              weight_decay=norm_coefficient, convention="onnx")
 
