@@ -33,7 +33,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
     args = parser.parse_args()
-    repeats, min_time = (5, 0.05) if args.quick else (9, 0.2)
+    repeats, min_time = (5, 0.05) if args.quick else (21, 0.1)
     undo = B.limit_threads()
     try:
         print("one training step (forward, loss, gradient, Adam update), float32, 1 thread")

@@ -76,7 +76,8 @@ def _mark_inplace(plan, updates, state):
 
 class _Algorithm:
     __slots__ = ("plan", "updates", "inputs", "init_names", "outputs", "init_plan",
-                 "init_bindings", "init_arrays", "init_outputs", "check_feeds", "schedules")
+                 "init_bindings", "init_arrays", "init_outputs", "check_feeds", "schedules",
+                 "init_set", "input_names")
 
 
 def _writable_copy(a, state_ids):
@@ -126,6 +127,8 @@ class TrainingSession:
                                     "the algorithm graph or the inference graph", taken_update)
             _mark_inplace(alg.plan, alg.updates, self._state)
             alg.check_feeds = FeedChecker(alg.inputs, alg.init_names)
+            alg.init_set = set(alg.init_names)
+            alg.input_names = {vi.name for vi in alg.inputs}
             alg.schedules = {}
             init = info.initialization
             alg.init_plan = Graph(init.node, ops, graph_known_names(init))
@@ -156,14 +159,14 @@ class TrainingSession:
         """Tensors around the state arrays (no copies); a tensor some Gradient differentiates
         is a leaf that requires gradients.  The Tensors are cached while their array stays the
         same object (in-place updates keep it; a rebinding replaces it)."""
-        state, leaves, cache = self._state, plan.grad_names, self._tensors
+        state, leaves = self._state, plan.grad_names
+        cache = self._tensors.setdefault(id(plan), {})
         env = {}
         for n in names:
             a = state[n]
-            t = cache.get((id(plan), n))
-            if t is None or t.data is not a or not t.is_leaf or t.grad is not None:
-                t = Tensor(a, requires_grad=n in leaves and a.dtype.kind == "f")
-                cache[(id(plan), n)] = t
+            t = cache.get(n)
+            if t is None or t.data is not a or t.grad is not None or not t.is_leaf:
+                t = cache[n] = Tensor(a, requires_grad=n in leaves and a.dtype.kind == "f")
             env[n] = t
         return env
 
@@ -211,12 +214,10 @@ class TrainingSession:
                                  f"algorithm graph")
         results = {}
         for alg in self._algorithms:
-            names = {vi.name for vi in alg.inputs}
-            mine = {n: v for n, v in feeds.items() if n in names}
-            results.update(self._step_one(alg, mine, [n for n in wanted if n in alg.plan.producer
-                                                      or n in alg.init_names]))
-        missing = [n for n in wanted if n not in results]
-        if missing:
+            mine = {n: v for n, v in feeds.items() if n in alg.input_names}
+            results.update(self._step_one(alg, mine, wanted))
+        if len(results) != len(wanted):
+            missing = [n for n in wanted if n not in results]
             raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
         return results
 
@@ -226,6 +227,7 @@ class TrainingSession:
         sched = alg.schedules.get(key)
         if sched is None:
             plan = alg.plan
+            wanted = [n for n in wanted if n in plan.producer or n in alg.init_set]
             order = plan.needed([v for _, v in alg.updates] + list(wanted))
             first = [k for k in order if not plan.steps[k].inplace]
             last = [k for k in order if plan.steps[k].inplace]
@@ -240,12 +242,12 @@ class TrainingSession:
 
             copied = [(k, v) for k, v in alg.updates if not by_inplace(v)]
             fresh = [n for n in wanted if by_inplace(n)]
-            sched = alg.schedules[key] = (first, last, states, copied, fresh)
+            sched = alg.schedules[key] = (wanted, first, last, states, copied, fresh)
         return sched
 
     def _step_one(self, alg, feeds, wanted):
         plan = alg.plan
-        first, last, states, copied, fresh = self._schedule(alg, wanted)
+        wanted, first, last, states, copied, fresh = self._schedule(alg, wanted)
         checked = alg.check_feeds(feeds)
         env = self._env(plan, states)
         for name, t in checked.items():
