@@ -236,3 +236,21 @@ def test_gradient_through_an_optimizer_is_refused():
                                          r"\(Adam\), which is not differentiable"):
         fo.run(model, {"R": np.array(0.1), "T": np.array(1), "x": one, "g": one, "v": one,
                        "h": one})
+
+
+def test_second_derivative_at_fed_values_re_evaluates_the_inner_gradient(rng):
+    """G2 gets x2 in place of x: its sub-graph (which contains G1) is evaluated again at x2."""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["xx"]),
+             helper.make_node("Mul", ["xx", "x"], ["xxx"]),
+             helper.make_node("ReduceSum", ["xxx"], ["y"], keepdims=0),
+             helper.make_node("Gradient", ["x"], ["dx"], domain=TRAIN, xs=["x"], y="y"),
+             helper.make_node("Mul", ["dx", "u"], ["du"]),
+             helper.make_node("ReduceSum", ["du"], ["s"], keepdims=0),
+             helper.make_node("Gradient", ["x2", "u"], ["hx"], domain=TRAIN, xs=["x"],
+                              zs=["u"], y="s")]
+    model = _model(nodes, [("x", D, [4]), ("u", D, [4]), ("x2", D, [4])],
+                   [("dx", D, [4]), ("hx", D, [4])])
+    x, u, x2 = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4)
+    out = fo.run(model, {"x": x, "u": u, "x2": x2})
+    np.testing.assert_allclose(out["dx"], 3 * x * x, rtol=1e-12)
+    np.testing.assert_allclose(out["hx"], 6 * x2 * u, rtol=1e-12)

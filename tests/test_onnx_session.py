@@ -362,3 +362,21 @@ def test_builder_param_not_an_initializer():
     model, _ = mlp_model(8)
     with pytest.raises(ValueError, match="params: 'W9' is not an initializer"):
         fo.make_training_model(model, params=["W9"])
+
+
+def test_fit_progress_line_without_tqdm(digits, capsys, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name.startswith("tqdm"):
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    X, y = digits
+    model, _ = mlp_model(8)
+    session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
+    out = session.fit(_batches(X, y, 3, 16), progress=True)
+    assert out["fastadam.loss"].shape == (3,)
+    assert "fit: step 3" in capsys.readouterr().err

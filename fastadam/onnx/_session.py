@@ -344,15 +344,19 @@ class _LineProgress:
     def __init__(self, total):
         self.total, self.n, self.post = total, 0, ""
 
+    def _show(self):
+        of = f"/{self.total}" if self.total else ""
+        sys.stderr.write(f"\rfit: step {self.n}{of} {self.post}")
+        sys.stderr.flush()
+
     def update(self, k):
         self.n += k
-        if self.n == 1 or self.n % 10 == 0 or self.n == self.total:
-            of = f"/{self.total}" if self.total else ""
-            sys.stderr.write(f"\rfit: step {self.n}{of} {self.post}")
-            sys.stderr.flush()
+        if self.n == 1 or self.n % 10 == 0:
+            self._show()
 
     def set_postfix(self, values):
         self.post = " ".join(f"{k}={v:.4g}" for k, v in values.items())
 
     def close(self):
+        self._show()
         sys.stderr.write("\n")
