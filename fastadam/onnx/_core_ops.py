@@ -237,7 +237,7 @@ def reshape(inputs, attrs, opset):
                     raise ValueError(f"shape: a 0 at position {i} copies a dimension that the "
                                      f"input of shape {x.shape} does not have")
                 shape[i] = x.shape[i]
-    try:
+    try:  # reshaping a broadcast scalar checks the shape without touching the data
         np.broadcast_to(0, x.shape).reshape(shape)
     except ValueError:
         raise ValueError(f"shape: cannot reshape a tensor of shape {x.shape} to "
@@ -332,10 +332,14 @@ def gather(inputs, attrs, opset):
     axis = attrs.get("axis", 0)
     if is_float(x):
         return [ad.gather(x, idx, axis=axis)]
-    probe = ad.gather(const(np.zeros(x.shape, dtype=np.int8)), idx, axis=axis)  # checks
-    n = x.shape[axis]
-    return [const(np.take(x.data, np.where(idx.data < 0, idx.data + n, idx.data), axis=axis)
-                  .reshape(probe.shape))]
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
+    n, i = x.shape[axis], idx.data
+    if i.dtype.kind not in "iu":
+        raise TypeError(f"indices: expected an integer array, got {i.dtype}")
+    if i.size and (i.min() < -n or i.max() >= n):
+        raise IndexError(f"indices: values must lie in [{-n}, {n}), got [{i.min()}, {i.max()}]")
+    return [const(np.take(x.data, np.where(i < 0, i + n, i), axis=axis))]
 
 
 @register("Identity")

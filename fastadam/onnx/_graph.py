@@ -234,8 +234,8 @@ class Graph:
             if k == step.index:
                 raise ValueError(f"{step.label}: y '{step.y}' depends on this Gradient node's "
                                  f"own output")
-            other = self.steps[k] if k < len(self.steps) else None
-            if other is not None and other.kind == "optimizer":
+            other = self.steps[k]
+            if other.kind == "optimizer":
                 raise ValueError(f"{step.label}: y '{step.y}' depends on {other.label}, which is "
                                  f"not differentiable")
             found.add(k)
@@ -265,7 +265,19 @@ class Graph:
         env[name] = value
 
     def execute(self, env, order):
-        """Run the steps ``order`` (indices) on ``env`` (name -> Tensor), in place."""
+        """Run the steps ``order`` (indices) on ``env`` (name -> Tensor), in place.
+
+        With Gradient nodes the forward pass must be recorded, so recording is switched on
+        for the call even inside ``fastadam.autodiff.no_grad()``."""
+        if not self.grad_names:
+            return self._execute(env, order)
+        previous = ad.set_grad_enabled(True)
+        try:
+            return self._execute(env, order)
+        finally:
+            ad.set_grad_enabled(previous)
+
+    def _execute(self, env, order):
         steps = self.steps
         for k in order:
             step = steps[k]
@@ -309,7 +321,7 @@ class Graph:
                 if n in step.xs and not t.requires_grad and t.data.dtype.kind == "f":
                     t = Tensor(t.data, requires_grad=True)
                 sub[n] = t
-            self.execute(sub, step.subgraph)
+            self._execute(sub, step.subgraph)
             y = sub[step.y]
             xs, zs = [sub[n] for n in step.xs], [sub[n] for n in step.zs]
         for n, x in zip(step.xs, xs):
