@@ -115,6 +115,8 @@ class Graph:
             if step.kind == "gradient":
                 self._gradient_subgraph(step)
                 self.grad_names.update(step.xs)
+        # the tape may be freed by the backward walk when no other Gradient node walks it again
+        self.retain_graph = sum(s.kind == "gradient" for s in self.steps) > 1
         for step in self.steps:
             if step.kind == "gradient":
                 for k in step.subgraph:
@@ -332,7 +334,7 @@ class Graph:
         seed = None if y.data.size == 1 else np.ones_like(y.data)
         previous = ad.set_grad_enabled(True)
         try:
-            grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=True,
+            grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
                                 create_graph=step.differentiated, allow_unused=True)
         finally:
             ad.set_grad_enabled(previous)

@@ -165,7 +165,7 @@ class TrainingSession:
         for n in names:
             a = state[n]
             t = cache.get(n)
-            if t is None or t.data is not a or t.grad is not None or not t.is_leaf:
+            if t is None or t.data is not a or t.grad is not None:
                 t = cache[n] = Tensor(a, requires_grad=n in leaves and a.dtype.kind == "f")
             env[n] = t
         return env

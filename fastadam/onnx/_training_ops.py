@@ -60,8 +60,12 @@ def _groups(op, inputs, per_group):
 
 def _by_dtype(lists):
     """Indices of the tensors grouped by dtype (one compiled call per dtype)."""
+    xs = lists[0]
+    first = xs[0].dtype
+    if all(x.dtype == first for x in xs):
+        return [range(len(xs))]
     groups = {}
-    for i, x in enumerate(lists[0]):
+    for i, x in enumerate(xs):
         groups.setdefault(x.dtype, []).append(i)
     return list(groups.values())
 
