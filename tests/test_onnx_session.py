@@ -150,6 +150,10 @@ def test_fit_initialize_and_model(digits):
     assert int(session.initializers["fastadam.T"]) == 0
     assert not np.any(session.initializers["fastadam.V.W1"])
     np.testing.assert_array_equal(session.initializers["W1"], trained_w)  # weights are kept
+    session.fit(_batches(X, y, 2, 32), progress=False)  # in-place updates after initialize()...
+    session.initialize()  # ...did not write into the initialization graph's constants
+    assert not np.any(session.initializers["fastadam.V.W1"])
+    assert not np.any(session.initializers["fastadam.H.b2"])
 
 
 @pytest.mark.skipif(not hasattr(fastadam, "momentum_step_inplace"),

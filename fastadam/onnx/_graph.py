@@ -2,9 +2,9 @@
 
 ``Graph(nodes, opsets, known)`` checks everything that can be checked without values (domains,
 opsets, operators, input names, variadic counts, what each Gradient node differentiates) and
-turns each node into a ``Step``.  ``Graph.execute(env, wanted)`` runs the steps needed for the
-``wanted`` names on an environment ``name -> Tensor``; every error a node raises is re-raised
-with the node's name and operator in front.
+turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
+``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
+every error a node raises is re-raised with the node's name and operator in front.
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the

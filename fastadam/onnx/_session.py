@@ -80,11 +80,13 @@ class _Algorithm:
                  "init_set", "input_names")
 
 
-def _writable_copy(a, state_ids):
-    if (not a.flags.writeable or not a.flags.c_contiguous or a.base is not None
-            or id(a) in state_ids):
-        return np.array(a, order="C")
-    return a
+def _own(a, private):
+    """The array a binding stores: ``a`` itself only when it is ``private`` (a fresh output of a
+    functional optimizer node); otherwise a copy, since it may alias a feed, a Constant's value
+    or another initializer, and the session later updates its initializers in place."""
+    if private and a.flags.writeable and a.flags.c_contiguous:
+        return a
+    return np.array(a, order="C")
 
 
 class TrainingSession:
@@ -185,9 +187,8 @@ class TrainingSession:
             env = {n: Tensor(a) for n, a in alg.init_arrays.items()}
             with no_grad():
                 alg.init_plan.execute(env, alg.init_plan.needed([v for _, v in alg.init_bindings]))
-            state_ids = {id(a) for a in self._state.values()}
             for key, value in alg.init_bindings:
-                self._state[key] = _writable_copy(env[value].data, state_ids)
+                self._state[key] = _own(env[value].data, False)
 
     def default_outputs(self):
         """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
@@ -240,7 +241,11 @@ class TrainingSession:
                 k = plan.producer.get(name)
                 return k is not None and plan.steps[k].inplace
 
-            copied = [(k, v) for k, v in alg.updates if not by_inplace(v)]
+            def private(name):
+                k = plan.producer.get(name)
+                return k is not None and plan.steps[k].kind == "optimizer"
+
+            copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
             fresh = [n for n in wanted if by_inplace(n)]
             sched = alg.schedules[key] = (wanted, first, last, states, copied, fresh)
         return sched
@@ -255,14 +260,14 @@ class TrainingSession:
         plan.execute(env, first)
         pending = []
         state_ids = {id(a) for a in self._state.values()}
-        for key, value in copied:
+        for key, value, is_private in copied:
             new = env[value].data
             old = self._state[key]
             if new.dtype != old.dtype or new.shape != old.shape:
                 raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
                                  f"{new.shape}, but initializer '{key}' has {old.dtype} and "
                                  f"{old.shape}")
-            pending.append((key, _writable_copy(new, state_ids)))
+            pending.append((key, _own(new, is_private)))
         result = {n: (env[n].data.copy() if id(env[n].data) in state_ids else env[n].data)
                   for n in wanted}
         plan.execute(env, last)  # the in-place optimizer updates, once nothing can fail
