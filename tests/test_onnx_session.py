@@ -384,3 +384,30 @@ def test_fit_progress_line_without_tqdm(digits, capsys, monkeypatch):
     out = session.fit(_batches(X, y, 3, 16), progress=True)
     assert out["fastadam.loss"].shape == (3,)
     assert "fit: step 3" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_model_exported_by_torch_trains(digits):
+    """torch.onnx.export (TorchScript exporter) -> run equals torch -> make_training_model."""
+    import io
+    torch = pytest.importorskip("torch")
+    X, y = digits
+    torch.manual_seed(0)
+
+    class Images(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(-1, 1, 8, 8)
+
+    net = torch.nn.Sequential(Images(), torch.nn.Conv2d(1, 4, 3, padding=1),
+                              torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Flatten(), torch.nn.Linear(64, 10)).eval()
+    buf = io.BytesIO()
+    torch.onnx.export(net, (torch.from_numpy(X[:4]),), buf, dynamo=False, input_names=["X"],
+                      output_names=["logits"], dynamic_axes={"X": {0: "N"}}, opset_version=17)
+    model = onnx.load_from_string(buf.getvalue())
+    with torch.no_grad():
+        ref = net(torch.from_numpy(X[:50])).numpy()
+    np.testing.assert_allclose(fo.run(model, {"X": X[:50]})["logits"], ref, rtol=1e-4, atol=1e-5)
+    session = fo.TrainingSession(fo.make_training_model(model, lr=3e-2))
+    losses = session.fit(_batches(X, y, 30, 64), progress=False)["fastadam.loss"]
+    assert losses[-5:].mean() < 0.75 * losses[:5].mean()
