@@ -87,7 +87,8 @@ def test_gradient_and_hessian_vector_match_finite_differences(rng):
         helper.make_node("Gradient", ["X", "W"] + CONSTS, ["dX", "dW"], domain=TRAIN,
                          xs=["X", "W"], zs=CONSTS, y="loss"),
         # s = <grad, u>: its gradient is the Hessian times u (a Gradient of a Gradient)
-        helper.make_node("Mul", ["dX", "uX"], ["pX"]), helper.make_node("Mul", ["dW", "uW"], ["pW"]),
+        helper.make_node("Mul", ["dX", "uX"], ["pX"]),
+        helper.make_node("Mul", ["dW", "uW"], ["pW"]),
         helper.make_node("ReduceSum", ["pX"], ["sX"], keepdims=0),
         helper.make_node("ReduceSum", ["pW"], ["sW"], keepdims=0),
         helper.make_node("Add", ["sX", "sW"], ["s"]),

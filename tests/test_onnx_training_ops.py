@@ -102,7 +102,8 @@ def test_adam_matches_formula(rng, dtype, t):
     out = fo.adam(np.float32(0.1), np.int64(t), *ins, **attrs)
     n = len(shapes)
     for i in range(n):
-        ref = adam_ref(float(np.float32(0.1)), t, ins[i], ins[n + i], ins[2 * n + i], ins[3 * n + i], **attrs)
+        r = float(np.float32(0.1))  # R as the operator receives it
+        ref = adam_ref(r, t, ins[i], ins[n + i], ins[2 * n + i], ins[3 * n + i], **attrs)
         for k, r in enumerate(ref):
             got = out[k * n + i]
             assert got.dtype == dtype and got.shape == shapes[i]

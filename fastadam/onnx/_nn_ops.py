@@ -97,8 +97,8 @@ def global_average_pool(inputs, attrs, opset):
 def batch_normalization(inputs, attrs, opset):
     x, scale, bias, mean, var = inputs
     if attrs.get("training_mode", 0) or (opset < 9 and not attrs.get("spatial", 1)):
-        raise UnsupportedOperatorError("BatchNormalization: only the inference form (training_mode=0, "
-                                  "spatial=1) is supported")
+        raise UnsupportedOperatorError("BatchNormalization: only the inference form "
+                                       "(training_mode=0, spatial=1) is supported")
     c = x.shape[1] if x.ndim > 1 else None
     for name, t in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
         if t.shape != (c,):

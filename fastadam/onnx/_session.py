@@ -20,7 +20,8 @@ from onnx import numpy_helper
 
 from ..autodiff import Tensor, no_grad
 from ._graph import Graph
-from ._model import FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model, opsets
+from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
+                     opsets)
 from ._training_ops import OPTIMIZERS
 
 
@@ -180,7 +181,7 @@ class TrainingSession:
     # -- the training_info graphs --------------------------------------------------------------
 
     def initialize(self):
-        """Run each ``initialization`` graph and assign its outputs per ``initialization_binding``."""
+        """Run each ``initialization`` graph; assign its outputs per ``initialization_binding``."""
         for alg in self._algorithms:
             if not alg.init_bindings:
                 continue
