@@ -1,0 +1,116 @@
+"""``Adagrad``: the optimizer object over ``adagrad_step_inplace`` and its sparse form.
+
+Design as ``_adam.py``: type and torch-style rules here, ranges by a dry run of the functional
+step on no tensors.  ``lr``, ``eps`` and ``initial_accumulator_value`` default to the
+convention's library values.  The step number handed to the functional step follows each
+convention's count: ONNX's ``T`` is the number of steps already applied (0 first), torch's and
+Keras's ``step`` starts at 1.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _functional
+from ._base import Optimizer, ParamsLike, accepts, check_bool, check_choice, check_lr, check_real
+
+__all__ = ["Adagrad"]
+
+#: defaults by convention: (lr, eps, initial_accumulator_value) of torch.optim.Adagrad,
+#: keras.optimizers.Adagrad and ai.onnx.preview.training.Adagrad (R has no default there)
+ADAGRAD_DEFAULTS = {"torch": (1e-2, 1e-10, 0.0), "keras": (1e-3, 1e-7, 0.1),
+                    "onnx": (1e-2, 1e-6, 0.0)}
+SPARSE_MODES = ("lazy", "dense")
+
+
+def _functions():
+    dense = getattr(_functional, "adagrad_step_inplace", None)
+    sparse = getattr(_functional, "sparse_adagrad_step_inplace", None)
+    if dense is None or sparse is None:
+        raise NotImplementedError("Adagrad: this build has no adagrad_step_inplace")
+    return dense, sparse
+
+
+class Adagrad(Optimizer):
+    """Adagrad over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+
+    Per element, as :func:`fastadam.adagrad_step_inplace` documents::
+
+        r = lr / (1 + k*lr_decay);  g' = g + weight_decay*x;  h += g'**2
+        x -= r * g' / (sqrt(h) + eps)          # "keras": x -= lr * g' / sqrt(h + eps)
+
+    with ``k`` the number of steps already applied and ``h`` (slot ``"sum"``) starting at
+    ``initial_accumulator_value``.
+
+    Parameters
+    ----------
+    params, clip_grad_norm, num_threads, sparse_mode
+        As for :class:`fastadam.Adam`.
+    lr, eps, initial_accumulator_value : float, optional
+        None: the convention's default (torch 1e-2, 1e-10, 0; keras 1e-3, 1e-7, 0.1;
+        onnx 1e-2, 1e-6, 0).  ``lr`` may be a schedule.
+    lr_decay, weight_decay : float
+        >= 0.
+    maximize : bool
+    convention : {"torch", "keras", "onnx"}
+    """
+
+    group_keys = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps",
+                  "convention", "maximize", "sparse_mode")
+
+    def __init__(self, params: ParamsLike, lr: Any = None, lr_decay: float = 0.0,
+                 weight_decay: float = 0.0, initial_accumulator_value: Optional[float] = None,
+                 eps: Optional[float] = None, convention: str = "torch", maximize: bool = False,
+                 sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
+                 num_threads: Optional[int] = None):
+        dense, _ = _functions()
+        self._kernel_scales = accepts(dense, "grad_scale")
+        self._kernel_checks_nonfinite = accepts(dense, "skip_nonfinite")
+        super().__init__(params, dict(
+            lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value, eps=eps, convention=convention,
+            maximize=maximize, sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm,
+            num_threads=num_threads))
+
+    def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
+        h = dict(hyper)
+        h["convention"] = check_choice(h["convention"], "convention", tuple(ADAGRAD_DEFAULTS))
+        lr, eps, acc = ADAGRAD_DEFAULTS[h["convention"]]
+        h["lr"] = check_lr(lr if h["lr"] is None else h["lr"])
+        h["eps"] = check_real(eps if h["eps"] is None else h["eps"], "eps")
+        acc = acc if h["initial_accumulator_value"] is None else h["initial_accumulator_value"]
+        h["initial_accumulator_value"] = check_real(acc, "initial_accumulator_value")
+        h["lr_decay"] = check_real(h["lr_decay"], "lr_decay")
+        h["weight_decay"] = check_real(h["weight_decay"], "weight_decay")
+        h["maximize"] = check_bool(h["maximize"], "maximize")
+        h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
+        dense, _ = _functions()
+        dense([], [], [], 1, **self._scalars(h, 0.0 if callable(h["lr"]) else h["lr"]))
+        return h
+
+    @staticmethod
+    def _scalars(h: Dict[str, Any], lr: float) -> Dict[str, Any]:
+        return dict(lr=lr, lr_decay=h["lr_decay"], eps=h["eps"], weight_decay=h["weight_decay"],
+                    maximize=h["maximize"], convention=h["convention"])
+
+    @staticmethod
+    def _step_number(t: int, h: Dict[str, Any]) -> int:
+        return t if h["convention"] == "onnx" else t + 1
+
+    def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
+        return [("sum", hyper["initial_accumulator_value"])]
+
+    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
+        dense, _ = _functions()
+        extra = {}
+        if grad_scale is not None:
+            extra["grad_scale"] = grad_scale
+        if skip_nonfinite:
+            extra["skip_nonfinite"] = True
+        applied = dense(xs, gs, slots["sum"], self._step_number(t, h), **self._scalars(h, lr),
+                        num_threads=self.num_threads, **extra)
+        return applied is not False
+
+    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
+        _, sparse = _functions()
+        sparse(x, grad, slots["sum"], self._step_number(t, h), mode=h["sparse_mode"],
+               **self._scalars(h, lr), num_threads=self.num_threads)
