@@ -42,7 +42,7 @@ def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value}")
     if low is not None and value < low:
-        raise ValueError(f"{name}: expected a number >= {low}, got {value}")
+        raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
     return value
 
 
