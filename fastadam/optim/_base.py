@@ -151,14 +151,13 @@ class Optimizer:
         self._buckets: List[Tuple[int, List[int]]] = []
         self.t = 0
         single = not isinstance(params, (list, tuple))
-        groups = [{"params": params}] if single or not params or not isinstance(
-            params[0], dict) else list(params)
+        as_groups = not single and len(params) > 0 and isinstance(params[0], dict)
+        groups = list(params) if as_groups else [{"params": params}]
         for i, group in enumerate(groups):
             if not isinstance(group, dict):
                 raise TypeError(f"params: expected parameters or a list of dicts (groups), "
                                 f"got a {type(group).__name__} at position {i}")
-            self._add_group(group, f"param_groups[{i}]" if len(groups) > 1 else None,
-                            single)
+            self._add_group(group, f"param_groups[{i}]" if as_groups else None, single)
 
     # ---- subclass hooks --------------------------------------------------------------------
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:

@@ -31,7 +31,7 @@ def param_array(p: Any, name: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray or a fastadam.autodiff.Tensor, "
                         f"got {type(p).__name__}")
-    if a.dtype not in FLOAT_DTYPES:
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
         raise TypeError(f"{name}: expected float16, float32 or float64, got {a.dtype}")
     if not a.dtype.isnative or not a.flags.aligned:
         raise ValueError(f"{name}: expected an aligned array in native byte order")
