@@ -248,24 +248,25 @@ def test_clip_grad_norm_errors():
 @pytest.mark.parametrize("kwargs", [dict(nesterov=True), dict(nesterov=True, momentum=0.9,
                                                               dampening=0.1)])
 def test_sgd_nesterov_rule(kwargs):
-    with pytest.raises(ValueError, match=r"nesterov: needs momentum > 0 and dampening == 0"):
+    with pytest.raises(ValueError, match=r"nesterov: Nesterov momentum needs momentum > 0 and "
+                                         r"dampening = 0"):
         fastadam.SGD([np.zeros(2)], **kwargs)
 
 
 @pytest.mark.skipif(not HAS_MOMENTUM, reason="needs fastadam.optim.momentum_step_inplace")
 def test_sgd_negative_momentum():
-    with pytest.raises(ValueError, match=r"momentum: expected a number >= 0, got -0.9"):
+    with pytest.raises(ValueError, match=r"momentum: expected momentum >= 0, got -0.9"):
         fastadam.SGD([np.zeros(2)], momentum=-0.9)
 
 
 @pytest.mark.skipif(not HAS_ADAGRAD, reason="needs fastadam.optim.adagrad_step_inplace")
 def test_adagrad_convention():
-    with pytest.raises(ValueError, match=r"convention: expected one of \('torch', 'keras', "
-                                         r"'onnx'\), got 'tf'"):
+    with pytest.raises(ValueError, match=r"convention: expected one of \('torch', 'onnx', "
+                                         r"'keras'\), got 'tf'"):
         fastadam.Adagrad([np.zeros(2)], convention="tf")
 
 
 @pytest.mark.skipif(not HAS_ADAGRAD, reason="needs fastadam.optim.adagrad_step_inplace")
 def test_adagrad_negative_lr_decay():
-    with pytest.raises(ValueError, match=r"lr_decay: expected a number >= 0, got -0.1"):
+    with pytest.raises(ValueError, match=r"lr_decay: expected lr_decay >= 0, got -0.1"):
         fastadam.Adagrad([np.zeros(2)], lr_decay=-0.1)

@@ -202,7 +202,7 @@ def test_adam_defaults_to_torch_and_adamw_decays(rng):
     lambda p: fastadam.Adam(p, lr=0.02, betas=(0.8, 0.9), amsgrad=True, convention="onnx",
                             clip_grad_norm=2.0, weight_decay=0.1),
     lambda p: fastadam.AdamW(p, lr=schedules.exponential(0.1, 0.9), weight_decay=0.3),
-    pytest.param(lambda p: fastadam.Adagrad(p, lr_decay=0.1, convention="keras"),
+    pytest.param(lambda p: fastadam.Adagrad(p, lr=0.2, weight_decay=0.1, convention="keras"),
                  marks=pytest.mark.skipif(not HAS_ADAGRAD, reason="needs adagrad_step_inplace")),
     pytest.param(lambda p: fastadam.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
                  marks=pytest.mark.skipif(not HAS_MOMENTUM, reason="needs momentum_step_inplace")),

@@ -10,24 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _functional
-from ._base import Optimizer, ParamsLike, accepts, check_bool, check_choice, check_lr, check_real
+from ..sparse import sparse_adagrad_step_inplace
+from ._functional import adagrad_step_inplace
+from ._coefficients import ADAGRAD_CONVENTIONS, ADAGRAD_EPS
+from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
 __all__ = ["Adagrad"]
 
-#: defaults by convention: (lr, eps, initial_accumulator_value) of torch.optim.Adagrad,
-#: keras.optimizers.Adagrad and ai.onnx.preview.training.Adagrad (R has no default there)
-ADAGRAD_DEFAULTS = {"torch": (1e-2, 1e-10, 0.0), "keras": (1e-3, 1e-7, 0.1),
-                    "onnx": (1e-2, 1e-6, 0.0)}
+#: lr and initial_accumulator_value when not given, by convention (torch.optim.Adagrad,
+#: keras.optimizers.Adagrad; ONNX's R has no default, torch's is used); eps: ADAGRAD_EPS
+ADAGRAD_DEFAULTS = {"torch": (1e-2, 0.0), "keras": (1e-3, 0.1), "onnx": (1e-2, 0.0)}
 SPARSE_MODES = ("lazy", "dense")
 
-
-def _functions():
-    dense = getattr(_functional, "adagrad_step_inplace", None)
-    sparse = getattr(_functional, "sparse_adagrad_step_inplace", None)
-    if dense is None or sparse is None:
-        raise NotImplementedError("Adagrad: this build has no adagrad_step_inplace")
-    return dense, sparse
 
 
 class Adagrad(Optimizer):
@@ -62,9 +56,6 @@ class Adagrad(Optimizer):
                  eps: Optional[float] = None, convention: str = "torch", maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
                  num_threads: Optional[int] = None):
-        dense, _ = _functions()
-        self._kernel_scales = accepts(dense, "grad_scale")
-        self._kernel_checks_nonfinite = accepts(dense, "skip_nonfinite")
         super().__init__(params, dict(
             lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
             initial_accumulator_value=initial_accumulator_value, eps=eps, convention=convention,
@@ -73,18 +64,19 @@ class Adagrad(Optimizer):
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
-        h["convention"] = check_choice(h["convention"], "convention", tuple(ADAGRAD_DEFAULTS))
-        lr, eps, acc = ADAGRAD_DEFAULTS[h["convention"]]
+        h["convention"] = check_choice(h["convention"], "convention", ADAGRAD_CONVENTIONS)
+        lr, acc = ADAGRAD_DEFAULTS[h["convention"]]
+        eps = ADAGRAD_EPS[h["convention"]]
         h["lr"] = check_lr(lr if h["lr"] is None else h["lr"])
-        h["eps"] = check_real(eps if h["eps"] is None else h["eps"], "eps")
+        h["eps"] = check_real(eps if h["eps"] is None else h["eps"], "eps", None)
         acc = acc if h["initial_accumulator_value"] is None else h["initial_accumulator_value"]
         h["initial_accumulator_value"] = check_real(acc, "initial_accumulator_value")
-        h["lr_decay"] = check_real(h["lr_decay"], "lr_decay")
+        h["lr_decay"] = check_real(h["lr_decay"], "lr_decay", None)
         h["weight_decay"] = check_real(h["weight_decay"], "weight_decay")
         h["maximize"] = check_bool(h["maximize"], "maximize")
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
-        dense, _ = _functions()
-        dense([], [], [], 1, **self._scalars(h, 0.0 if callable(h["lr"]) else h["lr"]))
+        lr_now = 0.0 if callable(h["lr"]) else h["lr"]
+        adagrad_step_inplace([], [], [], 1, **self._scalars(h, lr_now))  # the step's own checks
         return h
 
     @staticmethod
@@ -100,17 +92,11 @@ class Adagrad(Optimizer):
         return [("sum", hyper["initial_accumulator_value"])]
 
     def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        dense, _ = _functions()
-        extra = {}
-        if grad_scale is not None:
-            extra["grad_scale"] = grad_scale
-        if skip_nonfinite:
-            extra["skip_nonfinite"] = True
-        applied = dense(xs, gs, slots["sum"], self._step_number(t, h), **self._scalars(h, lr),
-                        num_threads=self.num_threads, **extra)
-        return applied is not False
+        return adagrad_step_inplace(
+            xs, gs, slots["sum"], self._step_number(t, h), **self._scalars(h, lr),
+            grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
 
     def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        _, sparse = _functions()
-        sparse(x, grad, slots["sum"], self._step_number(t, h), mode=h["sparse_mode"],
-               **self._scalars(h, lr), num_threads=self.num_threads)
+        sparse_adagrad_step_inplace(
+            x, grad, slots["sum"], self._step_number(t, h), mode=h["sparse_mode"],
+            **self._scalars(h, lr), num_threads=self.num_threads)

@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ._base import (Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real)
-from ._functional import sparse_step_inplace, step_inplace
+from ..sparse import sparse_step_inplace
+from ._functional import step_inplace
 
 __all__ = ["Adam", "AdamW"]
 
@@ -56,8 +57,6 @@ class Adam(Optimizer):
     group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",
                   "post_decay", "nesterov", "maximize", "sparse_mode")
     structural_options = ("amsgrad",)
-    _kernel_scales = True
-    _kernel_checks_nonfinite = True
     _decoupled: Optional[bool] = None  # None: per group; AdamW: always
 
     def __init__(self, params: ParamsLike, lr: LR = 1e-3,

@@ -15,7 +15,6 @@ into ``grad_scale``, so no gradient is ever rescaled in memory when the function
 """
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from .._indexed_slices import IndexedSlices
+from ..sparse import IndexedSlices
 from . import _checkpoint
 from ._clip import CLIP_EPS, coalesce, sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
@@ -72,13 +71,6 @@ def check_clip(value: Any) -> Optional[float]:
     if value <= 0.0:
         raise ValueError(f"clip_grad_norm: expected a number > 0 or None, got {value}")
     return value
-
-
-def accepts(function: Callable, keyword: str) -> bool:
-    try:
-        return keyword in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class ParamGroup(Mapping):
@@ -334,7 +326,7 @@ class Optimizer:
                              and gathered[i][0] == "dense"]) for gi, idx in self._buckets]
         dense_calls = [(gi, idx) for gi, idx in dense_calls if idx]
         sparse = [i for i, e in enumerate(gathered) if e is not None and e[0] == "sparse"]
-        one_call = not sparse and len(dense_calls) <= 1 and self._kernel_checks_nonfinite
+        one_call = not sparse and len(dense_calls) <= 1
         if self._clip is not None or (skip_nonfinite and not one_call):
             # one read of every gradient: the global norm, which is finite iff every value is
             if sparse:
@@ -356,10 +348,8 @@ class Optimizer:
             xs = [self._arrays[i] for i in idx]
             gs = [gathered[i][1] for i in idx]
             slots = {name: [arrays[i] for i in idx] for name, arrays in self._slots.items()}
-            if scale != 1.0 and not self._kernel_scales:
-                gs = [(g / np.float64(scale)).astype(g.dtype) for g in gs]
             applied = self.dense_step(xs, gs, slots, self.t, self._groups[gi], lrs[gi],
-                                      None if scale == 1.0 or not self._kernel_scales else scale,
+                                      None if scale == 1.0 else scale,
                                       skip_nonfinite)
             if not applied:  # only reachable with a single call: nothing was written
                 return False
@@ -376,10 +366,6 @@ class Optimizer:
             if e is not None and isinstance(self._params[i], Tensor):
                 self._params[i]._version += 1  # modified in place, as autodiff's -= would mark
         return applied
-
-    # subclasses whose functional step takes grad_scale / skip_nonfinite set these to True
-    _kernel_scales = False
-    _kernel_checks_nonfinite = False
 
     def zero_grad(self) -> None:
         """Clear the ``.grad`` of every ``fastadam.autodiff.Tensor`` parameter (set to None)."""

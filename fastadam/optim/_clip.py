@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._indexed_slices import IndexedSlices
-from .._sparse_api import segment_sum
+from ..sparse import IndexedSlices
+from ..sparse import segment_sum
 
 __all__ = ["global_norm", "clip_grad_norm"]
 

@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from .._indexed_slices import IndexedSlices
+from ..sparse import IndexedSlices
 from ._clip import is_scipy_sparse
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

@@ -1,8 +1,9 @@
 """``SGD``: stochastic gradient descent with momentum, over ``momentum_step_inplace``.
 
-Design as ``_adam.py``.  torch's rules are kept: ``lr``, ``momentum``, ``weight_decay`` >= 0,
-Nesterov needs ``momentum > 0`` and ``dampening == 0``; with ``momentum == 0`` torch ignores
-``dampening`` (plain SGD), and so does this class.  The step number follows each convention:
+Design as ``_adam.py``: ``lr`` and ``weight_decay`` >= 0 are checked here (torch's rule); the
+functional step's coefficients check the rest (torch convention: ``momentum >= 0``, Nesterov
+needs ``momentum > 0`` and ``dampening == 0``, ``momentum == 0`` is plain SGD whatever the
+dampening, as in torch.optim.SGD).  The step number follows each convention:
 ONNX's ``T`` counts the steps already applied (``T == 0``: first step, ``beta = 1``), torch's
 first step is 1 (the buffer starts as the gradient).
 """
@@ -10,21 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _functional
-from ._base import Optimizer, ParamsLike, accepts, check_bool, check_choice, check_lr, check_real
+from ..sparse import sparse_momentum_step_inplace
+from ._functional import momentum_step_inplace
+from ._coefficients import MOMENTUM_CONVENTIONS
+from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
 __all__ = ["SGD"]
 
-CONVENTIONS = ("torch", "onnx")
 SPARSE_MODES = ("lazy", "dense")
 
-
-def _functions():
-    dense = getattr(_functional, "momentum_step_inplace", None)
-    sparse = getattr(_functional, "sparse_momentum_step_inplace", None)
-    if dense is None or sparse is None:
-        raise NotImplementedError("SGD: this build has no momentum_step_inplace")
-    return dense, sparse
 
 
 class SGD(Optimizer):
@@ -57,9 +52,6 @@ class SGD(Optimizer):
                  dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
                  maximize: bool = False, convention: str = "torch", sparse_mode: str = "lazy",
                  clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None):
-        dense, _ = _functions()
-        self._kernel_scales = accepts(dense, "grad_scale")
-        self._kernel_checks_nonfinite = accepts(dense, "skip_nonfinite")
         super().__init__(params, dict(
             lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
             weight_decay=weight_decay, maximize=maximize, convention=convention,
@@ -68,25 +60,20 @@ class SGD(Optimizer):
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
         h["lr"] = check_lr(h["lr"])
-        h["momentum"] = check_real(h["momentum"], "momentum")
+        h["momentum"] = check_real(h["momentum"], "momentum", None)
         h["dampening"] = check_real(h["dampening"], "dampening", None)
         h["weight_decay"] = check_real(h["weight_decay"], "weight_decay")
         h["nesterov"] = check_bool(h["nesterov"], "nesterov")
         h["maximize"] = check_bool(h["maximize"], "maximize")
-        h["convention"] = check_choice(h["convention"], "convention", CONVENTIONS)
+        h["convention"] = check_choice(h["convention"], "convention", MOMENTUM_CONVENTIONS)
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
-        if h["nesterov"] and (h["momentum"] <= 0.0 or h["dampening"] != 0.0):
-            raise ValueError(f"nesterov: needs momentum > 0 and dampening == 0 (as "
-                             f"torch.optim.SGD), got momentum={h['momentum']}, "
-                             f"dampening={h['dampening']}")
-        dense, _ = _functions()
-        dense([], [], [], 1, **self._scalars(h, 0.0 if callable(h["lr"]) else h["lr"]))
+        lr_now = 0.0 if callable(h["lr"]) else h["lr"]
+        momentum_step_inplace([], [], [], 1, **self._scalars(h, lr_now))  # the step's own checks
         return h
 
     @staticmethod
     def _scalars(h: Dict[str, Any], lr: float) -> Dict[str, Any]:
-        plain = h["momentum"] == 0.0 and h["convention"] == "torch"
-        return dict(lr=lr, momentum=h["momentum"], dampening=0.0 if plain else h["dampening"],
+        return dict(lr=lr, momentum=h["momentum"], dampening=h["dampening"],
                     nesterov=h["nesterov"], weight_decay=h["weight_decay"],
                     maximize=h["maximize"], convention=h["convention"])
 
@@ -98,17 +85,11 @@ class SGD(Optimizer):
         return [("momentum_buffer", 0.0)]
 
     def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        dense, _ = _functions()
-        extra = {}
-        if grad_scale is not None:
-            extra["grad_scale"] = grad_scale
-        if skip_nonfinite:
-            extra["skip_nonfinite"] = True
-        applied = dense(xs, gs, slots["momentum_buffer"], self._step_number(t, h),
-                        **self._scalars(h, lr), num_threads=self.num_threads, **extra)
-        return applied is not False
+        return momentum_step_inplace(
+            xs, gs, slots["momentum_buffer"], self._step_number(t, h), **self._scalars(h, lr),
+            grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
 
     def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        _, sparse = _functions()
-        sparse(x, grad, slots["momentum_buffer"], self._step_number(t, h),
-               mode=h["sparse_mode"], **self._scalars(h, lr), num_threads=self.num_threads)
+        sparse_momentum_step_inplace(
+            x, grad, slots["momentum_buffer"], self._step_number(t, h), mode=h["sparse_mode"],
+            **self._scalars(h, lr), num_threads=self.num_threads)
