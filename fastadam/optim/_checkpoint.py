@@ -257,6 +257,39 @@ def _read_entry(zf, info, where, shape, dtype, check_shape=True) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(got_shape)
 
 
+def _read_checkpoint(opt, zf: zipfile.ZipFile, not_ours: str, params: bool):
+    """Check and read every entry: the metadata, then every array header, then the data."""
+    infos = zf.infolist()
+    by_name = {info.filename: info for info in infos}
+    if "meta.npy" not in by_name:
+        raise ValueError(f"{not_ours} (no meta.npy entry)")
+    if len(by_name) != len(infos):
+        raise ValueError(f"{not_ours} (an entry name appears twice)")
+    meta_bytes = _read_entry(zf, by_name["meta.npy"], "meta.npy", ("n",), np.uint8,
+                             check_shape=False)
+    try:
+        meta = json.loads(meta_bytes.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{not_ours} (meta.npy is not JSON: {exc})") from None
+    t, clip, groups = check_metadata(opt, meta, "meta")
+    expected = dict(_entries(opt))
+    unknown = sorted(set(by_name) - {f"{k}.npy" for k in expected} - {"meta.npy"})
+    if unknown:
+        raise ValueError(f"path: unknown entry {unknown[0]!r} (this optimizer has "
+                         f"{len(opt._arrays)} parameters and slots {list(opt._slots)})")
+    missing = [k for k in expected if f"{k}.npy" not in by_name]
+    if missing:
+        raise ValueError(f"path: missing entry '{missing[0]}.npy'")
+    for key, array in expected.items():  # every header before any data
+        shape, dtype, _ = _read_header(zf, by_name[f"{key}.npy"], f"{key}.npy")
+        if dtype != array.dtype or shape != array.shape:
+            raise ValueError(f"{key}.npy: expected {array.dtype} of shape {array.shape}, "
+                             f"got {dtype} of shape {shape}")
+    read = {key: _read_entry(zf, by_name[f"{key}.npy"], f"{key}.npy", array.shape, array.dtype)
+            for key, array in expected.items() if params or not key.startswith("param_")}
+    return t, clip, groups, read
+
+
 def load(opt, path: Any, *, params: bool = True) -> None:
     from ._base import check_bool
 
@@ -268,39 +301,9 @@ def load(opt, path: Any, *, params: bool = True) -> None:
     except zipfile.BadZipFile:
         raise ValueError(f"{not_ours} (not a zip file)") from None
     with zf:
-        infos = zf.infolist()
-        by_name = {info.filename: info for info in infos}
-        if "meta.npy" not in by_name:
-            raise ValueError(f"{not_ours} (no meta.npy entry)")
-        if len(by_name) != len(infos):
-            raise ValueError(f"{not_ours} (an entry name appears twice)")
         try:
-            meta_bytes = _read_entry(zf, by_name["meta.npy"], "meta.npy", ("n",), np.uint8,
-                                     check_shape=False)
-            meta = json.loads(meta_bytes.tobytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise ValueError(f"{not_ours} (meta.npy is not JSON: {exc})") from None
-        except zipfile.BadZipFile as exc:
-            raise ValueError(f"{not_ours} ({exc})") from None
-        t, clip, groups = check_metadata(opt, meta, "meta")
-        expected = dict(_entries(opt))
-        unknown = sorted(set(by_name) - {f"{k}.npy" for k in expected} - {"meta.npy"})
-        if unknown:
-            raise ValueError(f"path: unknown entry {unknown[0]!r} (this optimizer has "
-                             f"{len(opt._arrays)} parameters and slots {list(opt._slots)})")
-        missing = [k for k in expected if f"{k}.npy" not in by_name]
-        if missing:
-            raise ValueError(f"path: missing entry '{missing[0]}.npy'")
-        for key, array in expected.items():  # every header before any data
-            shape, dtype, _ = _read_header(zf, by_name[f"{key}.npy"], f"{key}.npy")
-            if dtype != array.dtype or shape != array.shape:
-                raise ValueError(f"{key}.npy: expected {array.dtype} of shape {array.shape}, "
-                                 f"got {dtype} of shape {shape}")
-        try:
-            read = {key: _read_entry(zf, by_name[f"{key}.npy"], f"{key}.npy", array.shape,
-                                     array.dtype)
-                    for key, array in expected.items() if params or not key.startswith("param_")}
-        except zipfile.BadZipFile as exc:  # CRC mismatch: corrupted data
+            t, clip, groups, read = _read_checkpoint(opt, zf, not_ours, params)
+        except zipfile.BadZipFile as exc:  # a CRC mismatch: corrupted data
             raise ValueError(f"path: corrupted entry ({exc})") from None
     n = len(opt._arrays)
     slots = {slot: [read[f"{slot}_{i}"] for i in range(n)] for slot in opt._slots}
