@@ -24,7 +24,7 @@ import numpy as np
 
 from ..sparse import IndexedSlices
 from . import _checkpoint
-from ._clip import CLIP_EPS, coalesce, sum_of_squares
+from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
 from .schedules import Schedule
 
@@ -141,6 +141,9 @@ class Optimizer:
         self._group_params: List[List[int]] = []
         self._slots: Dict[str, List[np.ndarray]] = {}
         self._buckets: List[Tuple[int, List[int]]] = []
+        self._bucket_slots: List[Dict[str, List[np.ndarray]]] = []
+        self._group_of: List[int] = []
+        self._tensor_params = False
         self.t = 0
         single = not isinstance(params, (list, tuple))
         as_groups = not single and len(params) > 0 and isinstance(params[0], dict)
@@ -211,13 +214,18 @@ class Optimizer:
         self._add_group(param_group, "param_group", False)
 
     def _rebuild_buckets(self) -> None:
-        """One bucket per (group, dtype): each becomes one compiled call per step."""
+        """One bucket per (group, dtype): each becomes one compiled call per step.  The slot
+        lists of each bucket are kept (the slot arrays are only ever updated in place)."""
         self._buckets = []
         for gi, indices in enumerate(self._group_params):
             by_dtype: Dict[np.dtype, List[int]] = {}
             for i in indices:
                 by_dtype.setdefault(self._arrays[i].dtype, []).append(i)
             self._buckets += [(gi, idx) for idx in by_dtype.values()]
+        self._bucket_slots = [{name: [arrays[i] for i in idx] for name, arrays in self._slots.items()}
+                              for _, idx in self._buckets]
+        self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
+        self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
 
     @property
     def params(self) -> List[Any]:
@@ -308,31 +316,48 @@ class Optimizer:
         skip_nonfinite : bool
             Skip the whole step if any gradient (divided by ``grad_scale``) is not finite.
         """
-        gathered = gather_gradients(grads, self._params, self._arrays, self._labels)
         scale = 1.0 if grad_scale is None else check_real(grad_scale, "grad_scale", None)
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
         skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
-        for i, entry in enumerate(gathered):
-            if entry is not None and entry[0] == "sparse":
-                gi = next(k for k, idx in enumerate(self._group_params) if i in idx)
-                why = self.sparse_unsupported(self._groups[gi])
-                if why:
-                    raise ValueError(f"grads[{i}]: a sparse gradient cannot be used with "
-                                     f"{why}")
-        lrs = [self._lr(gi) for gi in range(len(self._groups))]
+        if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
+                and len(grads) == len(self._arrays)):
+            # the common case: dense arrays, one group, one dtype, no clipping: one call, whose
+            # own checks (in Cython) run before it writes, so no pre-check is needed here.  If
+            # it refuses the gradients (a sparse one, a Tensor, None, a wrong shape...), the
+            # general path takes them, or names the error in the optimizer's terms.
+            gi = self._buckets[0][0]
+            try:
+                applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
+                                          self._groups[gi], self._lr(gi),
+                                          None if scale == 1.0 else scale, skip_nonfinite)
+            except (TypeError, ValueError):
+                pass
+            else:
+                return self._finish(applied, range(len(grads)))
+        return self._general_step(grads, scale, skip_nonfinite)
 
-        dense_calls = [(gi, [i for i in idx if gathered[i] is not None
-                             and gathered[i][0] == "dense"]) for gi, idx in self._buckets]
-        dense_calls = [(gi, idx) for gi, idx in dense_calls if idx]
+    def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
+        """Any mix of gradients: check them all, then one call per (group, dtype) for the dense
+        ones and one per sparse gradient."""
+        gathered = gather_gradients(grads, self._params, self._arrays, self._labels)
         sparse = [i for i, e in enumerate(gathered) if e is not None and e[0] == "sparse"]
-        one_call = not sparse and len(dense_calls) <= 1
-        if self._clip is not None or (skip_nonfinite and not one_call):
+        for i in sparse:
+            why = self.sparse_unsupported(self._groups[self._group_of[i]])
+            if why:
+                raise ValueError(f"grads[{i}]: a sparse gradient cannot be used with {why}")
+        lrs = [self._lr(gi) for gi in range(len(self._groups))]
+        dense_calls = []
+        for b, (gi, idx) in enumerate(self._buckets):
+            present = [k for k, i in enumerate(idx)
+                       if gathered[i] is not None and gathered[i][0] == "dense"]
+            if present:
+                dense_calls.append((b, gi, present))
+        if self._clip is not None or (skip_nonfinite and (sparse or len(dense_calls) > 1)):
             # one read of every gradient: the global norm, which is finite iff every value is
-            if sparse:
-                for i in sparse:
-                    gathered[i] = ("sparse", coalesce(gathered[i][1]))
-            total = sum(sum_of_squares(e[1]) for e in gathered if e is not None)
+            for i in sparse:
+                gathered[i] = ("sparse", coalesce(gathered[i][1]))
+            total = total_sum_of_squares([e[1] for e in gathered if e is not None])
             norm = math.sqrt(total) / abs(scale)
             if not math.isfinite(norm):
                 if skip_nonfinite:
@@ -344,27 +369,32 @@ class Optimizer:
             skip_nonfinite = False  # checked above
 
         applied = True
-        for gi, idx in dense_calls:
-            xs = [self._arrays[i] for i in idx]
-            gs = [gathered[i][1] for i in idx]
-            slots = {name: [arrays[i] for i in idx] for name, arrays in self._slots.items()}
-            applied = self.dense_step(xs, gs, slots, self.t, self._groups[gi], lrs[gi],
-                                      None if scale == 1.0 else scale,
-                                      skip_nonfinite)
+        for b, gi, present in dense_calls:
+            idx = self._buckets[b][1]
+            slots = self._bucket_slots[b]
+            if len(present) < len(idx):
+                slots = {name: [arrays[k] for k in present] for name, arrays in slots.items()}
+            applied = self.dense_step([self._arrays[idx[k]] for k in present],
+                                      [gathered[idx[k]][1] for k in present], slots, self.t,
+                                      self._groups[gi], lrs[gi],
+                                      None if scale == 1.0 else scale, skip_nonfinite)
             if not applied:  # only reachable with a single call: nothing was written
                 return False
         for i in sparse:
-            gi = next(k for k, idx in enumerate(self._group_params) if i in idx)
-            grad = gathered[i][1]
-            if scale != 1.0:
-                grad = _scaled_sparse(grad, scale)
+            gi = self._group_of[i]
+            grad = gathered[i][1] if scale == 1.0 else _scaled_sparse(gathered[i][1], scale)
             slots = {name: arrays[i] for name, arrays in self._slots.items()}
             self.sparse_step(self._arrays[i], grad, slots, self.t, self._groups[gi], lrs[gi])
-        self.t += 1
-        Tensor = tensor_type()
-        for i, e in enumerate(gathered):
-            if e is not None and isinstance(self._params[i], Tensor):
-                self._params[i]._version += 1  # modified in place, as autodiff's -= would mark
+        return self._finish(applied, [i for i, e in enumerate(gathered) if e is not None])
+
+    def _finish(self, applied: bool, stepped: Any) -> bool:
+        if applied:
+            self.t += 1
+            if self._tensor_params:
+                Tensor = tensor_type()
+                for i in stepped:
+                    if isinstance(self._params[i], Tensor):
+                        self._params[i]._version += 1  # changed in place, as autodiff's -= marks
         return applied
 
     def zero_grad(self) -> None:

@@ -20,9 +20,15 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 SPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+_TENSOR = []
+
+
 def tensor_type():
-    from ..autodiff import Tensor
-    return Tensor
+    """fastadam.autodiff.Tensor, imported on first use (autodiff imports the sparse package)."""
+    if not _TENSOR:
+        from ..autodiff import Tensor
+        _TENSOR.append(Tensor)
+    return _TENSOR[0]
 
 
 def param_array(p: Any, name: str) -> np.ndarray:
@@ -147,6 +153,13 @@ def gather_gradients(grads: Any, params: List[Any], arrays: List[np.ndarray],
     else:
         raise TypeError(f"grads: expected a list of gradients, got {type(grads).__name__}")
     single = n == 1 and labels[0] == "params"
-    return [None if g is None else
-            check_gradient(g, arrays[i], "grads" if single else f"grads[{i}]", labels[i])
-            for i, g in enumerate(grads)]
+    out: List[Optional[Tuple[str, Any]]] = []
+    for i, (g, x) in enumerate(zip(grads, arrays)):
+        if (type(g) is np.ndarray and g.dtype == x.dtype and g.shape == x.shape
+                and g.flags.c_contiguous):
+            out.append(("dense", g))  # the common case, checked inline
+        elif g is None:
+            out.append(None)
+        else:
+            out.append(check_gradient(g, x, "grads" if single else f"grads[{i}]", labels[i]))
+    return out
