@@ -26,7 +26,6 @@ from ..sparse import IndexedSlices
 from . import _checkpoint
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
-from .schedules import Schedule
 
 ParamsLike = Union[Any, Sequence[Any], Sequence[Dict[str, Any]]]
 
@@ -222,7 +221,8 @@ class Optimizer:
             for i in indices:
                 by_dtype.setdefault(self._arrays[i].dtype, []).append(i)
             self._buckets += [(gi, idx) for idx in by_dtype.values()]
-        self._bucket_slots = [{name: [arrays[i] for i in idx] for name, arrays in self._slots.items()}
+        self._bucket_slots = [{name: [arrays[i] for i in idx]
+                               for name, arrays in self._slots.items()}
                               for _, idx in self._buckets]
         self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
         self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
@@ -320,6 +320,8 @@ class Optimizer:
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
         skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
+        if type(grads) is np.ndarray and len(self._arrays) == 1:
+            grads = [grads]
         if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
                 and len(grads) == len(self._arrays)):
             # the common case: dense arrays, one group, one dtype, no clipping: one call, whose
@@ -425,9 +427,10 @@ class Optimizer:
         _checkpoint.load_state_dict(self, state)
 
     def save(self, path: Any) -> None:
-        """Write parameters and state to ``path`` (a zip of ``.npy`` entries, no pickle), atomically:
-        a temporary file in the same folder, flushed and fsynced, then renamed over ``path``.
-        :meth:`load` resumes bit-exactly."""
+        """Write parameters and state to ``path`` (a zip of ``.npy`` entries, no pickle),
+        atomically: a temporary file in the same folder, flushed and fsynced, then renamed over
+        ``path``, so a crash or a full disk leaves the previous file whole (a killed process may
+        leave a ``.NAME.*.tmp`` file beside it).  :meth:`load` resumes bit-exactly."""
         _checkpoint.save(self, path)
 
     def load(self, path: Any, *, params: bool = True) -> None:

@@ -105,8 +105,9 @@ def check_metadata(opt, state: Dict[str, Any], where: str,
     t = state["t"]
     if isinstance(t, np.ndarray) and t.shape == ():
         t = t.item()
-    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or t < 0:
-        raise ValueError(f"{where}['t']: expected an int step count >= 0, got {t!r}")
+    if (isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
+            or not 0 <= t < 2 ** 63):
+        raise ValueError(f"{where}['t']: expected an int step count in [0, 2**63), got {t!r}")
     options = state["options"]
     _check_keys(options, ("clip_grad_norm",) + opt.structural_options, f"{where}['options']")
     try:

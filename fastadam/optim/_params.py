@@ -16,7 +16,6 @@ import numpy as np
 from ..sparse import IndexedSlices
 from ._clip import is_scipy_sparse
 
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 SPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 

@@ -41,8 +41,8 @@ def adam_from_torch(cls, torch_optimizer: Any):
             arrays.append(p.detach().numpy())
             if p in torch_optimizer.state and "step" in torch_optimizer.state[p]:
                 steps.add(int(_number(torch_optimizer.state[p]["step"])))
-        group = dict(params=arrays, lr=_number(g["lr"]), betas=tuple(_number(b) for b in g["betas"]),
-                     eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
+        group = dict(params=arrays, lr=_number(g["lr"]),
+                     betas=tuple(_number(b) for b in g["betas"]), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
                      maximize=bool(g["maximize"]))
         if issubclass(cls, AdamW):
             if not decoupled and group["weight_decay"]:

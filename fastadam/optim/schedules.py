@@ -38,7 +38,9 @@ def _real(value: Any, name: str, *, low: float = 0.0, low_open: bool = False,
     value = float(value)
     ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
     if not ok:
-        bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high < math.inf else "")
+        bound = f"{'>' if low_open else '>='} {low}"
+        if high < math.inf:
+            bound += f" and <= {high}"
         raise ValueError(f"{name}: expected a finite number {bound}, got {value}")
     return value
 
