@@ -23,11 +23,12 @@ from ..sparse import segment_sum
 __all__ = ["global_norm", "clip_grad_norm"]
 
 CLIP_EPS = 1e-6  # added to the norm before dividing, as torch.nn.utils.clip_grad_norm_ does
+_HALF = np.dtype(np.float16)
 
 
 def _dense_sum_of_squares(a: np.ndarray) -> float:
     flat = a.reshape(-1)
-    if flat.dtype == np.float16:  # no BLAS for float16, and its range overflows at 65504
+    if flat.dtype == _HALF:  # no BLAS for float16, and its range overflows at 65504
         flat = flat.astype(np.float32)
     s = float(np.dot(flat, flat))
     if math.isfinite(s) or not np.isfinite(flat).all():
@@ -69,7 +70,7 @@ def total_sum_of_squares(grads: Sequence[Any]) -> float:
     to tell an overflow of the squares from a NaN or infinity)."""
     total = 0.0
     for g in grads:
-        if type(g) is np.ndarray and g.dtype != np.float16:
+        if type(g) is np.ndarray and g.dtype != _HALF:
             total += float(np.vdot(g, g))
         else:
             total += sum_of_squares(g)
