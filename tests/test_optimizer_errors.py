@@ -50,6 +50,8 @@ def swapped():
      r"sparse_mode: expected one of \('lazy', 'dense'\), got 'catchup'"),
     (lambda: Adam([np.zeros(2)], clip_grad_norm=0.0), ValueError,
      r"clip_grad_norm: expected a number > 0 or None, got 0.0"),
+    (lambda: Adam([np.zeros(2)], num_threads="4"), TypeError,
+     r"num_threads: expected None or an int, got str"),
     (lambda: Adam([np.zeros(2)]).add_param_group([np.zeros(2)]), TypeError,
      r"param_group: expected a dict, got list"),
 ])

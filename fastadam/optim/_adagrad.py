@@ -76,7 +76,8 @@ class Adagrad(Optimizer):
         h["maximize"] = check_bool(h["maximize"], "maximize")
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
         lr_now = 0.0 if callable(h["lr"]) else h["lr"]
-        adagrad_step_inplace([], [], [], 1, **self._scalars(h, lr_now))  # the step's own checks
+        adagrad_step_inplace([], [], [], 1, **self._scalars(h, lr_now),  # the step's own checks
+                             num_threads=self.num_threads)
         return h
 
     @staticmethod

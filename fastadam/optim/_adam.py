@@ -94,7 +94,7 @@ class Adam(Optimizer):
         step_inplace([], [], [], [], 1, lr=0.0 if callable(h["lr"]) else h["lr"],
                      beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
                      convention=h["convention"], weight_decay=h["weight_decay"],
-                     post_decay=h["post_decay"])
+                     post_decay=h["post_decay"], num_threads=self.num_threads)
         return h
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:

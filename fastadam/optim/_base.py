@@ -106,8 +106,8 @@ class ParamGroup(Mapping):
 class Optimizer:
     """Base class: parameter groups, named state slots, a step count and checkpoints.
 
-    Subclasses define ``group_keys`` (per-group hyper-parameters), ``option_keys``
-    (optimizer-wide options), ``check_group`` (validate and normalise one group's
+    Subclasses define ``group_keys`` (per-group hyper-parameters), ``structural_options``
+    (optimizer-wide flags that decide the slots, such as Adam's ``amsgrad``), ``check_group`` (validate and normalise one group's
     hyper-parameters, raising TypeError/ValueError naming the argument), ``slot_specs``
     (``[(name, initial_value), ...]`` for a group), ``dense_step`` and ``sparse_step``.
 
@@ -121,7 +121,6 @@ class Optimizer:
     """
 
     group_keys: Tuple[str, ...] = ()
-    option_keys: Tuple[str, ...] = ("clip_grad_norm", "num_threads")
     structural_options: Tuple[str, ...] = ()  # options that decide the slots (e.g. amsgrad)
 
     def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):

@@ -68,7 +68,8 @@ class SGD(Optimizer):
         h["convention"] = check_choice(h["convention"], "convention", MOMENTUM_CONVENTIONS)
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
         lr_now = 0.0 if callable(h["lr"]) else h["lr"]
-        momentum_step_inplace([], [], [], 1, **self._scalars(h, lr_now))  # the step's own checks
+        momentum_step_inplace([], [], [], 1, **self._scalars(h, lr_now),  # the step's own checks
+                              num_threads=self.num_threads)
         return h
 
     @staticmethod
