@@ -74,7 +74,7 @@ cdef class AdamCoefficients(Coefficients):
         self.data = &self.c
 
     def check_float32(self):
-        check_finite32(self.c.alpha, "lr")
+        check_finite32(self.c.alpha, "lr")  # the step size: lr with the bias correction
         check_nonzero32(self.c.eps, "eps")
         check_finite32(self.c.grad_scale, "grad_scale")
         check_nonzero32(self.c.grad_scale, "grad_scale")

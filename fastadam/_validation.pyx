@@ -67,12 +67,28 @@ def check_step_arrays(x, g, list slots):
     shape; g likewise but read-only is fine.  No two written buffers overlap and g overlaps none
     of them.
     """
+    cdef Py_ssize_t n, i, q, nslots = len(slots)
+    cdef int typenum = -1
+    cdef cnp.ndarray xi
+    if isinstance(x, np.ndarray) and isinstance(g, np.ndarray) and all(
+            isinstance(a, np.ndarray) for _, a in slots):
+        # One tensor per argument: the common case, without the lists.
+        xi = check_array(x, "x", -1, None, True)
+        typenum = cnp.PyArray_TYPE(xi)
+        shape = (<object>xi).shape
+        check_array(g, "g", typenum, shape, False)
+        groups = [("x", [x], True), ("g", [g], False)]
+        for name, a in slots:
+            check_array(a, name, typenum, shape, True)
+            groups.append((name, [a], True))
+        check_disjoint(groups, True)
+        return [x], [g], [[a] for _, a in slots], typenum
     xs, single = as_array_list(x, "x")
     gs, single_g = as_array_list(g, "g")
     if single_g != single:
         raise TypeError(f"x, g, {', '.join(name for name, _ in slots)}: pass either one ndarray "
                         f"each or a list of ndarrays each")
-    cdef Py_ssize_t n = len(xs), i
+    n = len(xs)
     if len(gs) != n:
         raise ValueError(f"g: expected a list of {n} arrays like x, got {len(gs)}")
     slot_lists = []
@@ -86,9 +102,6 @@ def check_step_arrays(x, g, list slots):
         slot_lists.append(lst)
     if n == 0:
         return xs, gs, slot_lists, cnp.NPY_FLOAT
-    cdef int typenum = -1
-    cdef cnp.ndarray xi
-    cdef Py_ssize_t q, nslots = len(slots)
     for i in range(n):
         xi = check_array(xs[i], label("x", i, single), typenum, None, True)
         if typenum < 0:

@@ -29,7 +29,8 @@
             "include/fastadam/formulas.h",
             "include/fastadam/momentum.h",
             "include/fastadam/sparse.h",
-            "include/fastadam/sparse_body.h"
+            "include/fastadam/sparse_body.h",
+            "include/fastadam/yardstick.h"
         ],
         "extra_compile_args": [
             "-O3",
@@ -1317,6 +1318,7 @@ static int __Pyx_init_tpflags_variables(void) {
 #include "numpy/ndarraytypes.h"
 #include "numpy/arrayscalars.h"
 #include "numpy/ufuncobject.h"
+#include "fastadam/yardstick.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif /* _OPENMP */
@@ -1943,7 +1945,7 @@ static CYTHON_INLINE __pyx_t_long_double_complex __pyx_t_long_double_complex_fro
 
 /*--- Type declarations ---*/
 
-/* "fastadam/bench/_yardstick.pyx":15
+/* "fastadam/bench/_yardstick.pyx":16
  * 
  * # Must match fastadam/_dense.pyx (tests/test_build.py checks the module constants agree).
  * cdef enum:             # <<<<<<<<<<<<<<
@@ -2384,52 +2386,17 @@ static void __Pyx_ArgTypeError(PyObject *obj, PyTypeObject *type, const char *na
 /* ArgTypeTest.proto */
 static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, int none_allowed, const char *name, int exact);
 
-/* FormatTypeName.proto (used by RaiseErrorWithObjectType1) */
-#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX >= 0x030d0000
-typedef PyObject *__Pyx_TypeName;
-#define __Pyx_FMT_TYPENAME "%N"
-#define __Pyx_PyType_GetFullyQualifiedName(tp) Py_NewRef((PyObject*)tp)
-#define __Pyx_DECREF_TypeName(obj) Py_DECREF(obj)
-#elif CYTHON_COMPILING_IN_LIMITED_API
-typedef PyObject *__Pyx_TypeName;
-#define __Pyx_FMT_TYPENAME "%U"
-#define __Pyx_DECREF_TypeName(obj) Py_XDECREF(obj)
-static __Pyx_TypeName __Pyx_PyType_GetFullyQualifiedName(PyTypeObject* tp);
-#else  // !LIMITED_API
-typedef const char *__Pyx_TypeName;
-#define __Pyx_FMT_TYPENAME "%.200s"
-#define __Pyx_PyType_GetFullyQualifiedName(tp) ((tp)->tp_name)
-#define __Pyx_DECREF_TypeName(obj)
-#endif
-
-/* RaiseErrorWithObjectType1.proto (used by RaiseUnexpectedTypeError) */
-#define __Pyx_RaiseTypeErrorWithObjectType1(message, arg, obj) __Pyx_RaiseErrorWithObjectType1(PyExc_TypeError, message, arg, obj)
-#define __Pyx_RaiseErrorWithObjectType1(exc_type, message, arg, obj) __Pyx_RaiseErrorWithType1(exc_type, message, arg, Py_TYPE(obj))
-CYTHON_UNUSED
-static void __Pyx_RaiseErrorWithType1(PyObject* exc_type, const char* message, const char *arg, PyTypeObject *type_obj);
-
-/* RaiseUnexpectedTypeError.proto */
-CYTHON_UNUSED
-static int __Pyx_RaiseUnexpectedTypeError(const char *expected, PyObject *obj);
-
 /* RaiseTooManyValuesToUnpack.proto */
 static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected);
 
 /* RaiseNeedMoreValuesToUnpack.proto */
 static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index);
 
-/* RaiseNoneIterError.proto */
-static CYTHON_INLINE void __Pyx_RaiseNoneNotIterableError(void);
+/* IterFinish.proto */
+static CYTHON_INLINE int __Pyx_IterFinish(void);
 
-/* RaiseErrorWithObjectTypes.proto (used by ExtTypeTest) */
-#define __Pyx_RaiseErrorWithObjectTypes1(exc_type, message, arg, obj1, obj2) __Pyx_RaiseErrorWithTypes1(exc_type, message, arg, Py_TYPE(obj1), Py_TYPE(obj2))
-#define __Pyx_RaiseTypeErrorWithObjectTypes(message, obj1, obj2) __Pyx_RaiseTypeErrorWithTypes(message, Py_TYPE(obj1), Py_TYPE(obj2))
-#define __Pyx_RaiseTypeErrorWithTypes(message, type_obj1, type_obj2) __Pyx_RaiseErrorWithTypes1(PyExc_TypeError, "%.1s" message, "", type_obj1, type_obj2)
-CYTHON_UNUSED
-static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2);
-
-/* ExtTypeTest.proto */
-static CYTHON_INLINE int __Pyx_TypeTest(PyObject *obj, PyTypeObject *type);
+/* UnpackItemEndCheck.proto */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected);
 
 /* PyObjectGetAttrStrNoError.proto (used by GetBuiltinName) */
 static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name);
@@ -2484,26 +2451,8 @@ static PyObject *__Pyx__GetModuleGlobalName(PyObject *name, PY_UINT64_T *dict_ve
 static CYTHON_INLINE PyObject *__Pyx__GetModuleGlobalName(PyObject *name);
 #endif
 
-/* UnicodeEqualsUCS4.proto (used by UnicodeEquals_uchar) */
-#if CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL
-#define __Pyx_PyObject_Equals_uchar(s1, s2, ch2, equals, s1_is_str) (\
-    ((s1) == (s2)) ? ((equals) == Py_EQ) :\
-    ((s1) == Py_None) ? ((equals) == Py_NE) :\
-    __Pyx_PyObject_RichCompareBool(s1, s2, equals)\
-    )
-#else
-#define __Pyx_PyObject_Equals_uchar(s1, s2, ch2, equals, s1_is_str) (\
-    ((s1) == (s2)) ? ((equals) == Py_EQ) :\
-    ((s1) == Py_None) ? ((equals) == Py_NE) :\
-    (likely((s1_is_str) || PyUnicode_CheckExact(s1)) ?\
-        __Pyx__PyUnicode_EqualsUCS4(s1, ch2, equals) :\
-        __Pyx_PyObject_RichCompareBool(s1, s2, equals)\
-    ))
-static CYTHON_INLINE int __Pyx__PyUnicode_EqualsUCS4(PyObject* s1, Py_UCS4 ch2, int equals);
-#endif
-
-/* UnicodeEquals_uchar.proto */
-#define __Pyx_PyObject_Equals_str_ch100(s1, s2, equals)  __Pyx_PyObject_Equals_uchar(s1, s2, 100, equals, 1)
+/* PyObjectCompare.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareNe_object_str(PyObject *op1, PyObject *op2, int pyop);
 
 /* IncludeStdlibH.proto */
 #include <stdlib.h>
@@ -2910,6 +2859,24 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_enum__NPY_TYPES(enum NPY_TYPES value);
 
+/* FormatTypeName.proto */
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+typedef PyObject *__Pyx_TypeName;
+#define __Pyx_FMT_TYPENAME "%N"
+#define __Pyx_PyType_GetFullyQualifiedName(tp) Py_NewRef((PyObject*)tp)
+#define __Pyx_DECREF_TypeName(obj) Py_DECREF(obj)
+#elif CYTHON_COMPILING_IN_LIMITED_API
+typedef PyObject *__Pyx_TypeName;
+#define __Pyx_FMT_TYPENAME "%U"
+#define __Pyx_DECREF_TypeName(obj) Py_XDECREF(obj)
+static __Pyx_TypeName __Pyx_PyType_GetFullyQualifiedName(PyTypeObject* tp);
+#else  // !LIMITED_API
+typedef const char *__Pyx_TypeName;
+#define __Pyx_FMT_TYPENAME "%.200s"
+#define __Pyx_PyType_GetFullyQualifiedName(tp) ((tp)->tp_name)
+#define __Pyx_DECREF_TypeName(obj)
+#endif
+
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
 
@@ -3043,6 +3010,7 @@ static CYTHON_INLINE char *__pyx_f_5numpy_7ndarray_4data___get__(PyArrayObject *
 static CYTHON_INLINE int __pyx_f_5numpy_import_array(void); /*proto*/
 
 /* Module declarations from "fastadam.bench._yardstick" */
+static CYTHON_INLINE void __pyx_f_8fastadam_5bench_10_yardstick_stream_chunk(float *, float *, float *, float *, Py_ssize_t, Py_ssize_t); /*proto*/
 /* #### Code section: typeinfo ### */
 /* #### Code section: before_global_var ### */
 #define __Pyx_MODULE_NAME "fastadam.bench._yardstick"
@@ -3054,7 +3022,7 @@ int __pyx_module_is_main_fastadam__bench___yardstick = 0;
 /* #### Code section: string_decls ### */
 static const char __pyx_k_The_bandwidth_yardstick_of_the_b[] = "The bandwidth yardstick of the benchmarks (include/fastadam/yardstick.c): the traffic of a\nfloat32 Adam step, chunked and threaded exactly as the dense driver (fastadam/_dense.pyx) runs\na step, so the two are compared like for like.";
 /* #### Code section: decls ### */
-static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNUSED PyObject *__pyx_self, PyArrayObject *__pyx_v_a, PyArrayObject *__pyx_v_d, PyArrayObject *__pyx_v_b, PyArrayObject *__pyx_v_c, int __pyx_v_num_threads); /* proto */
+static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNUSED PyObject *__pyx_self, PyArrayObject *__pyx_v_a, PyArrayObject *__pyx_v_d, PyArrayObject *__pyx_v_b, PyObject *__pyx_v_c, int __pyx_v_num_threads); /* proto */
 /* #### Code section: late_includes ### */
 /* #### Code section: module_state ### */
 /* SmallCodeConfig */
@@ -3098,7 +3066,7 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
     PyObject *__pyx_codeobj_tab[1];
-    PyObject *__pyx_string_tab[46];
+    PyObject *__pyx_string_tab[47];
 /* #### Code section: module_state_contents ### */
 /* CommonTypesMetaclass.module_state_decls */
 PyTypeObject *__pyx_CommonTypesMetaclassType;
@@ -3142,8 +3110,8 @@ static __pyx_mstatetype __pyx_mstate_global_static =
 static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_static;
 #endif
 /* #### Code section: constant_name_defines ### */
-#define __pyx_kp_u__2 __pyx_string_tab[0]
-#define __pyx_kp_u_ __pyx_string_tab[1]
+#define __pyx_kp_u_ __pyx_string_tab[0]
+#define __pyx_kp_u__2 __pyx_string_tab[1]
 #define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[2]
 #define __pyx_kp_u_add_note __pyx_string_tab[3]
 #define __pyx_kp_u_fastadam_bench__yardstick_pyx __pyx_string_tab[4]
@@ -3162,32 +3130,33 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #define __pyx_n_u_is_coroutine __pyx_string_tab[17]
 #define __pyx_n_u_a __pyx_string_tab[18]
 #define __pyx_n_u_arr __pyx_string_tab[19]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[20]
-#define __pyx_n_u_b __pyx_string_tab[21]
-#define __pyx_n_u_c __pyx_string_tab[22]
-#define __pyx_n_u_check_array __pyx_string_tab[23]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[24]
-#define __pyx_n_u_d __pyx_string_tab[25]
-#define __pyx_n_u_fastadam__validation __pyx_string_tab[26]
-#define __pyx_n_u_fastadam_bench__yardstick __pyx_string_tab[27]
-#define __pyx_n_u_items __pyx_string_tab[28]
-#define __pyx_n_u_k __pyx_string_tab[29]
-#define __pyx_n_u_n __pyx_string_tab[30]
-#define __pyx_n_u_name_2 __pyx_string_tab[31]
-#define __pyx_n_u_nchunks __pyx_string_tab[32]
-#define __pyx_n_u_nt __pyx_string_tab[33]
-#define __pyx_n_u_num_threads __pyx_string_tab[34]
-#define __pyx_n_u_pa __pyx_string_tab[35]
-#define __pyx_n_u_pb __pyx_string_tab[36]
-#define __pyx_n_u_pc __pyx_string_tab[37]
-#define __pyx_n_u_pd __pyx_string_tab[38]
-#define __pyx_n_u_pop __pyx_string_tab[39]
-#define __pyx_n_u_setdefault __pyx_string_tab[40]
-#define __pyx_n_u_shape __pyx_string_tab[41]
-#define __pyx_n_u_start __pyx_string_tab[42]
-#define __pyx_n_u_stream_rw_f32 __pyx_string_tab[43]
-#define __pyx_n_u_values __pyx_string_tab[44]
-#define __pyx_kp_b_iso88591_Na_gQauE_e5_U_1E_xr_c_F_Cs_aq_a __pyx_string_tab[45]
+#define __pyx_n_u_arrays __pyx_string_tab[20]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[21]
+#define __pyx_n_u_b __pyx_string_tab[22]
+#define __pyx_n_u_c __pyx_string_tab[23]
+#define __pyx_n_u_check_array __pyx_string_tab[24]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[25]
+#define __pyx_n_u_d __pyx_string_tab[26]
+#define __pyx_n_u_fastadam__validation __pyx_string_tab[27]
+#define __pyx_n_u_fastadam_bench__yardstick __pyx_string_tab[28]
+#define __pyx_n_u_items __pyx_string_tab[29]
+#define __pyx_n_u_k __pyx_string_tab[30]
+#define __pyx_n_u_n __pyx_string_tab[31]
+#define __pyx_n_u_name_2 __pyx_string_tab[32]
+#define __pyx_n_u_nchunks __pyx_string_tab[33]
+#define __pyx_n_u_nt __pyx_string_tab[34]
+#define __pyx_n_u_num_threads __pyx_string_tab[35]
+#define __pyx_n_u_pa __pyx_string_tab[36]
+#define __pyx_n_u_pb __pyx_string_tab[37]
+#define __pyx_n_u_pc __pyx_string_tab[38]
+#define __pyx_n_u_pd __pyx_string_tab[39]
+#define __pyx_n_u_pop __pyx_string_tab[40]
+#define __pyx_n_u_setdefault __pyx_string_tab[41]
+#define __pyx_n_u_shape __pyx_string_tab[42]
+#define __pyx_n_u_start __pyx_string_tab[43]
+#define __pyx_n_u_stream_rw_f32 __pyx_string_tab[44]
+#define __pyx_n_u_values __pyx_string_tab[45]
+#define __pyx_kp_b_iso88591_xq_auE_e5_Cq_hb_zQR_gQ_1E_xr_c __pyx_string_tab[46]
 /* #### Code section: module_state_clear ### */
 #if CYTHON_USE_MODULE_STATE
 static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
@@ -3222,7 +3191,7 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<46; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<47; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
 Py_CLEAR(clear_module_state->__pyx_CommonTypesMetaclassType);
@@ -3265,7 +3234,7 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<46; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<47; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
 Py_VISIT(traverse_module_state->__pyx_CommonTypesMetaclassType);
@@ -5157,10 +5126,75 @@ static CYTHON_INLINE NPY_DATETIMEUNIT __pyx_f_5numpy_get_datetime64_unit(PyObjec
   return __pyx_r;
 }
 
-/* "fastadam/bench/_yardstick.pyx":23
+/* "fastadam/bench/_yardstick.pyx":24
  * 
  * 
- * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, cnp.ndarray c, int num_threads=1):             # <<<<<<<<<<<<<<
+ * cdef inline void stream_chunk(float *pa, float *pd, float *pb, float *pc, Py_ssize_t start,             # <<<<<<<<<<<<<<
+ *                               Py_ssize_t n) noexcept nogil:
+ *     if pc != NULL:
+*/
+
+static CYTHON_INLINE void __pyx_f_8fastadam_5bench_10_yardstick_stream_chunk(float *__pyx_v_pa, float *__pyx_v_pd, float *__pyx_v_pb, float *__pyx_v_pc, Py_ssize_t __pyx_v_start, Py_ssize_t __pyx_v_n) {
+  int __pyx_t_1;
+
+  /* "fastadam/bench/_yardstick.pyx":26
+ * cdef inline void stream_chunk(float *pa, float *pd, float *pb, float *pc, Py_ssize_t start,
+ *                               Py_ssize_t n) noexcept nogil:
+ *     if pc != NULL:             # <<<<<<<<<<<<<<
+ *         fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start, n)
+ *     else:
+*/
+  __pyx_t_1 = (__pyx_v_pc != NULL);
+
+  if (__pyx_t_1) {
+
+
+    /* "fastadam/bench/_yardstick.pyx":27
+ *                               Py_ssize_t n) noexcept nogil:
+ *     if pc != NULL:
+ *         fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start, n)             # <<<<<<<<<<<<<<
+ *     else:
+ *         fa_stream_rw2_f32(pa + start, pd + start, pb + start, n)
+*/
+    fa_stream_rw_f32((__pyx_v_pa + __pyx_v_start), (__pyx_v_pd + __pyx_v_start), (__pyx_v_pb + __pyx_v_start), (__pyx_v_pc + __pyx_v_start), __pyx_v_n);
+
+    /* "fastadam/bench/_yardstick.pyx":26
+ * cdef inline void stream_chunk(float *pa, float *pd, float *pb, float *pc, Py_ssize_t start,
+ *                               Py_ssize_t n) noexcept nogil:
+ *     if pc != NULL:             # <<<<<<<<<<<<<<
+ *         fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start, n)
+ *     else:
+*/
+    goto __pyx_L3;
+  }
+
+  /* "fastadam/bench/_yardstick.pyx":29
+ *         fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start, n)
+ *     else:
+ *         fa_stream_rw2_f32(pa + start, pd + start, pb + start, n)             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  /*else*/ {
+    fa_stream_rw2_f32((__pyx_v_pa + __pyx_v_start), (__pyx_v_pd + __pyx_v_start), (__pyx_v_pb + __pyx_v_start), __pyx_v_n);
+  }
+  __pyx_L3:;
+
+  /* "fastadam/bench/_yardstick.pyx":24
+ * 
+ * 
+ * cdef inline void stream_chunk(float *pa, float *pd, float *pb, float *pc, Py_ssize_t start,             # <<<<<<<<<<<<<<
+ *                               Py_ssize_t n) noexcept nogil:
+ *     if pc != NULL:
+*/
+
+  /* function exit code */
+}
+
+/* "fastadam/bench/_yardstick.pyx":32
+ * 
+ * 
+ * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, c=None, int num_threads=1):             # <<<<<<<<<<<<<<
  *     """Read a, d, b, c and write a, b, c -- the traffic of a float32 Adam step -- cut into the
  *     same chunks and run on the same number of threads as the dense step would be (serially
 */
@@ -5173,7 +5207,7 @@ PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-PyDoc_STRVAR(__pyx_doc_8fastadam_5bench_10_yardstick_stream_rw_f32, "Read a, d, b, c and write a, b, c -- the traffic of a float32 Adam step -- cut into the\n    same chunks and run on the same number of threads as the dense step would be (serially\n    below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable.");
+PyDoc_STRVAR(__pyx_doc_8fastadam_5bench_10_yardstick_stream_rw_f32, "Read a, d, b, c and write a, b, c -- the traffic of a float32 Adam step -- cut into the\n    same chunks and run on the same number of threads as the dense step would be (serially\n    below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable.\n    With c=None: read a, d, b and write a, b, the traffic of an Adagrad or momentum step.");
 static PyMethodDef __pyx_mdef_8fastadam_5bench_10_yardstick_1stream_rw_f32 = {"stream_rw_f32", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastadam_5bench_10_yardstick_1stream_rw_f32, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastadam_5bench_10_yardstick_stream_rw_f32};
 static PyObject *__pyx_pw_8fastadam_5bench_10_yardstick_1stream_rw_f32(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
@@ -5185,7 +5219,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   PyArrayObject *__pyx_v_a = 0;
   PyArrayObject *__pyx_v_d = 0;
   PyArrayObject *__pyx_v_b = 0;
-  PyArrayObject *__pyx_v_c = 0;
+  PyObject *__pyx_v_c = 0;
   int __pyx_v_num_threads;
   #if !CYTHON_VECTORCALL
   CYTHON_UNUSED Py_ssize_t __pyx_nargs;
@@ -5209,69 +5243,73 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_a,&__pyx_mstate_global->__pyx_n_u_d,&__pyx_mstate_global->__pyx_n_u_b,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_num_threads,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 23, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 32, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "stream_rw_f32", 0) < (0)) __PYX_ERR(0, 23, __pyx_L3_error)
-      for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("stream_rw_f32", 0, 4, 5, i); __PYX_ERR(0, 23, __pyx_L3_error) }
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "stream_rw_f32", 0) < (0)) __PYX_ERR(0, 32, __pyx_L3_error)
+      if (!values[3]) values[3] = __Pyx_NewRef(((PyObject *)Py_None));
+      for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("stream_rw_f32", 0, 3, 5, i); __PYX_ERR(0, 32, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 32, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 32, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 32, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 32, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 23, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 32, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
+      if (!values[3]) values[3] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_a = ((PyArrayObject *)values[0]);
     __pyx_v_d = ((PyArrayObject *)values[1]);
     __pyx_v_b = ((PyArrayObject *)values[2]);
-    __pyx_v_c = ((PyArrayObject *)values[3]);
+    __pyx_v_c = values[3];
     if (values[4]) {
-      __pyx_v_num_threads = __Pyx_PyLong_As_int(values[4]); if (unlikely((__pyx_v_num_threads == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 23, __pyx_L3_error)
+      __pyx_v_num_threads = __Pyx_PyLong_As_int(values[4]); if (unlikely((__pyx_v_num_threads == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 32, __pyx_L3_error)
     } else {
       __pyx_v_num_threads = ((int)((int)1));
     }
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("stream_rw_f32", 0, 4, 5, __pyx_nargs); __PYX_ERR(0, 23, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("stream_rw_f32", 0, 3, 5, __pyx_nargs); __PYX_ERR(0, 32, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -5282,10 +5320,9 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_a), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "a", 0))) __PYX_ERR(0, 23, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_d), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "d", 0))) __PYX_ERR(0, 23, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_b), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "b", 0))) __PYX_ERR(0, 23, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_c), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "c", 0))) __PYX_ERR(0, 23, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_a), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "a", 0))) __PYX_ERR(0, 32, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_d), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "d", 0))) __PYX_ERR(0, 32, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_b), __pyx_mstate_global->__pyx_ptype_5numpy_ndarray, 1, "b", 0))) __PYX_ERR(0, 32, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(__pyx_self, __pyx_v_a, __pyx_v_d, __pyx_v_b, __pyx_v_c, __pyx_v_num_threads);
 
   /* function exit code */
@@ -5306,9 +5343,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   return __pyx_r;
 }
 
-static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNUSED PyObject *__pyx_self, PyArrayObject *__pyx_v_a, PyArrayObject *__pyx_v_d, PyArrayObject *__pyx_v_b, PyArrayObject *__pyx_v_c, int __pyx_v_num_threads) {
+static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNUSED PyObject *__pyx_self, PyArrayObject *__pyx_v_a, PyArrayObject *__pyx_v_d, PyArrayObject *__pyx_v_b, PyObject *__pyx_v_c, int __pyx_v_num_threads) {
+  PyObject *__pyx_v_arrays = NULL;
   PyObject *__pyx_v_name = NULL;
-  PyArrayObject *__pyx_v_arr = NULL;
+  PyObject *__pyx_v_arr = NULL;
   Py_ssize_t __pyx_v_n;
   Py_ssize_t __pyx_v_nchunks;
   Py_ssize_t __pyx_v_k;
@@ -5324,179 +5362,264 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
   PyObject *__pyx_t_2 = NULL;
   PyObject *__pyx_t_3 = NULL;
   PyObject *__pyx_t_4 = NULL;
-  PyObject *__pyx_t_5 = NULL;
+  int __pyx_t_5;
   Py_ssize_t __pyx_t_6;
-  PyObject *__pyx_t_7 = NULL;
-  int __pyx_t_8;
-  PyObject *__pyx_t_9 = NULL;
-  size_t __pyx_t_10;
-  int __pyx_t_11;
-  int __pyx_t_12;
-  int __pyx_t_13;
+  PyObject *(*__pyx_t_7)(PyObject *);
+  PyObject *__pyx_t_8 = NULL;
+  PyObject *(*__pyx_t_9)(PyObject *);
+  PyObject *__pyx_t_10 = NULL;
+  PyObject *__pyx_t_11 = NULL;
+  size_t __pyx_t_12;
+  float *__pyx_t_13;
   int __pyx_t_14;
   int __pyx_t_15;
-  Py_ssize_t __pyx_t_16;
-  Py_ssize_t __pyx_t_17;
-  Py_ssize_t __pyx_t_18;
-  int __pyx_t_19;
+  int __pyx_t_16;
+  int __pyx_t_17;
+  int __pyx_t_18;
+  Py_ssize_t __pyx_t_19;
   Py_ssize_t __pyx_t_20;
+  Py_ssize_t __pyx_t_21;
+  int __pyx_t_22;
+  Py_ssize_t __pyx_t_23;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("stream_rw_f32", 0);
 
-  /* "fastadam/bench/_yardstick.pyx":27
- *     same chunks and run on the same number of threads as the dense step would be (serially
- *     below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable."""
- *     for name, arr in (("a", a), ("d", d), ("b", b), ("c", c)):             # <<<<<<<<<<<<<<
+  /* "fastadam/bench/_yardstick.pyx":37
+ *     below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable.
+ *     With c=None: read a, d, b and write a, b, the traffic of an Adagrad or momentum step."""
+ *     arrays = (("a", a), ("d", d), ("b", b)) + ((("c", c),) if c is not None else ())             # <<<<<<<<<<<<<<
+ *     for name, arr in arrays:
  *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
- *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
 */
-  __pyx_t_1 = PyTuple_New(2); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 27, __pyx_L1_error)
+  __pyx_t_1 = PyTuple_New(2); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 37, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_a);
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_a);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_mstate_global->__pyx_n_u_a) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_mstate_global->__pyx_n_u_a) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __Pyx_INCREF((PyObject *)__pyx_v_a);
   __Pyx_GIVEREF((PyObject *)__pyx_v_a);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, ((PyObject *)__pyx_v_a)) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 27, __pyx_L1_error)
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, ((PyObject *)__pyx_v_a)) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+  __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 37, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_d);
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_d);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_mstate_global->__pyx_n_u_d) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_mstate_global->__pyx_n_u_d) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __Pyx_INCREF((PyObject *)__pyx_v_d);
   __Pyx_GIVEREF((PyObject *)__pyx_v_d);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, ((PyObject *)__pyx_v_d)) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 27, __pyx_L1_error)
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, ((PyObject *)__pyx_v_d)) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 37, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_b);
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_b);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_mstate_global->__pyx_n_u_b) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_mstate_global->__pyx_n_u_b) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __Pyx_INCREF((PyObject *)__pyx_v_b);
   __Pyx_GIVEREF((PyObject *)__pyx_v_b);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, ((PyObject *)__pyx_v_b)) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 27, __pyx_L1_error)
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, ((PyObject *)__pyx_v_b)) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+  __pyx_t_4 = PyTuple_New(3); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 37, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_c);
-  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_c);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_mstate_global->__pyx_n_u_c) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __Pyx_INCREF((PyObject *)__pyx_v_c);
-  __Pyx_GIVEREF((PyObject *)__pyx_v_c);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, ((PyObject *)__pyx_v_c)) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __pyx_t_5 = PyTuple_New(4); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 27, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_5);
   __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_3);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
-  __Pyx_GIVEREF(__pyx_t_4);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_5, 3, __pyx_t_4) != (0)) __PYX_ERR(0, 27, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
   __pyx_t_1 = 0;
   __pyx_t_2 = 0;
   __pyx_t_3 = 0;
-  __pyx_t_4 = 0;
-  __pyx_t_4 = __pyx_t_5; __Pyx_INCREF(__pyx_t_4);
-  __pyx_t_6 = 0;
-  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __pyx_t_5 = (__pyx_v_c != Py_None);
+  if (__pyx_t_5) {
+    __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 37, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_c);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_c);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_mstate_global->__pyx_n_u_c) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_c);
+    __Pyx_GIVEREF(__pyx_v_c);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_v_c) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+    __pyx_t_1 = PyTuple_New(1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 37, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __Pyx_GIVEREF(__pyx_t_2);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 37, __pyx_L1_error);
+    __pyx_t_2 = 0;
+    __pyx_t_3 = __pyx_t_1;
+    __pyx_t_1 = 0;
+  } else {
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_empty_tuple);
+    __pyx_t_3 = __pyx_mstate_global->__pyx_empty_tuple;
+  }
+
+  __pyx_t_1 = PyNumber_Add(__pyx_t_4, __pyx_t_3); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 37, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_v_arrays = __pyx_t_1;
+  __pyx_t_1 = 0;
+
+  /* "fastadam/bench/_yardstick.pyx":38
+ *     With c=None: read a, d, b and write a, b, the traffic of an Adagrad or momentum step."""
+ *     arrays = (("a", a), ("d", d), ("b", b)) + ((("c", c),) if c is not None else ())
+ *     for name, arr in arrays:             # <<<<<<<<<<<<<<
+ *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
+ *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
+*/
+  if (likely(PyList_CheckExact(__pyx_v_arrays)) || PyTuple_CheckExact(__pyx_v_arrays)) {
+    __pyx_t_1 = __pyx_v_arrays; __Pyx_INCREF(__pyx_t_1);
+    __pyx_t_6 = 0;
+    __pyx_t_7 = NULL;
+  } else {
+    __pyx_t_6 = -1; __pyx_t_1 = PyObject_GetIter(__pyx_v_arrays); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 38, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __pyx_t_7 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 38, __pyx_L1_error)
+  }
   for (;;) {
-    if (__pyx_t_6 >= 4) break;
-    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
-    __pyx_t_5 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_4, __pyx_t_6));
-    #else
-    __pyx_t_5 = __Pyx_PySequence_ITEM(__pyx_t_4, __pyx_t_6);
-    #endif
-    ++__pyx_t_6;
-    if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 27, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_5);
-    if (!(likely(PyTuple_CheckExact(__pyx_t_5))||((__pyx_t_5) == Py_None) || __Pyx_RaiseUnexpectedTypeError("tuple", __pyx_t_5))) __PYX_ERR(0, 27, __pyx_L1_error)
-    if (likely(__pyx_t_5 != Py_None)) {
-      PyObject* sequence = __pyx_t_5;
-      Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(sequence);
+    if (likely(!__pyx_t_7)) {
+      if (likely(PyList_CheckExact(__pyx_t_1))) {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_1);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 38, __pyx_L1_error)
+          #endif
+          if (__pyx_t_6 >= __pyx_temp) break;
+        }
+        __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_1, __pyx_t_6, __Pyx_ReferenceSharing_OwnStrongReference);
+        ++__pyx_t_6;
+      } else {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_1);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 38, __pyx_L1_error)
+          #endif
+          if (__pyx_t_6 >= __pyx_temp) break;
+        }
+        #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+        __pyx_t_3 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_1, __pyx_t_6));
+        #else
+        __pyx_t_3 = __Pyx_PySequence_ITEM(__pyx_t_1, __pyx_t_6);
+        #endif
+        ++__pyx_t_6;
+      }
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 38, __pyx_L1_error)
+    } else {
+      __pyx_t_3 = __pyx_t_7(__pyx_t_1);
+      if (unlikely(!__pyx_t_3)) {
+        PyObject* exc_type = PyErr_Occurred();
+        if (exc_type) {
+          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 38, __pyx_L1_error)
+          PyErr_Clear();
+        }
+        break;
+      }
+    }
+    __Pyx_GOTREF(__pyx_t_3);
+    if ((likely(PyTuple_CheckExact(__pyx_t_3))) || (PyList_CheckExact(__pyx_t_3))) {
+      PyObject* sequence = __pyx_t_3;
+      Py_ssize_t size = __Pyx_PySequence_SIZE(sequence);
       if (unlikely(size != 2)) {
         if (size > 2) __Pyx_RaiseTooManyValuesError(2);
         else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
-        __PYX_ERR(0, 27, __pyx_L1_error)
+        __PYX_ERR(0, 38, __pyx_L1_error)
       }
       #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
-      __pyx_t_3 = PyTuple_GET_ITEM(sequence, 0);
-      __Pyx_INCREF(__pyx_t_3);
-      __pyx_t_2 = PyTuple_GET_ITEM(sequence, 1);
-      __Pyx_INCREF(__pyx_t_2);
+      if (likely(PyTuple_CheckExact(sequence))) {
+        __pyx_t_4 = PyTuple_GET_ITEM(sequence, 0);
+        __Pyx_INCREF(__pyx_t_4);
+        __pyx_t_2 = PyTuple_GET_ITEM(sequence, 1);
+        __Pyx_INCREF(__pyx_t_2);
+      } else {
+        __pyx_t_4 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
+        if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 38, __pyx_L1_error)
+        __Pyx_XGOTREF(__pyx_t_4);
+        __pyx_t_2 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
+        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 38, __pyx_L1_error)
+        __Pyx_XGOTREF(__pyx_t_2);
+      }
       #else
-      __pyx_t_3 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 27, __pyx_L1_error)
-      __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_2 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 27, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 38, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+      __pyx_t_2 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 38, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       #endif
-      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     } else {
-      __Pyx_RaiseNoneNotIterableError(); __PYX_ERR(0, 27, __pyx_L1_error)
+      Py_ssize_t index = -1;
+      __pyx_t_8 = PyObject_GetIter(__pyx_t_3); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 38, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_8);
+      __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+      __pyx_t_9 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_8);
+      index = 0; __pyx_t_4 = __pyx_t_9(__pyx_t_8); if (unlikely(!__pyx_t_4)) goto __pyx_L5_unpacking_failed;
+      __Pyx_GOTREF(__pyx_t_4);
+      index = 1; __pyx_t_2 = __pyx_t_9(__pyx_t_8); if (unlikely(!__pyx_t_2)) goto __pyx_L5_unpacking_failed;
+      __Pyx_GOTREF(__pyx_t_2);
+      if (__Pyx_IternextUnpackEndCheck(__pyx_t_9(__pyx_t_8), 2) < (0)) __PYX_ERR(0, 38, __pyx_L1_error)
+      __pyx_t_9 = NULL;
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      goto __pyx_L6_unpacking_done;
+      __pyx_L5_unpacking_failed:;
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      __pyx_t_9 = NULL;
+      if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
+      __PYX_ERR(0, 38, __pyx_L1_error)
+      __pyx_L6_unpacking_done:;
     }
-    if (!(likely(PyUnicode_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_3))) __PYX_ERR(0, 27, __pyx_L1_error)
-    if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 27, __pyx_L1_error)
-    __Pyx_XDECREF_SET(__pyx_v_name, ((PyObject*)__pyx_t_3));
-    __pyx_t_3 = 0;
-    __Pyx_XDECREF_SET(__pyx_v_arr, ((PyArrayObject *)__pyx_t_2));
+    __Pyx_XDECREF_SET(__pyx_v_name, __pyx_t_4);
+    __pyx_t_4 = 0;
+    __Pyx_XDECREF_SET(__pyx_v_arr, __pyx_t_2);
     __pyx_t_2 = 0;
 
-    /* "fastadam/bench/_yardstick.pyx":28
- *     below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable."""
- *     for name, arr in (("a", a), ("d", d), ("b", b), ("c", c)):
+    /* "fastadam/bench/_yardstick.pyx":39
+ *     arrays = (("a", a), ("d", d), ("b", b)) + ((("c", c),) if c is not None else ())
+ *     for name, arr in arrays:
  *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")             # <<<<<<<<<<<<<<
  *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
  *     cdef float *pa = <float *>cnp.PyArray_DATA(a)
 */
     __pyx_t_2 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_check_array); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 28, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_1 = __Pyx_PyLong_From_enum__NPY_TYPES(NPY_FLOAT); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 28, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_1);
-    __pyx_t_7 = __Pyx_PyObject_GetAttrStr(((PyObject *)__pyx_v_a), __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 28, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_7);
-    __pyx_t_8 = (__Pyx_PyObject_Equals_str_ch100(__pyx_v_name, __pyx_mstate_global->__pyx_n_u_d, Py_NE)); if (unlikely((__pyx_t_8 < 0))) __PYX_ERR(0, 28, __pyx_L1_error)
-    __pyx_t_9 = __Pyx_PyBool_FromLong(__pyx_t_8); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 28, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_9);
-
-    __pyx_t_10 = 1;
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_check_array); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 39, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __pyx_t_8 = __Pyx_PyLong_From_enum__NPY_TYPES(NPY_FLOAT); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 39, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __pyx_t_10 = __Pyx_PyObject_GetAttrStr(((PyObject *)__pyx_v_a), __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 39, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_10);
+    __pyx_t_11 = __Pyx_PyObject_CompareNe_object_str(__pyx_v_name, __pyx_mstate_global->__pyx_n_u_d, Py_NE); __Pyx_XGOTREF(__pyx_t_11); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 39, __pyx_L1_error)
+    __pyx_t_12 = 1;
     #if CYTHON_UNPACK_METHODS
-    if (unlikely(PyMethod_Check(__pyx_t_3))) {
-      __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_3);
+    if (unlikely(PyMethod_Check(__pyx_t_4))) {
+      __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_4);
       assert(__pyx_t_2);
-      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_3);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
       __Pyx_INCREF(__pyx_t_2);
       __Pyx_INCREF(__pyx__function);
-      __Pyx_DECREF_SET(__pyx_t_3, __pyx__function);
-      __pyx_t_10 = 0;
+      __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
+      __pyx_t_12 = 0;
     }
     #endif
     {
-      PyObject *__pyx_callargs[6] = {__pyx_t_2, ((PyObject *)__pyx_v_arr), __pyx_v_name, __pyx_t_1, __pyx_t_7, __pyx_t_9};
-      __pyx_t_5 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_10, (6-__pyx_t_10) | (__pyx_t_10*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      PyObject *__pyx_callargs[6] = {__pyx_t_2, __pyx_v_arr, __pyx_v_name, __pyx_t_8, __pyx_t_10, __pyx_t_11};
+      __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_12, (6-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-      __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
-      __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 28, __pyx_L1_error)
-      __Pyx_GOTREF(__pyx_t_5);
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+      __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
+      __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 39, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
     }
-    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-    /* "fastadam/bench/_yardstick.pyx":27
- *     same chunks and run on the same number of threads as the dense step would be (serially
- *     below PARALLEL_MIN elements).  float32, C-contiguous, equal shapes, a/b/c writable."""
- *     for name, arr in (("a", a), ("d", d), ("b", b), ("c", c)):             # <<<<<<<<<<<<<<
+    /* "fastadam/bench/_yardstick.pyx":38
+ *     With c=None: read a, d, b and write a, b, the traffic of an Adagrad or momentum step."""
+ *     arrays = (("a", a), ("d", d), ("b", b)) + ((("c", c),) if c is not None else ())
+ *     for name, arr in arrays:             # <<<<<<<<<<<<<<
  *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
  *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
 */
   }
-  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
 
-  /* "fastadam/bench/_yardstick.pyx":29
- *     for name, arr in (("a", a), ("d", d), ("b", b), ("c", c)):
+  /* "fastadam/bench/_yardstick.pyx":40
+ *     for name, arr in arrays:
  *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
  *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start             # <<<<<<<<<<<<<<
  *     cdef float *pa = <float *>cnp.PyArray_DATA(a)
@@ -5505,7 +5628,7 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
   __pyx_v_n = PyArray_SIZE(__pyx_v_a);
   __pyx_v_nchunks = (((__pyx_v_n + __pyx_e_8fastadam_5bench_10_yardstick_CHUNK) - 1) / __pyx_e_8fastadam_5bench_10_yardstick_CHUNK);
 
-  /* "fastadam/bench/_yardstick.pyx":30
+  /* "fastadam/bench/_yardstick.pyx":41
  *         check_array(arr, name, cnp.NPY_FLOAT, (<object>a).shape, name != "d")
  *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
  *     cdef float *pa = <float *>cnp.PyArray_DATA(a)             # <<<<<<<<<<<<<<
@@ -5514,69 +5637,78 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
 */
   __pyx_v_pa = ((float *)PyArray_DATA(__pyx_v_a));
 
-  /* "fastadam/bench/_yardstick.pyx":31
+  /* "fastadam/bench/_yardstick.pyx":42
  *     cdef Py_ssize_t n = cnp.PyArray_SIZE(a), nchunks = (n + CHUNK - 1) // CHUNK, k, start
  *     cdef float *pa = <float *>cnp.PyArray_DATA(a)
  *     cdef float *pd = <float *>cnp.PyArray_DATA(d)             # <<<<<<<<<<<<<<
  *     cdef float *pb = <float *>cnp.PyArray_DATA(b)
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL
 */
   __pyx_v_pd = ((float *)PyArray_DATA(__pyx_v_d));
 
-  /* "fastadam/bench/_yardstick.pyx":32
+  /* "fastadam/bench/_yardstick.pyx":43
  *     cdef float *pa = <float *>cnp.PyArray_DATA(a)
  *     cdef float *pd = <float *>cnp.PyArray_DATA(d)
  *     cdef float *pb = <float *>cnp.PyArray_DATA(b)             # <<<<<<<<<<<<<<
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
 */
   __pyx_v_pb = ((float *)PyArray_DATA(__pyx_v_b));
 
-  /* "fastadam/bench/_yardstick.pyx":33
+  /* "fastadam/bench/_yardstick.pyx":44
  *     cdef float *pd = <float *>cnp.PyArray_DATA(d)
  *     cdef float *pb = <float *>cnp.PyArray_DATA(b)
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)             # <<<<<<<<<<<<<<
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL             # <<<<<<<<<<<<<<
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
  *     with nogil:
 */
-  __pyx_v_pc = ((float *)PyArray_DATA(__pyx_v_c));
+  __pyx_t_5 = (__pyx_v_c != Py_None);
+  if (__pyx_t_5) {
 
-  /* "fastadam/bench/_yardstick.pyx":34
+    __pyx_t_13 = ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_c)));
+  } else {
+
+    __pyx_t_13 = NULL;
+  }
+
+  __pyx_v_pc = __pyx_t_13;
+
+  /* "fastadam/bench/_yardstick.pyx":45
  *     cdef float *pb = <float *>cnp.PyArray_DATA(b)
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)             # <<<<<<<<<<<<<<
  *     with nogil:
  *         if nt == 1:
 */
-  __pyx_t_8 = (__pyx_v_n < __pyx_e_8fastadam_5bench_10_yardstick_PARALLEL_MIN);
+  __pyx_t_5 = (__pyx_v_n < __pyx_e_8fastadam_5bench_10_yardstick_PARALLEL_MIN);
 
-  if (__pyx_t_8) {
+  if (__pyx_t_5) {
 
-    __pyx_t_11 = 1;
+    __pyx_t_14 = 1;
   } else {
 
-    __pyx_t_12 = ((int)__pyx_v_nchunks);
+    __pyx_t_15 = ((int)__pyx_v_nchunks);
 
-    __pyx_t_13 = __pyx_v_num_threads;
-    __pyx_t_15 = (__pyx_t_12 < __pyx_t_13);
+    __pyx_t_16 = __pyx_v_num_threads;
+    __pyx_t_18 = (__pyx_t_15 < __pyx_t_16);
 
-    if (__pyx_t_15) {
+    if (__pyx_t_18) {
 
-      __pyx_t_14 = __pyx_t_12;
+      __pyx_t_17 = __pyx_t_15;
     } else {
 
-      __pyx_t_14 = __pyx_t_13;
+      __pyx_t_17 = __pyx_t_16;
     }
 
 
-    __pyx_t_11 = __pyx_t_14;
+    __pyx_t_14 = __pyx_t_17;
 
   }
 
-  __pyx_v_nt = __pyx_t_11;
+  __pyx_v_nt = __pyx_t_14;
 
-  /* "fastadam/bench/_yardstick.pyx":35
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)
+  /* "fastadam/bench/_yardstick.pyx":46
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
  *     with nogil:             # <<<<<<<<<<<<<<
  *         if nt == 1:
@@ -5588,91 +5720,83 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastadam/bench/_yardstick.pyx":36
+        /* "fastadam/bench/_yardstick.pyx":47
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
  *     with nogil:
  *         if nt == 1:             # <<<<<<<<<<<<<<
  *             for k in range(nchunks):
  *                 start = k * CHUNK
 */
-        __pyx_t_8 = (__pyx_v_nt == 1);
+        __pyx_t_5 = (__pyx_v_nt == 1);
 
-        if (__pyx_t_8) {
+        if (__pyx_t_5) {
 
 
-          /* "fastadam/bench/_yardstick.pyx":37
+          /* "fastadam/bench/_yardstick.pyx":48
  *     with nogil:
  *         if nt == 1:
  *             for k in range(nchunks):             # <<<<<<<<<<<<<<
  *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))
 */
 
           __pyx_t_6 = __pyx_v_nchunks;
-          __pyx_t_16 = __pyx_t_6;
+          __pyx_t_19 = __pyx_t_6;
 
-          for (__pyx_t_17 = 0; __pyx_t_17 < __pyx_t_16; __pyx_t_17+=1) {
-            __pyx_v_k = __pyx_t_17;
+          for (__pyx_t_20 = 0; __pyx_t_20 < __pyx_t_19; __pyx_t_20+=1) {
+            __pyx_v_k = __pyx_t_20;
 
-            /* "fastadam/bench/_yardstick.pyx":38
+            /* "fastadam/bench/_yardstick.pyx":49
  *         if nt == 1:
  *             for k in range(nchunks):
  *                 start = k * CHUNK             # <<<<<<<<<<<<<<
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
- *                                  min(CHUNK, n - start))
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))
+ *         else:
 */
             __pyx_v_start = (__pyx_v_k * __pyx_e_8fastadam_5bench_10_yardstick_CHUNK);
 
-            /* "fastadam/bench/_yardstick.pyx":40
+            /* "fastadam/bench/_yardstick.pyx":50
+ *             for k in range(nchunks):
  *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
- *                                  min(CHUNK, n - start))             # <<<<<<<<<<<<<<
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))             # <<<<<<<<<<<<<<
  *         else:
  *             for k in prange(nchunks, schedule="static", num_threads=nt):
 */
 
-            __pyx_t_18 = (__pyx_v_n - __pyx_v_start);
+            __pyx_t_21 = (__pyx_v_n - __pyx_v_start);
 
-            __pyx_t_19 = __pyx_e_8fastadam_5bench_10_yardstick_CHUNK;
-            __pyx_t_8 = (__pyx_t_18 < __pyx_t_19);
+            __pyx_t_22 = __pyx_e_8fastadam_5bench_10_yardstick_CHUNK;
+            __pyx_t_5 = (__pyx_t_21 < __pyx_t_22);
 
-            if (__pyx_t_8) {
+            if (__pyx_t_5) {
 
-              __pyx_t_20 = __pyx_t_18;
+              __pyx_t_23 = __pyx_t_21;
             } else {
 
-              __pyx_t_20 = __pyx_t_19;
+              __pyx_t_23 = __pyx_t_22;
             }
 
-
-            /* "fastadam/bench/_yardstick.pyx":39
- *             for k in range(nchunks):
- *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,             # <<<<<<<<<<<<<<
- *                                  min(CHUNK, n - start))
- *         else:
-*/
-            fa_stream_rw_f32((__pyx_v_pa + __pyx_v_start), (__pyx_v_pd + __pyx_v_start), (__pyx_v_pb + __pyx_v_start), (__pyx_v_pc + __pyx_v_start), __pyx_t_20);
+            __pyx_f_8fastadam_5bench_10_yardstick_stream_chunk(__pyx_v_pa, __pyx_v_pd, __pyx_v_pb, __pyx_v_pc, __pyx_v_start, __pyx_t_23);
 
           }
 
 
-          /* "fastadam/bench/_yardstick.pyx":36
+          /* "fastadam/bench/_yardstick.pyx":47
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
  *     with nogil:
  *         if nt == 1:             # <<<<<<<<<<<<<<
  *             for k in range(nchunks):
  *                 start = k * CHUNK
 */
-          goto __pyx_L9;
+          goto __pyx_L11;
         }
 
-        /* "fastadam/bench/_yardstick.pyx":42
- *                                  min(CHUNK, n - start))
+        /* "fastadam/bench/_yardstick.pyx":52
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))
  *         else:
  *             for k in prange(nchunks, schedule="static", num_threads=nt):             # <<<<<<<<<<<<<<
  *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))
 */
         /*else*/ {
           __pyx_t_6 = __pyx_v_nchunks;
@@ -5684,56 +5808,48 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
                   #define likely(x)   (x)
                   #define unlikely(x) (x)
               #endif
-              __pyx_t_17 = (__pyx_t_6 - 0 + 1 - 1/abs(1)) / 1;
-              if (__pyx_t_17 > 0)
+              __pyx_t_20 = (__pyx_t_6 - 0 + 1 - 1/abs(1)) / 1;
+              if (__pyx_t_20 > 0)
               {
                   #ifdef _OPENMP
-                  #pragma omp parallel num_threads(__pyx_v_nt != 0 ? __pyx_v_nt : omp_get_max_threads()) private(__pyx_t_18, __pyx_t_19, __pyx_t_20, __pyx_t_8)
+                  #pragma omp parallel num_threads(__pyx_v_nt != 0 ? __pyx_v_nt : omp_get_max_threads()) private(__pyx_t_21, __pyx_t_22, __pyx_t_23, __pyx_t_5)
                   #endif /* _OPENMP */
                   {
                       #ifdef _OPENMP
                       #pragma omp for nowait firstprivate(__pyx_v_k) lastprivate(__pyx_v_k) firstprivate(__pyx_v_start) lastprivate(__pyx_v_start) schedule(static)
                       #endif /* _OPENMP */
-                      for (__pyx_t_16 = 0; __pyx_t_16 < __pyx_t_17; __pyx_t_16++){
+                      for (__pyx_t_19 = 0; __pyx_t_19 < __pyx_t_20; __pyx_t_19++){
                           {
-                              __pyx_v_k = (Py_ssize_t)(0 + 1 * __pyx_t_16);
+                              __pyx_v_k = (Py_ssize_t)(0 + 1 * __pyx_t_19);
 
-                              /* "fastadam/bench/_yardstick.pyx":43
+                              /* "fastadam/bench/_yardstick.pyx":53
  *         else:
  *             for k in prange(nchunks, schedule="static", num_threads=nt):
  *                 start = k * CHUNK             # <<<<<<<<<<<<<<
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
- *                                  min(CHUNK, n - start))
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))
 */
                               __pyx_v_start = (__pyx_v_k * __pyx_e_8fastadam_5bench_10_yardstick_CHUNK);
 
-                              /* "fastadam/bench/_yardstick.pyx":45
- *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,
- *                                  min(CHUNK, n - start))             # <<<<<<<<<<<<<<
-*/
-
-                              __pyx_t_20 = (__pyx_v_n - __pyx_v_start);
-
-                              __pyx_t_19 = __pyx_e_8fastadam_5bench_10_yardstick_CHUNK;
-                              __pyx_t_8 = (__pyx_t_20 < __pyx_t_19);
-
-                              if (__pyx_t_8) {
-
-                                __pyx_t_18 = __pyx_t_20;
-                              } else {
-
-                                __pyx_t_18 = __pyx_t_19;
-                              }
-
-
-                              /* "fastadam/bench/_yardstick.pyx":44
+                              /* "fastadam/bench/_yardstick.pyx":54
  *             for k in prange(nchunks, schedule="static", num_threads=nt):
  *                 start = k * CHUNK
- *                 fa_stream_rw_f32(pa + start, pd + start, pb + start, pc + start,             # <<<<<<<<<<<<<<
- *                                  min(CHUNK, n - start))
+ *                 stream_chunk(pa, pd, pb, pc, start, min(CHUNK, n - start))             # <<<<<<<<<<<<<<
 */
-                              fa_stream_rw_f32((__pyx_v_pa + __pyx_v_start), (__pyx_v_pd + __pyx_v_start), (__pyx_v_pb + __pyx_v_start), (__pyx_v_pc + __pyx_v_start), __pyx_t_18);
+
+                              __pyx_t_23 = (__pyx_v_n - __pyx_v_start);
+
+                              __pyx_t_22 = __pyx_e_8fastadam_5bench_10_yardstick_CHUNK;
+                              __pyx_t_5 = (__pyx_t_23 < __pyx_t_22);
+
+                              if (__pyx_t_5) {
+
+                                __pyx_t_21 = __pyx_t_23;
+                              } else {
+
+                                __pyx_t_21 = __pyx_t_22;
+                              }
+
+                              __pyx_f_8fastadam_5bench_10_yardstick_stream_chunk(__pyx_v_pa, __pyx_v_pd, __pyx_v_pb, __pyx_v_pc, __pyx_v_start, __pyx_t_21);
 
                           }
                       }
@@ -5748,11 +5864,11 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
           #endif
 
         }
-        __pyx_L9:;
+        __pyx_L11:;
       }
 
-      /* "fastadam/bench/_yardstick.pyx":35
- *     cdef float *pc = <float *>cnp.PyArray_DATA(c)
+      /* "fastadam/bench/_yardstick.pyx":46
+ *     cdef float *pc = <float *>cnp.PyArray_DATA(<cnp.ndarray>c) if c is not None else NULL
  *     cdef int nt = 1 if n < PARALLEL_MIN else min(num_threads, <int>nchunks)
  *     with nogil:             # <<<<<<<<<<<<<<
  *         if nt == 1:
@@ -5762,16 +5878,16 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
         /*normal exit:*/{
           __Pyx_FastGIL_Forget();
           PyEval_RestoreThread(_save);
-          goto __pyx_L8;
+          goto __pyx_L10;
         }
-        __pyx_L8:;
+        __pyx_L10:;
       }
   }
 
-  /* "fastadam/bench/_yardstick.pyx":23
+  /* "fastadam/bench/_yardstick.pyx":32
  * 
  * 
- * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, cnp.ndarray c, int num_threads=1):             # <<<<<<<<<<<<<<
+ * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, c=None, int num_threads=1):             # <<<<<<<<<<<<<<
  *     """Read a, d, b, c and write a, b, c -- the traffic of a float32 Adam step -- cut into the
  *     same chunks and run on the same number of threads as the dense step would be (serially
 */
@@ -5784,14 +5900,15 @@ static PyObject *__pyx_pf_8fastadam_5bench_10_yardstick_stream_rw_f32(CYTHON_UNU
   __Pyx_XDECREF(__pyx_t_2);
   __Pyx_XDECREF(__pyx_t_3);
   __Pyx_XDECREF(__pyx_t_4);
-  __Pyx_XDECREF(__pyx_t_5);
-  __Pyx_XDECREF(__pyx_t_7);
-  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_XDECREF(__pyx_t_8);
+  __Pyx_XDECREF(__pyx_t_10);
+  __Pyx_XDECREF(__pyx_t_11);
   __Pyx_AddTraceback("fastadam.bench._yardstick.stream_rw_f32", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = NULL;
   __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v_arrays);
   __Pyx_XDECREF(__pyx_v_name);
-  __Pyx_XDECREF((PyObject *)__pyx_v_arr);
+  __Pyx_XDECREF(__pyx_v_arr);
 
 
 
@@ -6349,58 +6466,58 @@ __Pyx_RefNannySetupContext("PyInit__yardstick", 0);
  * 
  * cnp.import_array()             # <<<<<<<<<<<<<<
  * 
- * cdef extern from *:
+ * cdef extern from "fastadam/yardstick.h":
 */
   __pyx_t_5 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_5 == ((int)-1))) __PYX_ERR(0, 9, __pyx_L1_error)
 
 
-  /* "fastadam/bench/_yardstick.pyx":19
+  /* "fastadam/bench/_yardstick.pyx":20
  *     PARALLEL_MIN = 131072
  * 
  * CHUNK_ELEMENTS = CHUNK             # <<<<<<<<<<<<<<
  * PARALLEL_MIN_ELEMENTS = PARALLEL_MIN
  * 
 */
-  __pyx_t_2 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_8fastadam_5bench_10_yardstick_CHUNK); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 19, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_8fastadam_5bench_10_yardstick_CHUNK); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 20, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CHUNK_ELEMENTS, __pyx_t_2) < (0)) __PYX_ERR(0, 19, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CHUNK_ELEMENTS, __pyx_t_2) < (0)) __PYX_ERR(0, 20, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastadam/bench/_yardstick.pyx":20
+  /* "fastadam/bench/_yardstick.pyx":21
  * 
  * CHUNK_ELEMENTS = CHUNK
  * PARALLEL_MIN_ELEMENTS = PARALLEL_MIN             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_2 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_8fastadam_5bench_10_yardstick_PARALLEL_MIN); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 20, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From___pyx_anon_enum(__pyx_e_8fastadam_5bench_10_yardstick_PARALLEL_MIN); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 21, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_PARALLEL_MIN_ELEMENTS, __pyx_t_2) < (0)) __PYX_ERR(0, 20, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_PARALLEL_MIN_ELEMENTS, __pyx_t_2) < (0)) __PYX_ERR(0, 21, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastadam/bench/_yardstick.pyx":23
+  /* "fastadam/bench/_yardstick.pyx":32
  * 
  * 
- * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, cnp.ndarray c, int num_threads=1):             # <<<<<<<<<<<<<<
+ * def stream_rw_f32(cnp.ndarray a, cnp.ndarray d, cnp.ndarray b, c=None, int num_threads=1):             # <<<<<<<<<<<<<<
  *     """Read a, d, b, c and write a, b, c -- the traffic of a float32 Adam step -- cut into the
  *     same chunks and run on the same number of threads as the dense step would be (serially
 */
-  __pyx_t_2 = __Pyx_PyLong_From_int(((int)1)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 23, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int(((int)1)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 32, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   {
-    PyObject* __pyx_temp[1] = {__pyx_t_2};
-    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 23, __pyx_L1_error)
+    PyObject* __pyx_temp[2] = {Py_None, __pyx_t_2};
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastadam_5bench_10_yardstick_1stream_rw_f32, 0, __pyx_mstate_global->__pyx_n_u_stream_rw_f32, NULL, __pyx_mstate_global->__pyx_n_u_fastadam_bench__yardstick, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 23, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastadam_5bench_10_yardstick_1stream_rw_f32, 0, __pyx_mstate_global->__pyx_n_u_stream_rw_f32, NULL, __pyx_mstate_global->__pyx_n_u_fastadam_bench__yardstick, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 32, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_2, __pyx_t_4);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_stream_rw_f32, __pyx_t_2) < (0)) __PYX_ERR(0, 23, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_stream_rw_f32, __pyx_t_2) < (0)) __PYX_ERR(0, 32, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
   /* "fastadam/bench/_yardstick.pyx":1
@@ -6477,29 +6594,29 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{1},{1},{179},{8},{29},{39},{34},{14},{21},{20},{12},{8},{8},{10},{8},{12},{8},{13},{1},{3},{18},{1},{1},{11},{18},{1},{20},{25},{5},{1},{1},{4},{7},{2},{11},{2},{2},{2},{2},{3},{10},{5},{5},{13},{6}};
-    const struct { const unsigned int length: 9; } bytes_length_index[] = {{269}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{1},{1},{179},{8},{29},{39},{34},{14},{21},{20},{12},{8},{8},{10},{8},{12},{8},{13},{1},{3},{6},{18},{1},{1},{11},{18},{1},{20},{25},{5},{1},{1},{4},{7},{2},{11},{2},{2},{2},{2},{3},{10},{5},{5},{13},{6}};
+    const struct { const unsigned int length: 9; } bytes_length_index[] = {{270}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 0
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (602 bytes) */
-static const char cstring[] = "x\332\225\2221O\333@\024\307!\202\n\332\016\001\204DEQ\017$\304R\\\245P\251KU\005\010*j\210R([\245\323\313\371%\276\306>\233\2733\215\277AF\217\036=z\314\350\321cFF\217\375\010\375\010=\247\205\"uiO\262\336\323\273\377\363\373\337\357\316z\337\3615\022\355\200&\307\221v|A\270\"6\272\274\207\0224\272\021QZr\246QV\"A\272\255\356\376\341\333C\002\302&\022\277\"\323\212\250\260\307\\P\n\025\361\373\244\027rWsAt\024\240\262\310Y\237D~H\004\242M\264O\002\243{\330\240\035\024D\241\256\022\262\007B\370\0324\367\0055\355\\\014\366\210\315\245\031\302o\260\352>\005W\241\005\266M\215\016\373\2404\330\340\275\352\241`\316+\032\201\264\225\346lh\005\321H\204^\020Y\224\371\022-/4\216@J\210H\037\270\373\313\t\367\002_\352\207\262\320\003\355\374\2458\376p\325\371H[\355\326y\253\363\371\262\333\274h\266\333\2556=?\353\334\027)\355F#\363\235\030P\264\203#}\201}J\177\037\006\251Y\375P\260*z\300\305,\372v\350\316v\004x\263x\035\202{\227kT\332\004\256*_~hh\"T\366U$\030\367\255\373\242\3521\346 \033\322\331\331\230kJ\324\374_K`\330\0036\264\357\010Y\364\006\\n\317\310\336\327f\324\254?\324\270FO\rEe\302l\204b\250D\205\207jG\"\330*\200\240\027\260\300\016\374\300\334\227m\350\033\252\312\001s\313\032\2446\317\004\301\243\362\033\355\037\2746\323BT\267s\235)\374X\232[\\\036?\032\017\342O1\304a\322J\327S\314\336L\026\047W\371v\271\264\0267\342V\362,\335\317F\023\231o\024\353\005\233\256\224\013\233\311\273l>{\221\327\362\235\374\264\330)\216\0135\335.\027\326\343/\351V\006\331\365?\244\253\361n,\223\325\333\315\306d+\307\242Q.?.\227\236\214\017\306,^)\237\326\343\305\370*\331N\032e}#\251%;I\263\254\223t>]K\217\322Av9\251M\366\362\265\374(\037\024\227\323\232\031\275\3732;\312z\223\371\357\365\315\244q\373\374\244h\376g\343O\313\375VF";
-    PyObject *data = __Pyx_DecompressString(cstring, 602, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (622 bytes) */
+static const char cstring[] = "x\332\205RAK\033A\024V\211\325\332Bcj\300\242\322Q(\236\\I\265P\nEB\214\2554\206h\265\227\026\206\267\263\023w\232\335\331\315\314\254\315\026z\317q\217{\314q\2179\356q\217\036s\334c\177B\177Bg\323j\205\036\034\030\336\343\275\357\343}\363\2751\016\332\236\242H\331\240P#T\266\307\021\223\310\242\0163\251\000E\235\020I%\030QT\024 \216:\315\316\316\376\353}\004\334B\202~\245DI$\003\2238 %\225\310\353\"3`\216b\034\251\320\247\322@\307]\024z\001\342\224ZHy\310\327\270\273\004eS\216$UE\202\266\201sO\201b\036\307\232\316\370\3456\262\230\320C\330\025-\330G\340Hj\200ea\215\243]\220\n,pwM\312\211\275\213C\020\226T\214\364\014?\034\360\300\365C\003\023OP\303\r\264\"\020\002B\324\005\346\374Q\302\\\337\023\352.,pA\331\377!\032\357/\332\037p\263\325<i\266\317?v\352g\365V\253\331\302\047\307\355\333\"\306\235p\240\357\2416\n\267\351@\235\321.\306\177\037C\261>\335\200\223\"\272\300\3704zV\340L;\034\334i\354\007\340\334\344\212J\245\003\223\205./\320nR(\344\027/\220 CN\230g\334\266\244I\210MI\017O\373\304\321%\254\247(\001\204\232@z\326\215O\006\276\002\207YS\177okS\357\214\177\3361E]\331\343\205\024\335\010xO\362\302$\254lA\301\222>\370\246O|\313\367|\2755K\357@{+m\320\273V \224\376,\024\\,\276\341\356\336K=-\240r2s\220\016\262\376\257\245\231\371\047C\030\006Q3\256\306t\364*)%\215\244?\236\035W\307vjf\013\331\367\311\351Y^Z\034>\030^F\247\371\342\323\250\246\241\317F;\311`,\322\325\254\232\221\353\345\274\264\026\277Mf\223\347\351\\\272\225\036e[Y#\223\327\233y\251\032}\031m$\220\364\357K\177LY\357\256\337L.>\345\245J\364\"\022qe\262V\033o\2444\253\345\017\227\362\305G\303\275!\211\226\363\307\345h>\272\2107\343Z^^\215\347\342\255\270\236\227\327\343z|>Z\031\235\047+\311\347t!\025Y%\253\375,\257\305\265\311\372aV\277\017\371\033\303\017Z\234";
+    PyObject *data = __Pyx_DecompressString(cstring, 622, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (874 bytes) */
-static const char bytes[] = ".?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notefastadam/bench/_yardstick.pyxnumpy._core.multiarray failed to importnumpy._core.umath failed to importCHUNK_ELEMENTSPARALLEL_MIN_ELEMENTS__Pyx_PyDict_NextRef__annotate____func____main____module____name____qualname____test___is_coroutineaarrasyncio.coroutinesbccheck_arraycline_in_tracebackdfastadam._validationfastadam.bench._yardstickitemsknnamenchunksntnum_threadspapbpcpdpopsetdefaultshapestartstream_rw_f32values\320\000N\310a\360\010\000\005\t\210\006\210g\220Q\220a\220u\230E\240\025\240e\2505\260\005\260U\270!\330\010\023\2201\220E\230\031\240-\250x\260r\270\030\300\025\300c\310\021\330\004\033\230=\250\001\250\037\270\002\270\"\270F\300\"\300C\300s\310!\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250q\330\004\022\220%\220r\230\022\320\0331\260\035\270e\3001\330\t\n\330\010\013\2103\210c\220\021\330\014\020\220\005\220U\230!\2301\330\020\030\230\002\230\"\230A\330\020 \240\001\240\023\240B\240g\250S\260\002\260\047\270\023\270B\270g\300S\310\002\310!\330%,\250B\250b\260\001\340\020\033\2301\320\034D\300A\330\020\030\230\002\230\"\230A\330\020 \240\001\240\023\240B\240g\250S\260\002\260\047\270\023\270B\270g\300S\310\002\310!\330%,\250B\250b\260\001";
+    #else /* compression: none (881 bytes) */
+static const char bytes[] = ".?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notefastadam/bench/_yardstick.pyxnumpy._core.multiarray failed to importnumpy._core.umath failed to importCHUNK_ELEMENTSPARALLEL_MIN_ELEMENTS__Pyx_PyDict_NextRef__annotate____func____main____module____name____qualname____test___is_coroutineaarrarraysasyncio.coroutinesbccheck_arraycline_in_tracebackdfastadam._validationfastadam.bench._yardstickitemsknnamenchunksntnum_threadspapbpcpdpopsetdefaultshapestartstream_rw_f32values\320\000?\270x\300q\360\n\000\005\017\210a\210u\220E\230\025\230e\2405\250\004\250C\250q\260\001\260\025\260h\270b\300\007\300z\320QR\330\004\010\210\006\210g\220Q\330\010\023\2201\220E\230\031\240-\250x\260r\270\030\300\025\300c\310\021\330\004\033\230=\250\001\250\037\270\002\270\"\270F\300\"\300C\300s\310!\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250q\330\004\025\220\\\240\035\250a\250}\270F\300\"\300G\310:\320UV\330\004\022\220%\220r\230\022\320\0331\260\035\270e\3001\330\t\n\330\010\013\2103\210c\220\021\330\014\020\220\005\220U\230!\2301\330\020\030\230\002\230\"\230A\330\020\034\230A\230T\240\024\240T\250\024\250[\270\007\270r\300\022\3001\340\020\033\2301\320\034D\300A\330\020\030\230\002\230\"\230A\330\020\034\230A\230T\240\024\240T\250\024\250[\270\007\270r\300\022\3001";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 45; i++) {
+    for (int i = 0; i < 46; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
       if (likely(string) && i >= 7) PyUnicode_InternInPlace(&string);
@@ -6510,8 +6627,8 @@ static const char bytes[] = ".?Note that Cython is deliberately stricter than PE
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 45; i < 46; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-45].length;
+    for (int i = 46; i < 47; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-46].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -6521,14 +6638,14 @@ static const char bytes[] = ".?Note that Cython is deliberately stricter than PE
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 46; i++) {
+    for (Py_ssize_t i = 0; i < 47; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 45;
+      PyObject **table = stringtab + 46;
       for (Py_ssize_t i=0; i<1; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
@@ -6564,7 +6681,7 @@ typedef struct {
     unsigned int num_kwonly_args : 1;
     unsigned int nlocals : 5;
     unsigned int flags : 10;
-    unsigned int first_line : 5;
+    unsigned int first_line : 6;
 } __Pyx_PyCode_New_function_description;
 #ifdef __cplusplus
 } /* anonymous namespace */
@@ -6584,9 +6701,9 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
   PyObject* tuple_dedup_map = PyDict_New();
   if (unlikely(!tuple_dedup_map)) return -1;
   {
-    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 16, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 23};
-    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_num_threads, __pyx_mstate->__pyx_n_u_name_2, __pyx_mstate->__pyx_n_u_arr, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_nchunks, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_start, __pyx_mstate->__pyx_n_u_pa, __pyx_mstate->__pyx_n_u_pd, __pyx_mstate->__pyx_n_u_pb, __pyx_mstate->__pyx_n_u_pc, __pyx_mstate->__pyx_n_u_nt};
-    __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastadam_bench__yardstick_pyx, __pyx_mstate->__pyx_n_u_stream_rw_f32, __pyx_mstate->__pyx_kp_b_iso88591_Na_gQauE_e5_U_1E_xr_c_F_Cs_aq_a, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
+    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 17, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 32};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_num_threads, __pyx_mstate->__pyx_n_u_arrays, __pyx_mstate->__pyx_n_u_name_2, __pyx_mstate->__pyx_n_u_arr, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_nchunks, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_start, __pyx_mstate->__pyx_n_u_pa, __pyx_mstate->__pyx_n_u_pd, __pyx_mstate->__pyx_n_u_pb, __pyx_mstate->__pyx_n_u_pc, __pyx_mstate->__pyx_n_u_nt};
+    __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastadam_bench__yardstick_pyx, __pyx_mstate->__pyx_n_u_stream_rw_f32, __pyx_mstate->__pyx_kp_b_iso88591_xq_auE_e5_Cq_hb_zQR_gQ_1E_xr_c, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -8170,63 +8287,6 @@ static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, in
     return 0;
 }
 
-/* FormatTypeName (used by RaiseErrorWithObjectType1) */
-#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
-static __Pyx_TypeName
-__Pyx_PyType_GetFullyQualifiedName(PyTypeObject* tp)
-{
-    PyObject *module = NULL, *name = NULL, *result = NULL;
-    #if __PYX_LIMITED_VERSION_HEX < 0x030b0000
-    name = __Pyx_PyObject_GetAttrStr((PyObject *)tp,
-                                               __pyx_mstate_global->__pyx_n_u_qualname);
-    #else
-    name = PyType_GetQualName(tp);
-    #endif
-    if (unlikely(name == NULL) || unlikely(!PyUnicode_Check(name))) goto bad;
-    module = __Pyx_PyObject_GetAttrStr((PyObject *)tp,
-                                               __pyx_mstate_global->__pyx_n_u_module);
-    if (unlikely(module == NULL) || unlikely(!PyUnicode_Check(module))) goto bad;
-    if (PyUnicode_CompareWithASCIIString(module, "builtins") == 0) {
-        result = name;
-        name = NULL;
-        goto done;
-    }
-    result = PyUnicode_FromFormat("%U.%U", module, name);
-    if (unlikely(result == NULL)) goto bad;
-  done:
-    Py_XDECREF(name);
-    Py_XDECREF(module);
-    return result;
-  bad:
-    PyErr_Clear();
-    if (name) {
-        result = name;
-        name = NULL;
-    } else {
-        result = __Pyx_NewRef(__pyx_mstate_global->__pyx_kp_u_);
-    }
-    goto done;
-}
-#endif
-
-/* RaiseErrorWithObjectType1 (used by RaiseUnexpectedTypeError) */
-static void __Pyx_RaiseErrorWithType1(PyObject* exc_type, const char* message, const char *arg, PyTypeObject *type_obj) {
-    __Pyx_TypeName type_name = __Pyx_PyType_GetFullyQualifiedName(type_obj);
-    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
-    if (unlikely(!type_name)) return;
-    #endif
-    PyErr_Format(exc_type, message, arg, type_name);
-    __Pyx_DECREF_TypeName(type_name);
-}
-
-/* RaiseUnexpectedTypeError */
-static int __Pyx_RaiseUnexpectedTypeError(const char *expected, PyObject *obj) {
-    __Pyx_RaiseTypeErrorWithObjectType1(
-        "Expected %.42s, got " __Pyx_FMT_TYPENAME,
-        expected, obj);
-    return 0;
-}
-
 /* RaiseTooManyValuesToUnpack */
 static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected) {
     PyErr_Format(PyExc_ValueError,
@@ -8240,41 +8300,29 @@ static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index) {
                  index, (index == 1) ? "" : "s");
 }
 
-/* RaiseNoneIterError */
-static CYTHON_INLINE void __Pyx_RaiseNoneNotIterableError(void) {
-    PyErr_SetString(PyExc_TypeError, "'NoneType' object is not iterable");
-}
-
-/* RaiseErrorWithObjectTypes (used by ExtTypeTest) */
-static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2) {
-    __Pyx_TypeName type_name1 = __Pyx_PyType_GetFullyQualifiedName(type_obj1);
-    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
-    if (unlikely(!type_name1)) return;
-    #endif
-    __Pyx_TypeName type_name2 = __Pyx_PyType_GetFullyQualifiedName(type_obj2);
-    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
-    if (unlikely(!type_name2)) goto type2_failed;
-    #endif
-    PyErr_Format(exc_type, message, arg, type_name1, type_name2);
-    __Pyx_DECREF_TypeName(type_name2);
-#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
-type2_failed:
-#endif
-    __Pyx_DECREF_TypeName(type_name1);
-}
-
-/* ExtTypeTest */
-static CYTHON_INLINE int __Pyx_TypeTest(PyObject *obj, PyTypeObject *type) {
-    if (unlikely(!type)) {
-        PyErr_SetString(PyExc_SystemError, "Missing type object");
+/* IterFinish */
+static CYTHON_INLINE int __Pyx_IterFinish(void) {
+    PyObject* exc_type;
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    exc_type = __Pyx_PyErr_CurrentExceptionType();
+    if (unlikely(exc_type)) {
+        if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration)))
+            return -1;
+        __Pyx_PyErr_Clear();
         return 0;
     }
-    if (likely(__Pyx_TypeCheck(obj, type)))
-        return 1;
-    __Pyx_RaiseTypeErrorWithTypes(
-        "Cannot convert " __Pyx_FMT_TYPENAME " to " __Pyx_FMT_TYPENAME,
-        Py_TYPE(obj), type);
     return 0;
+}
+
+/* UnpackItemEndCheck */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected) {
+    if (unlikely(retval)) {
+        Py_DECREF(retval);
+        __Pyx_RaiseTooManyValuesError(expected);
+        return -1;
+    }
+    return __Pyx_IterFinish();
 }
 
 /* PyObjectGetAttrStrNoError (used by GetBuiltinName) */
@@ -8387,55 +8435,58 @@ static CYTHON_INLINE PyObject *__Pyx__GetModuleGlobalName(PyObject *name)
     return __Pyx_GetBuiltinName(name);
 }
 
-/* UnicodeEqualsUCS4 (used by UnicodeEquals_uchar) */
-#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL)
-static CYTHON_INLINE int __Pyx__PyUnicode_EqualsUCS4(PyObject* s1, Py_UCS4 ch2, int equals) {
-    Py_ssize_t length;
-    Py_UCS4 ch1;
-    int kind;
-    if (unlikely(__Pyx_PyUnicode_READY(s1) < 0)) goto bad;
-    length = __Pyx_PyUnicode_GET_LENGTH(s1);
-    #if !CYTHON_ASSUME_SAFE_SIZE
-    if (unlikely(length < 0)) goto bad;
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareStrStrNe
+#define __Pyx_DEFINED_PyObject_CompareStrStrNe
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareStrStrNe(PyObject* s1, PyObject* s2) {
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030e0000
+    int result = PyUnicode_Equal(s1, s2);
+    #if !CYTHON_COMPILING_IN_CPYTHON
+    if (unlikely(result == -1)) return NULL;
     #endif
-    if (length != 1) goto return_ne;
-    kind = PyUnicode_KIND(s1);
-    if (ch2 < 256) {
-        if (likely(kind == PyUnicode_1BYTE_KIND)) {
-            ch1 = PyUnicode_1BYTE_DATA(s1)[0];
-        } else if (kind == PyUnicode_2BYTE_KIND) {
-            ch1 = PyUnicode_2BYTE_DATA(s1)[0];
-        } else {
-            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
-        }
-    } else if (ch2 < 65536) {
-        if (kind == PyUnicode_2BYTE_KIND) {
-            ch1 = PyUnicode_2BYTE_DATA(s1)[0];
-        } else if (kind == PyUnicode_4BYTE_KIND) {
-            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
-        } else {
-            goto return_ne;
-        }
-    } else {
-        if (kind == PyUnicode_4BYTE_KIND){
-            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
-        } else {
-            goto return_ne;
-        }
-    }
-    if (ch1 == ch2) {
-        goto return_eq;
-    } else {
-        goto return_ne;
-    }
-return_eq:
-    return (equals == Py_EQ);
-return_ne:
-    return (equals == Py_NE);
-bad:
-    return -1;
+    if (result != 0) goto __pyx_return_false; else goto __pyx_return_true;
+    #else
+    int result = PyUnicode_Compare(s1, s2);
+    if (unlikely((result == -1) && PyErr_Occurred())) return NULL;
+    if (result != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    #endif
+__pyx_return_true:
+    Py_RETURN_TRUE;
+__pyx_return_false:
+    Py_RETURN_FALSE;
 }
 #endif
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareNe_object_str(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op2 == Py_None)) {
+        if (op1 == Py_None) goto __pyx_return_false; else goto __pyx_richcmp;
+    }
+    if (PyFloat_CheckExact(op1)) {
+        goto __pyx_richcmp;
+    }
+    if (PyLong_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        goto __pyx_richcmp;
+    }
+    
+    if (likely(PyUnicode_CheckExact(op1))) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (likely(op2 != Py_None)) {
+            return __Pyx_PyObject_CompareStrStrNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return PyObject_RichCompare(op1, op2, Py_NE);
+__pyx_return_true:
+    Py_RETURN_TRUE;
+__pyx_return_false:
+    Py_RETURN_FALSE;
+}
 
 /* TypeImport */
 #ifndef __PYX_HAVE_RT_ImportType_3_3_1
@@ -8687,7 +8738,7 @@ static PyObject* __Pyx_ImportFrom(PyObject* module, PyObject* name) {
         if (unlikely(!module_name_str)) { goto modbad; }
         module_name = PyUnicode_FromString(module_name_str);
         if (unlikely(!module_name)) { goto modbad; }
-        module_dot = PyUnicode_Concat(module_name, __pyx_mstate_global->__pyx_kp_u__2);
+        module_dot = PyUnicode_Concat(module_name, __pyx_mstate_global->__pyx_kp_u_);
         if (unlikely(!module_dot)) { goto modbad; }
         full_name = PyUnicode_Concat(module_dot, name);
         if (unlikely(!full_name)) { goto modbad; }
@@ -11577,6 +11628,45 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_enum__NPY_TYPES(enum NPY_TYPES 
 #endif
     }
 }
+
+/* FormatTypeName */
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+static __Pyx_TypeName
+__Pyx_PyType_GetFullyQualifiedName(PyTypeObject* tp)
+{
+    PyObject *module = NULL, *name = NULL, *result = NULL;
+    #if __PYX_LIMITED_VERSION_HEX < 0x030b0000
+    name = __Pyx_PyObject_GetAttrStr((PyObject *)tp,
+                                               __pyx_mstate_global->__pyx_n_u_qualname);
+    #else
+    name = PyType_GetQualName(tp);
+    #endif
+    if (unlikely(name == NULL) || unlikely(!PyUnicode_Check(name))) goto bad;
+    module = __Pyx_PyObject_GetAttrStr((PyObject *)tp,
+                                               __pyx_mstate_global->__pyx_n_u_module);
+    if (unlikely(module == NULL) || unlikely(!PyUnicode_Check(module))) goto bad;
+    if (PyUnicode_CompareWithASCIIString(module, "builtins") == 0) {
+        result = name;
+        name = NULL;
+        goto done;
+    }
+    result = PyUnicode_FromFormat("%U.%U", module, name);
+    if (unlikely(result == NULL)) goto bad;
+  done:
+    Py_XDECREF(name);
+    Py_XDECREF(module);
+    return result;
+  bad:
+    PyErr_Clear();
+    if (name) {
+        result = name;
+        name = NULL;
+    } else {
+        result = __Pyx_NewRef(__pyx_mstate_global->__pyx_kp_u__2);
+    }
+    goto done;
+}
+#endif
 
 /* CIntToPy */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {

@@ -94,11 +94,9 @@ def step_inplace(x, g, m, v, t, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, co
     if amsgrad and v_max is None:
         raise ValueError("v_max: amsgrad=True needs v_max, an array like v updated in place "
                          "(start it at zeros)")
-    coeffs = adam_coefficients(t, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                               convention=convention, weight_decay=weight_decay,
-                               decoupled_weight_decay=decoupled_weight_decay,
-                               post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov,
-                               maximize=maximize, grad_scale=grad_scale)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize,
+                               grad_scale)
     slots = [("m", m), ("v", v), ("v_max", v_max)] if amsgrad else [("m", m), ("v", v)]
     return dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads)
 

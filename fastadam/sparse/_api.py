@@ -230,9 +230,8 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     All checks run before any array is written: if one fails (TypeError, ValueError,
     IndexError naming the argument), ``x``, ``m``, ``v`` and ``last_step`` are unchanged.
     """
-    coeffs = adam_coefficients(t, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                               convention=convention, weight_decay=weight_decay,
-                               decoupled_weight_decay=decoupled_weight_decay, maximize=maximize)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, maximize=maximize)
     return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
 
 
