@@ -1,6 +1,6 @@
 """Side-by-side report for the optimizer objects (issue 8), in one process, as ratios.
 
-    python asv_bench/optim_report.py [--threads N] [--repeats N]
+    python asv_bench/optimizer_objects_report.py [--threads N] [--repeats N]
 
 Prints medians (float32, one thread unless --threads) for:
   1. the cost of the object layer: ``Adam.step`` vs the functional ``step_inplace`` on the same
