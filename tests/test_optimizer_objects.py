@@ -153,6 +153,14 @@ def test_groups_have_their_own_hyperparameters(rng):
     np.testing.assert_allclose(b, sb[0], rtol=1e-13)
 
 
+def test_params_may_be_any_iterable(rng):
+    arrays = [rng.standard_normal(3), rng.standard_normal(2)]
+    opt = fastadam.Adam(a for a in arrays)
+    assert opt.params == arrays
+    opt.add_param_group({"params": iter([rng.standard_normal(4)]), "lr": 0.5})
+    assert len(opt.params) == 3 and opt.param_groups[1]["lr"] == 0.5
+
+
 def test_add_param_group_and_set_hyperparameters(rng):
     a, b = rng.standard_normal(4), rng.standard_normal(4)
     opt = fastadam.Adam([a], lr=0.01)

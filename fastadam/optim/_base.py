@@ -143,7 +143,8 @@ class Optimizer:
         self._group_of: List[int] = []
         self._tensor_params = False
         self.t = 0
-        single = not isinstance(params, (list, tuple))
+        params = _as_list(params)
+        single = not isinstance(params, list)
         as_groups = not single and len(params) > 0 and isinstance(params[0], dict)
         groups = list(params) if as_groups else [{"params": params}]
         for i, group in enumerate(groups):
@@ -185,10 +186,10 @@ class Optimizer:
             if where is None:
                 raise
             raise type(exc)(f"{where}: {exc}") from None
-        params = group["params"]
-        plist = [params] if not isinstance(params, (list, tuple)) else list(params)
+        params = _as_list(group["params"])
+        plist = params if isinstance(params, list) else [params]
         start = len(self._params)
-        single = single and not isinstance(params, (list, tuple))
+        single = single and not isinstance(params, list)
         labels = ["params" if single else f"params[{start + j}]" for j in range(len(plist))]
         arrays = [param_array(p, label) for p, label in zip(plist, labels)]
         check_no_shared_memory(self._arrays + arrays, self._labels + labels)
@@ -451,6 +452,16 @@ class Optimizer:
             hypers = ", ".join(f"{k}={v!r}" for k, v in h.items())
             lines.append(f"  group {gi}: {len(idx)} params ({kinds}): {hypers}")
         return "\n".join(lines)
+
+
+def _as_list(params: Any) -> Any:
+    """A list of parameters from a list, tuple or other iterable (a generator, as torch's
+    ``model.parameters()``); a single array or Tensor is returned as it is."""
+    if isinstance(params, (np.ndarray, tensor_type(), dict, str, bytes)):
+        return params
+    if isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        return list(params)
+    return params
 
 
 def _scaled_sparse(grad: Any, scale: float) -> Any:
