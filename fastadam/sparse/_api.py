@@ -8,6 +8,8 @@ Indices are copied once into a private buffer before they are range-checked: the
 only that copy, so another thread changing the caller's array mid-call cannot make them read
 out of bounds.
 """
+from typing import Any, Optional, Tuple
+
 import numpy as np
 
 from .. import _sparse
@@ -62,7 +64,8 @@ def _check_values(values, name, k, row_shape, dtype):
     return values
 
 
-def segment_sum(indices, values, *, num_threads=None):
+def segment_sum(indices: np.ndarray, values: np.ndarray, *,
+                num_threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Sum the rows of ``values`` that share an index: a deterministic ``unsorted_segment_sum``.
 
     Returns ``(unique_indices, sums)``: ``unique_indices`` the distinct indices in increasing
@@ -155,9 +158,12 @@ def _csr_rows(x, grad):
     return flat, np.ascontiguousarray(data[:nnz])
 
 
-def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-3, beta1=0.9,
-                        beta2=0.999, eps=1e-8, convention="tf", weight_decay=0.0,
-                        decoupled_weight_decay=False, maximize=False, num_threads=None):
+def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, t: int, *,
+                        mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                        lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
+                        eps: float = 1e-8, convention: str = "tf", weight_decay: float = 0.0,
+                        decoupled_weight_decay: bool = False, maximize: bool = False,
+                        num_threads: Optional[int] = None) -> None:
     """One Adam step with a sparse gradient, in place.
 
     Duplicate indices are first summed (see :func:`segment_sum`: stable sort, original order,
@@ -235,9 +241,12 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
 
 
-def sparse_adagrad_step_inplace(x, grad, h, t, *, mode="lazy", last_step=None, lr=1e-2,
-                                lr_decay=0.0, eps=None, weight_decay=0.0, maximize=False,
-                                convention="torch", num_threads=None):
+def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int, *,
+                                mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                lr: float = 1e-2, lr_decay: float = 0.0,
+                                eps: Optional[float] = None, weight_decay: float = 0.0,
+                                maximize: bool = False, convention: str = "torch",
+                                num_threads: Optional[int] = None) -> None:
     """One Adagrad step with a sparse gradient, in place.
 
     The update of a row is :func:`fastadam.adagrad_step_inplace`'s formula and conventions, with
@@ -253,9 +262,12 @@ def sparse_adagrad_step_inplace(x, grad, h, t, *, mode="lazy", last_step=None, l
     return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads)
 
 
-def sparse_momentum_step_inplace(x, grad, v, t, *, mode="lazy", last_step=None, lr=1e-2,
-                                 momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0,
-                                 maximize=False, convention="torch", num_threads=None):
+def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int, *,
+                                 mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                 lr: float = 1e-2, momentum: float = 0.9, dampening: float = 0.0,
+                                 nesterov: bool = False, weight_decay: float = 0.0,
+                                 maximize: bool = False, convention: str = "torch",
+                                 num_threads: Optional[int] = None) -> None:
     """One SGD-with-momentum step with a sparse gradient, in place.
 
     The update of a row is :func:`fastadam.momentum_step_inplace`'s formula and conventions,
