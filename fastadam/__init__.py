@@ -13,11 +13,11 @@ from ._show_config import config, show_config
 from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from .sparse import (IndexedSlices, segment_sum, sparse_adagrad_step_inplace,
                      sparse_momentum_step_inplace, sparse_step_inplace)
-from . import autodiff
 from .optim import Adagrad, Adam, AdamW, Optimizer, SGD, clip_grad_norm, schedules
+from . import autodiff
 
-__all__ = ["Adam", "IndexedSlices", "adagrad_step_inplace", "autodiff", "config",
-           "keep_freed_memory", "momentum_step_inplace", "segment_sum", "show_config",
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Optimizer", "SGD",
+           "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
+           "momentum_step_inplace", "schedules", "segment_sum", "show_config",
            "sparse_adagrad_step_inplace", "sparse_momentum_step_inplace", "sparse_step_inplace",
            "step_inplace"]
-__all__ += ["Adagrad", "AdamW", "Optimizer", "SGD", "clip_grad_norm", "schedules"]
