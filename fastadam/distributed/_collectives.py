@@ -1,0 +1,139 @@
+"""Collectives for the sharded optimizer and embedding, on top of mpi4py.
+
+MPI only moves bits here: every buffer travels as unsigned integers of its element size (so
+float16 works and no MPI reduction operator ever touches a float).  The one reduction,
+``reduce_scatter_in_rank_order``, receives the contributions with ``Alltoallv`` and adds them
+with NumPy in rank order 0, 1, ..., N-1, so its result depends on nothing but the inputs.
+It moves the same bytes per rank as a ring reduce-scatter, ``(N - 1)/N`` of the buffer in and
+out, and needs a scratch buffer of that size.
+
+``agree_on_errors`` makes an input error seen by one rank an exception on every rank, so that no
+rank is left waiting in a collective that the failing rank will never enter.
+"""
+import numpy as np
+from mpi4py import MPI
+
+CACHE_LINE_BYTES = 64
+_CARRIERS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def carrier(array):
+    """``array`` (contiguous) viewed as unsigned integers of the same item size."""
+    return array.reshape(-1).view(_CARRIERS[array.dtype.itemsize])
+
+
+def slice_bounds(n, itemsize, size):
+    """Split ``n`` elements into ``size`` slices balanced by bytes: every boundary but the last
+    falls on a multiple of 64 bytes from the buffer start; slices differ by at most one cache
+    line.  Returns the ``size + 1`` boundaries."""
+    per_line = max(1, CACHE_LINE_BYTES // itemsize)
+    lines = -(-n // per_line)
+    bounds = [min(n, (lines * r // size) * per_line) for r in range(size + 1)]
+    bounds[-1] = n
+    return bounds
+
+
+def counts_and_displacements(bounds, scale=1):
+    counts = [(hi - lo) * scale for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return counts, [lo * scale for lo in bounds[:-1]]
+
+
+def exclusive_offsets(counts):
+    return [int(c) for c in np.concatenate(([0], np.cumsum(counts)[:-1]))]
+
+
+def reduce_scatter_in_rank_order(comm, send, bounds, scratch, out):
+    """``out = send_0[s] + send_1[s] + ... + send_{N-1}[s]``, added left to right, where
+    ``send_r`` is rank r's ``send`` and ``s = bounds[rank]:bounds[rank + 1]``.
+
+    ``send``: 1-D, every rank the same length; ``scratch``: at least ``(N - 1) * len(out)``
+    elements of ``send``'s dtype; ``out``: ``len(s)`` elements.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    lo, hi = bounds[rank], bounds[rank + 1]
+    k = hi - lo
+    if size == 1:
+        np.copyto(out, send[lo:hi])
+        return
+    send_counts, send_displs = counts_and_displacements(bounds)
+    send_counts[rank] = 0                       # our own contribution stays here
+    slot = [r if r < rank else r - 1 for r in range(size)]
+    recv_counts = [0 if r == rank else k for r in range(size)]
+    recv_displs = [slot[r] * k for r in range(size)]
+    comm.Alltoallv([carrier(send), (send_counts, send_displs)],
+                   [carrier(scratch), (recv_counts, recv_displs)])
+    parts = [send[lo:hi] if r == rank else scratch[slot[r] * k:(slot[r] + 1) * k]
+             for r in range(size)]
+    np.add(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        np.add(out, part, out=out)
+
+
+def allgather_in_place(comm, flat, bounds):
+    """Every rank's slice ``flat[bounds[r]:bounds[r + 1]]`` copied to every rank."""
+    if comm.Get_size() > 1:
+        counts, displs = counts_and_displacements(bounds)
+        comm.Allgatherv(MPI.IN_PLACE, [carrier(flat), (counts, displs)])
+
+
+def gather_slices(comm, local, bounds, full, root):
+    """``full`` (on ``root``, length ``bounds[-1]``) receives every rank's ``local`` slice."""
+    counts, displs = counts_and_displacements(bounds)
+    recv = [carrier(full), (counts, displs)] if comm.Get_rank() == root else None
+    comm.Gatherv(carrier(local), recv, root=root)
+
+
+def scatter_slices(comm, full, bounds, local, root):
+    """Each rank's ``local`` receives its slice of ``full`` (read on ``root`` only)."""
+    counts, displs = counts_and_displacements(bounds)
+    send = [carrier(full), (counts, displs)] if comm.Get_rank() == root else None
+    comm.Scatterv(send, carrier(local), root=root)
+
+
+def alltoallv(comm, send, send_counts, recv_counts, row_size=1):
+    """Send ``send_counts[r]`` consecutive rows of ``send`` to rank r; returns the rows
+    received, in rank order (``recv_counts`` from each).  Rows are ``row_size`` elements."""
+    recv = np.empty((int(sum(recv_counts)),) + send.shape[1:], dtype=send.dtype)
+    sc = [int(c) * row_size for c in send_counts]
+    rc = [int(c) * row_size for c in recv_counts]
+    comm.Alltoallv([carrier(np.ascontiguousarray(send)), (sc, exclusive_offsets(sc))],
+                   [carrier(recv), (rc, exclusive_offsets(rc))])
+    return recv
+
+
+def agree_on_errors(comm, check):
+    """Run ``check()`` on every rank; if it raised TypeError, ValueError or IndexError on any
+    rank, raise on every rank (the local error where there is one) before any rank goes on
+    to a collective.  Returns ``check()``'s value."""
+    error, value = None, None
+    try:
+        value = check()
+    except (TypeError, ValueError, IndexError) as exc:
+        error = exc
+    messages = comm.allgather(None if error is None else (type(error).__name__, str(error)))
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message is not None:
+            kind = {"TypeError": TypeError, "IndexError": IndexError}.get(message[0], ValueError)
+            raise kind(f"rank {rank}: {message[1]}")
+    return value
+
+
+def on_root(comm, root, action):
+    """``action()`` on ``root`` only; an exception there is raised on every rank.  Returns its
+    value on ``root`` and None elsewhere."""
+    error, value = None, None
+    if comm.Get_rank() == root:
+        try:
+            value = action()
+        except Exception as exc:  # re-raised below, on every rank
+            error = exc
+    message = comm.bcast(None if error is None else (type(error).__name__, str(error)), root=root)
+    if error is not None:
+        raise error
+    if message is not None:
+        kind = {"TypeError": TypeError, "IndexError": IndexError,
+                "FileNotFoundError": FileNotFoundError}.get(message[0], ValueError)
+        raise kind(f"rank {root}: {message[1]}")
+    return value
