@@ -5,7 +5,7 @@ float16 works and no MPI reduction operator ever touches a float).  The one redu
 ``reduce_scatter_in_rank_order``, receives the contributions with ``Alltoallv`` and adds them
 with NumPy in rank order 0, 1, ..., N-1, so its result depends on nothing but the inputs.
 It moves the same bytes per rank as a ring reduce-scatter, ``(N - 1)/N`` of the buffer in and
-out, and needs a scratch buffer of that size.
+out, in rounds that keep its receive buffer near ``SCRATCH_BYTES``.
 
 ``agree_on_errors`` makes an input error seen by one rank an exception on every rank, so that no
 rank is left waiting in a collective that the failing rank will never enter.
@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 CACHE_LINE_BYTES = 64
+SCRATCH_BYTES = 8 << 20     # receive buffer of the reduce-scatter, per dtype
 _CARRIERS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -42,31 +43,48 @@ def exclusive_offsets(counts):
     return [int(c) for c in np.concatenate(([0], np.cumsum(counts)[:-1]))]
 
 
+def reduce_scatter_chunk(n_bounds, itemsize, size):
+    """Elements per peer and round of ``reduce_scatter_in_rank_order``: the receive buffer,
+    ``(size - 1) * chunk`` elements, stays near ``SCRATCH_BYTES`` whatever the buffer size."""
+    per_line = max(1, CACHE_LINE_BYTES // itemsize)
+    longest = max(hi - lo for lo, hi in zip(n_bounds[:-1], n_bounds[1:]))
+    chunk = max(per_line, SCRATCH_BYTES // max(1, size - 1) // itemsize // per_line * per_line)
+    return max(1, min(chunk, longest))
+
+
 def reduce_scatter_in_rank_order(comm, send, bounds, scratch, out):
     """``out = send_0[s] + send_1[s] + ... + send_{N-1}[s]``, added left to right, where
     ``send_r`` is rank r's ``send`` and ``s = bounds[rank]:bounds[rank + 1]``.
 
-    ``send``: 1-D, every rank the same length; ``scratch``: at least ``(N - 1) * len(out)``
-    elements of ``send``'s dtype; ``out``: ``len(s)`` elements.
+    ``send``: 1-D, every rank the same length; ``out``: ``len(s)`` elements.  The slices travel
+    in rounds of ``chunk = len(scratch) // (N - 1)`` elements per peer (``Alltoallv``), each
+    added into ``out`` as it arrives, so ``scratch`` bounds the memory used.
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     lo, hi = bounds[rank], bounds[rank + 1]
-    k = hi - lo
     if size == 1:
         np.copyto(out, send[lo:hi])
         return
-    send_counts, send_displs = counts_and_displacements(bounds)
-    send_counts[rank] = 0                       # our own contribution stays here
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    chunk = len(scratch) // (size - 1)
     slot = [r if r < rank else r - 1 for r in range(size)]
-    recv_counts = [0 if r == rank else k for r in range(size)]
-    recv_displs = [slot[r] * k for r in range(size)]
-    comm.Alltoallv([carrier(send), (send_counts, send_displs)],
-                   [carrier(scratch), (recv_counts, recv_displs)])
-    parts = [send[lo:hi] if r == rank else scratch[slot[r] * k:(slot[r] + 1) * k]
-             for r in range(size)]
-    np.add(parts[0], parts[1], out=out)
-    for part in parts[2:]:
-        np.add(out, part, out=out)
+    for start in range(0, max(lengths), chunk):
+        send_counts = [max(0, min(chunk, length - start)) for length in lengths]
+        send_displs = [a + min(start, length) for a, length in zip(bounds[:-1], lengths)]
+        send_counts[rank] = 0                   # our own contribution stays here
+        k = max(0, min(chunk, lengths[rank] - start))
+        recv_counts = [0 if r == rank else k for r in range(size)]
+        recv_displs = [slot[r] * k for r in range(size)]
+        comm.Alltoallv([carrier(send), (send_counts, send_displs)],
+                       [carrier(scratch), (recv_counts, recv_displs)])
+        if k == 0:
+            continue
+        parts = [send[lo + start:lo + start + k] if r == rank else
+                 scratch[slot[r] * k:(slot[r] + 1) * k] for r in range(size)]
+        target = out[start:start + k]
+        np.add(parts[0], parts[1], out=target)
+        for part in parts[2:]:
+            np.add(target, part, out=target)
 
 
 def allgather_in_place(comm, flat, bounds):

@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ._collectives import (agree_on_errors, allgather_in_place, carrier, gather_slices, on_root,
-                           reduce_scatter_in_rank_order, scatter_slices, slice_bounds)
+                           reduce_scatter_chunk, reduce_scatter_in_rank_order, scatter_slices,
+                           slice_bounds)
 
 
 def _constructor_defaults(optimizer):
@@ -86,8 +87,8 @@ class _DtypeGroup:
         self.bounds = slice_bounds(n, dtype.itemsize, size)
         self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
         self.grad_slice = np.empty(self.hi - self.lo, dtype)
-        self.scratch = np.empty((size - 1) * max(hi - lo for lo, hi in
-                                                 zip(self.bounds[:-1], self.bounds[1:])), dtype)
+        chunk = reduce_scatter_chunk(self.bounds, dtype.itemsize, size)
+        self.scratch = np.empty((size - 1) * chunk, dtype)
         self.inner = None
 
     def flat_of(self, arrays):
