@@ -78,7 +78,7 @@ def assert_bitwise_equal(actual, expected, what):
                             f"{actual.reshape(-1)[diff[0]]!r} vs {expected.reshape(-1)[diff[0]]!r}")
 
 
-def assert_states_equal(actual, expected, what):
+def assert_states_equal(actual, expected, what):  # fastadam.Adam's state_dict format
     for name in ("m", "v", "v_max"):
         if name in expected:
             for i, (a, b) in enumerate(zip(actual[name], expected[name])):
@@ -124,6 +124,78 @@ def scenario_dense_exact(comm, workdir):
     for i, (p, q) in enumerate(zip(sharded.params, reference.params)):
         assert_bitwise_equal(p, q, f"resumed param {i}")
     assert sharded.t == 2
+
+
+class PlainMomentum:
+    """The smallest optimizer object ShardedOptimizer can wrap (params, t, defaults, step,
+    state_dict, load_state_dict), here over parameters of mixed dtypes: v = mu v + g,
+    x -= lr v; its state nests the moments one level down."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9):
+        self.params, self.t = list(params), 0
+        self.defaults = dict(lr=lr, momentum=momentum)
+        self.v = [np.zeros_like(p) for p in self.params]
+
+    def step(self, grads):
+        for p, g, v in zip(self.params, grads, self.v):
+            v *= p.dtype.type(self.defaults["momentum"])
+            v += g
+            p -= p.dtype.type(self.defaults["lr"]) * v
+        self.t += 1
+
+    def state_dict(self):
+        return {"t": self.t, "state": {"v": [a.copy() for a in self.v]}}
+
+    def load_state_dict(self, state):
+        for a, b in zip(self.v, state["state"]["v"]):
+            np.copyto(a, b)
+        self.t = state["t"]
+
+
+MIXED = [((100,), np.float32), ((33,), np.float64), ((70,), np.float16), ((5, 5), np.float32),
+         ((1,), np.float16)]
+
+
+def _mixed(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) for shape, dtype in MIXED]
+
+
+def scenario_generic_optimizer(comm, workdir):
+    """Mixed dtypes (one reduce-scatter and all-gather per dtype, float16 included), nested
+    state, parameters assigned between steps."""
+    from fastadam.distributed import ShardedOptimizer
+    size, rank = comm.Get_size(), comm.Get_rank()
+    sharded = ShardedOptimizer(PlainMomentum(_mixed(5), lr=0.05), comm)
+    reference = PlainMomentum(_mixed(5), lr=0.05)
+    assert len(sharded._groups) == 3
+    for step in range(1, 4):
+        if step == 3:
+            sharded.params[3][...] = 1.5
+            reference.params[3][...] = 1.5
+        sharded.step(_mixed([step, rank]))
+        per_rank = [_mixed([step, r]) for r in range(size)]
+        means = []
+        for i in range(len(MIXED)):
+            total = per_rank[0][i].copy()
+            for r in range(1, size):
+                total = total + per_rank[r][i]
+            means.append(total / total.dtype.type(size))
+        reference.step(means)
+    for i, (p, q) in enumerate(zip(sharded.params, reference.params)):
+        assert_bitwise_equal(p, q, f"mixed param {i}")
+    state = sharded.state_dict()
+    if rank == 0:
+        assert state["t"] == 3
+        for i, (a, b) in enumerate(zip(state["state"]["v"], reference.v)):
+            assert_bitwise_equal(a, b, f"mixed state v[{i}]")
+    fresh = ShardedOptimizer(PlainMomentum([np.zeros(s, d) for s, d in MIXED]), comm)
+    fresh.load_state_dict(state)
+    again = fresh.state_dict()
+    if rank == 0:
+        for i, (a, b) in enumerate(zip(again["state"]["v"], reference.v)):
+            assert_bitwise_equal(a, b, f"reloaded state v[{i}]")
+    assert fresh.t == 3
 
 
 def scenario_skip_nonfinite(comm, workdir):
@@ -256,7 +328,8 @@ def scenario_embedding_adam(comm, workdir):
 
 def scenario_embedding_adagrad(comm, workdir):
     hyper = dict(lr=0.05, eps=1e-10, convention="torch")
-    _embedding_scenario(comm, "adagrad", "lazy", fastadam.sparse_adagrad_step_inplace, hyper, ("h",))
+    _embedding_scenario(comm, "adagrad", "lazy", fastadam.sparse_adagrad_step_inplace, hyper,
+                        ("h",))
 
 
 def scenario_abort(comm, workdir):

@@ -61,7 +61,7 @@ def assert_mpi_ok(n, scenarios, workdir):
 
 # -- under mpiexec -n 2 -----------------------------------------------------------------------
 def test_sharded_optimizer_equals_single_process_bit_for_bit(tmp_path):
-    assert_mpi_ok(2, ["dense_exact", "skip_nonfinite"], tmp_path)
+    assert_mpi_ok(2, ["dense_exact", "skip_nonfinite", "generic_optimizer"], tmp_path)
 
 
 def test_bad_input_on_one_rank_raises_on_every_rank(tmp_path):
@@ -100,7 +100,8 @@ def test_a_rank_that_raises_aborts_the_job(tmp_path):
 
 @pytest.mark.slow
 def test_four_ranks_oversubscribed(tmp_path):
-    names = ["dense_exact", "skip_nonfinite", "errors", "checkpoint", "embedding_adam"]
+    names = ["dense_exact", "skip_nonfinite", "generic_optimizer", "errors", "checkpoint",
+             "embedding_adam"]
     if hasattr(fastadam, "sparse_adagrad_step_inplace"):
         names.append("embedding_adagrad")
     assert_mpi_ok(4, names, tmp_path)

@@ -91,14 +91,22 @@ class _DtypeGroup:
         self.scratch = np.empty((size - 1) * chunk, dtype)
         self.inner = None
 
-    def flat_of(self, arrays):
+    def flat_of(self, arrays, out=None):
         """The per-parameter ``arrays`` of this group end to end (a view when single)."""
         if self.single:
             return np.ascontiguousarray(arrays[self.indices[0]]).reshape(-1)
-        out = np.empty(self.offsets[-1], self.dtype)
+        out = np.empty(self.offsets[-1], self.dtype) if out is None else out
         for i, lo, hi in zip(self.indices, self.offsets[:-1], self.offsets[1:]):
             out[lo:hi] = np.asarray(arrays[i]).reshape(-1)
         return out
+
+    def refresh_slice(self, params):
+        """Copy this rank's slice of the parameters into the flat buffer (they may have been
+        assigned since the last step)."""
+        for i, a, b in zip(self.indices, self.offsets[:-1], self.offsets[1:]):
+            start, end = max(a, self.lo), min(b, self.hi)
+            if start < end:
+                self.flat[start:end] = params[i].reshape(-1)[start - a:end - a]
 
     def unflatten(self, flat, params):
         """``flat`` cut back into arrays shaped like this group's parameters, by index."""
@@ -180,8 +188,9 @@ class ShardedOptimizer:
         comm, size = self.comm, self.comm.Get_size()
         grads = agree_on_errors(comm, lambda: self._check_grads(grads))
         for group in self._groups:
-            reduce_scatter_in_rank_order(comm, group.flat_of(grads), group.bounds,
-                                         group.scratch, group.grad_slice)
+            send = group.flat_of(grads, None if group.single else group.grad_flat)
+            reduce_scatter_in_rank_order(comm, send, group.bounds, group.scratch,
+                                         group.grad_slice)
             if size > 1:
                 np.divide(group.grad_slice, size, out=group.grad_slice)
         if skip_nonfinite:
@@ -189,8 +198,8 @@ class ShardedOptimizer:
             if not comm.allreduce(finite, op=MPI.LAND):
                 return False
         for group in self._groups:
-            if not group.single:      # the parameters may have been assigned since last step
-                np.copyto(group.flat[group.lo:group.hi], group.flat_of(self.params)[group.lo:group.hi])
+            if not group.single:
+                group.refresh_slice(self.params)
             group.inner.step([group.grad_slice])
             allgather_in_place(comm, group.flat, group.bounds)
             if not group.single:
@@ -205,7 +214,8 @@ class ShardedOptimizer:
         comm, is_root = self.comm, self.comm.Get_rank() == root
         states = [group.inner.state_dict() for group in self._groups]
         if not states:
-            return self.optimizer_type(self.params, **self.defaults).state_dict() if is_root else None
+            empty = self.optimizer_type(self.params, **self.defaults)
+            return empty.state_dict() if is_root else None
         paths = _per_parameter_paths(states[0], self._groups[0].inner.params)
         full = dict(states[0]) if is_root else None
         for path in paths:
@@ -230,7 +240,8 @@ class ShardedOptimizer:
 
         def split():
             if not isinstance(state, dict):
-                raise TypeError(f"state: expected a dict (a state_dict()), got {type(state).__name__}")
+                raise TypeError(f"state: expected a dict (a state_dict()), "
+                                f"got {type(state).__name__}")
             paths = _per_parameter_paths(state, self.params)
             if not paths and self.params:
                 raise ValueError("state: no entry holds one array per parameter with the "
