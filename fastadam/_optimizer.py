@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from ._dense_api import check_hyperparameters, step_inplace
+from .optim._coefficients import check_adam_hyperparameters as check_hyperparameters
+from .optim._functional import step_inplace
 from ._validation import check_parameter_list
 
 _FORMAT = "fastadam.Adam/1"

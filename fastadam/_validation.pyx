@@ -58,49 +58,64 @@ cpdef check_array(object a, str name, int typenum=-1, object shape=None, bint wr
     return arr
 
 
-def check_tensor_lists(x, g, m, v, v_max):
-    """Validate the dense step's arguments (ndarrays or equal-length lists of ndarrays).
+def check_step_arrays(x, g, list slots):
+    """Validate a dense step's arrays: ndarrays, or equal-length lists of ndarrays.
 
-    Returns (xs, gs, ms, vs, vmaxs_or_None, typenum).  All x/m/v/v_max are C-contiguous,
-    writable, of one float dtype and of x[i]'s shape; g likewise but read-only is fine.
-    No two written buffers overlap and g overlaps none of them.
+    ``slots`` lists the optimizer's state arguments as (name, ndarray or list) pairs, in slot
+    order (Adam: m, v[, v_max]; Adagrad: h; Momentum: v).  Returns (xs, gs, slot_lists,
+    typenum).  x and every slot are C-contiguous, writable, of one float dtype and of x[i]'s
+    shape; g likewise but read-only is fine.  No two written buffers overlap and g overlaps none
+    of them.
     """
-    xs, single = as_array_list(x, "x")
-    gs, single_g = as_array_list(g, "g")
-    ms, single_m = as_array_list(m, "m")
-    vs, single_v = as_array_list(v, "v")
-    if not (single == single_g == single_m == single_v):
-        raise TypeError("x, g, m, v: pass either one ndarray each or a list of ndarrays each")
-    cdef Py_ssize_t n = len(xs), i
-    for name, lst in (("g", gs), ("m", ms), ("v", vs)):
-        if len(lst) != n:
-            raise ValueError(f"{name}: expected a list of {n} arrays like x, got {len(lst)}")
-    vmaxs = None
-    if v_max is not None:
-        vmaxs, single_vm = as_array_list(v_max, "v_max")
-        if single_vm != single:
-            raise TypeError("v_max: pass an ndarray or a list of ndarrays, as for x")
-        if len(vmaxs) != n:
-            raise ValueError(f"v_max: expected a list of {n} arrays like x, got {len(vmaxs)}")
-    if n == 0:
-        return xs, gs, ms, vs, vmaxs, cnp.NPY_FLOAT
+    cdef Py_ssize_t n, i, q, nslots = len(slots)
     cdef int typenum = -1
     cdef cnp.ndarray xi
+    if isinstance(x, np.ndarray) and isinstance(g, np.ndarray) and all(
+            isinstance(a, np.ndarray) for _, a in slots):
+        # One tensor per argument: the common case, without the lists.
+        xi = check_array(x, "x", -1, None, True)
+        typenum = cnp.PyArray_TYPE(xi)
+        shape = (<object>xi).shape
+        check_array(g, "g", typenum, shape, False)
+        groups = [("x", [x], True), ("g", [g], False)]
+        for name, a in slots:
+            check_array(a, name, typenum, shape, True)
+            groups.append((name, [a], True))
+        check_disjoint(groups, True)
+        return [x], [g], [[a] for _, a in slots], typenum
+    xs, single = as_array_list(x, "x")
+    gs, single_g = as_array_list(g, "g")
+    if single_g != single:
+        raise TypeError(f"x, g, {', '.join(name for name, _ in slots)}: pass either one ndarray "
+                        f"each or a list of ndarrays each")
+    n = len(xs)
+    if len(gs) != n:
+        raise ValueError(f"g: expected a list of {n} arrays like x, got {len(gs)}")
+    slot_lists = []
+    for name, obj in slots:
+        lst, single_s = as_array_list(obj, name)
+        if single_s != single:
+            raise TypeError(f"x, g, {', '.join(nm for nm, _ in slots)}: pass either one ndarray "
+                            f"each or a list of ndarrays each")
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected a list of {n} arrays like x, got {len(lst)}")
+        slot_lists.append(lst)
+    if n == 0:
+        return xs, gs, slot_lists, cnp.NPY_FLOAT
     for i in range(n):
         xi = check_array(xs[i], label("x", i, single), typenum, None, True)
         if typenum < 0:
             typenum = cnp.PyArray_TYPE(xi)
         shape = (<object>xi).shape
         check_array(gs[i], label("g", i, single), typenum, shape, False)
-        check_array(ms[i], label("m", i, single), typenum, shape, True)
-        check_array(vs[i], label("v", i, single), typenum, shape, True)
-        if vmaxs is not None:
-            check_array(vmaxs[i], label("v_max", i, single), typenum, shape, True)
-    groups = [("x", xs, True), ("g", gs, False), ("m", ms, True), ("v", vs, True)]
-    if vmaxs is not None:
-        groups.append(("v_max", vmaxs, True))
+        for q in range(nslots):
+            check_array((<list>slot_lists[q])[i], label(slots[q][0], i, single), typenum, shape,
+                        True)
+    groups = [("x", xs, True), ("g", gs, False)]
+    for q in range(nslots):
+        groups.append((slots[q][0], slot_lists[q], True))
     check_disjoint(groups, single)
-    return xs, gs, ms, vs, vmaxs, typenum
+    return xs, gs, slot_lists, typenum
 
 
 def check_parameter_list(params):

@@ -5,7 +5,7 @@ others, so every derivative order of a convolution is again a convolution.
 """
 import numpy as np
 
-from .._indexed_slices import IndexedSlices
+from ..sparse._indexed_slices import IndexedSlices
 from . import _kernels as K
 from . import _tensor
 from ._ops import _wrap, divide, multiply, subtract, sum as _sum_op

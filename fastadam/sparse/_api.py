@@ -1,18 +1,22 @@
-"""Public sparse Adam API: ``segment_sum`` and ``sparse_step_inplace``.
+"""The sparse steps of every optimizer, and ``segment_sum``.
 
 Python checks every input before anything is written (a step is all or nothing), folds the
-hyper-parameters into float64 coefficients with the dense step's helpers, then makes one
-compiled call to sort the indices and one to update (fastadam/_sparse.pyx).
+hyper-parameters into the optimizer's coefficient object (fastadam/optim/_coefficients.py, the
+same folding as the dense steps), then makes one compiled call to sort the indices and one to
+update (fastadam/_sparse.pyx), whose row walk applies the optimizer's own element formula.
+Indices are copied once into a private buffer before they are range-checked: the kernels read
+only that copy, so another thread changing the caller's array mid-call cannot make them read
+out of bounds.
 """
-import numbers
-
 import numpy as np
 
-from . import _sparse
-from ._dense_api import check_hyperparameters, step_coefficients, weight_decay_coefficients
+from .. import _sparse
+from .._threads import resolve_num_threads
+from .._validation import check_array, check_disjoint
+from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
+                                   momentum_coefficients, step_number)
+from ..optim._functional import check_compute_dtype
 from ._indexed_slices import IndexedSlices
-from ._threads import resolve_num_threads
-from ._validation import check_array, check_disjoint
 
 MODES = ("lazy", "dense", "catchup")
 _INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -20,7 +24,8 @@ _VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float
 
 
 def _check_indices(indices, name, n_rows, unit="rows"):
-    """A 1-D int32/int64 array (contiguous copy if needed: it is only read) in [0, n_rows)."""
+    """A private, contiguous, native-order copy of a 1-D int32/int64 array, checked to lie in
+    [0, n_rows).  The copy is what the kernels read (the caller's array is read once)."""
     if not isinstance(indices, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
                         f"got {type(indices).__name__}")
@@ -28,9 +33,7 @@ def _check_indices(indices, name, n_rows, unit="rows"):
         raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
     if indices.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
-    indices = np.ascontiguousarray(indices)
-    if indices.dtype.byteorder not in "=|":
-        indices = indices.astype(indices.dtype.newbyteorder("="))
+    indices = np.array(indices, dtype=indices.dtype.newbyteorder("="), order="C", copy=True)
     if indices.size:
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0:
@@ -227,12 +230,54 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     All checks run before any array is written: if one fails (TypeError, ValueError,
     IndexError naming the argument), ``x``, ``m``, ``v`` and ``last_step`` are unchanged.
     """
-    lr, beta1, beta2, eps, weight_decay, _, _ = check_hyperparameters(
-        lr, beta1, beta2, eps, convention, weight_decay, 0.0)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, maximize=maximize)
+    return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
+
+
+def sparse_adagrad_step_inplace(x, grad, h, t, *, mode="lazy", last_step=None, lr=1e-2,
+                                lr_decay=0.0, eps=None, weight_decay=0.0, maximize=False,
+                                convention="torch", num_threads=None):
+    """One Adagrad step with a sparse gradient, in place.
+
+    The update of a row is :func:`fastadam.adagrad_step_inplace`'s formula and conventions, with
+    ``g`` the row's summed gradient (duplicates summed as in :func:`segment_sum`).  Modes,
+    gradient forms, weight-decay rule and checks are those of :func:`sparse_step_inplace`.
+    Adagrad's accumulator does not decay, so ``"catchup"`` changes nothing beyond ``"lazy"``
+    (it still maintains ``last_step``), and ``"dense"`` differs from ``"lazy"`` only through
+    weight decay of the untouched rows.
+    """
+    coeffs = adagrad_coefficients(t, lr=lr, lr_decay=lr_decay, eps=eps,
+                                  weight_decay=weight_decay, maximize=maximize,
+                                  convention=convention)
+    return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads)
+
+
+def sparse_momentum_step_inplace(x, grad, v, t, *, mode="lazy", last_step=None, lr=1e-2,
+                                 momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0,
+                                 maximize=False, convention="torch", num_threads=None):
+    """One SGD-with-momentum step with a sparse gradient, in place.
+
+    The update of a row is :func:`fastadam.momentum_step_inplace`'s formula and conventions,
+    with ``g`` the row's summed gradient.  Modes, gradient forms, weight-decay rule and checks
+    are those of :func:`sparse_step_inplace`: ``"dense"`` keeps every row moving with its
+    decaying buffer (as the dense step on the densified gradient, bit for bit), ``"lazy"`` only
+    touched rows, and ``"catchup"`` first decays a returning row's buffer by ``momentum`` once
+    per missed step (the idle steps' movement of ``x`` is not replayed).  A row touched for the
+    first time after step 1 starts from a zero buffer (``v = (1 - dampening) * g'``).
+    """
+    coeffs = momentum_coefficients(t, lr=lr, momentum=momentum, dampening=dampening,
+                                   nesterov=nesterov, weight_decay=weight_decay,
+                                   maximize=maximize, convention=convention)
+    return sparse_step(coeffs, x, grad, [("v", v)], t, mode, last_step, num_threads)
+
+
+def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
+    """Validate and run one sparse step of the optimizer ``coeffs`` describes; ``slots`` are
+    its state arguments as (name, array) pairs in slot order."""
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    alpha, denom_scale = step_coefficients(t, lr, beta1, beta2, convention)
-    t = int(t)
+    t = step_number(t)
     if mode == "catchup" and t < 1:
         raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
     nt = resolve_num_threads(num_threads)
@@ -244,10 +289,11 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     if x.dtype not in _VALUE_TYPES:
         raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
     typenum = x.dtype.num
-    m = check_array(m, "m", typenum, x.shape, True)
-    v = check_array(v, "v", typenum, x.shape, True)
+    check_compute_dtype(coeffs, typenum)
+    slot_arrays = [check_array(a, name, typenum, x.shape, True) for name, a in slots]
 
     indices, values, element_wise = _gradient_rows(x, grad)
+    caller_indices = indices  # checked for overlap below; the kernels read a private copy
     if element_wise:
         n_rows, row_shape, rows_shape = x.size, (), x.shape
     else:
@@ -264,8 +310,10 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     elif last_step is not None:
         raise ValueError(f"last_step: only used in catchup mode, got it with mode={mode!r}")
 
-    groups = [("x", [x], True), ("m", [m], True), ("v", [v], True),
-              ("values", [values], False), ("indices", [indices], False)]
+    groups = [("x", [x], True)] + [(name, [a], True) for (name, _), a in zip(slots, slot_arrays)]
+    groups += [("values", [values], False)]
+    if isinstance(caller_indices, np.ndarray):
+        groups.append(("indices", [caller_indices], False))
     if mode == "catchup":
         groups.append(("last_step", [last_step], True))
     check_disjoint(groups, True)
@@ -278,11 +326,8 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
             raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
                              f"row, got {bad}")
 
-    l2, decay_mul = weight_decay_coefficients(lr, weight_decay, decoupled_weight_decay)
-    flags = _sparse.FLAG_L2 if l2 != 0.0 else 0
     row_size = int(np.prod(row_shape, dtype=np.int64))
     _sparse.sparse_step(
-        x.reshape(n_rows, row_size), m.reshape(n_rows, row_size), v.reshape(n_rows, row_size),
+        coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
         values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
-        last_step.reshape(-1) if mode == "catchup" else None, t, alpha, denom_scale, eps,
-        beta1, beta2, -1.0 if maximize else 1.0, l2, decay_mul, flags, nt)
+        last_step.reshape(-1) if mode == "catchup" else None, t, nt)
