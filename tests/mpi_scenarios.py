@@ -318,6 +318,28 @@ def _embedding_scenario(comm, optimizer, mode, step_function, hyper, state_names
         if mode == "catchup":
             assert np.array_equal(gathered["last_step"], last_step)
     assert np.array_equal(table.rows, np.arange(rank, NUM_ROWS, size))
+    # another number of ranks loads the state and carries on like the one table
+    gathered = comm.bcast(gathered, root=0)
+    sub = comm.Split(color=rank // max(1, size // 2), key=rank)
+    resumed = ShardedEmbedding(NUM_ROWS, DIM, sub, optimizer=optimizer, mode=mode, **hyper)
+    resumed.load_state_dict(gathered if sub.Get_rank() == 0 else None)
+    ids = np.arange(NUM_ROWS)
+    assert_bitwise_equal(resumed.lookup(ids), weight, f"{optimizer}/{mode} resumed table")
+    ids, grad_rows = embedding_batch(6, 0)
+    resumed.apply_gradients((ids, grad_rows) if sub.Get_rank() == 0 else
+                            (ids[:0], grad_rows[:0]))
+    unique = np.unique(ids)
+    sums = np.zeros((len(unique), DIM), np.float32)
+    np.add.at(sums, np.searchsorted(unique, ids), grad_rows)
+    extra = {"mode": mode, "last_step": last_step} if mode == "catchup" else {"mode": mode}
+    step_function(weight, (unique, sums), *state.values(), 6, **extra, **hyper)
+    after = resumed.state_dict()
+    if sub.Get_rank() == 0:
+        assert after["t"] == 6
+        assert_bitwise_equal(after["weight"], weight, f"{optimizer}/{mode} step after load")
+        for name, array in state.items():
+            assert_bitwise_equal(after[name], array, f"{optimizer}/{mode} {name} after load")
+    sub.Free()
 
 
 def scenario_embedding_adam(comm, workdir):
@@ -328,8 +350,9 @@ def scenario_embedding_adam(comm, workdir):
 
 def scenario_embedding_adagrad(comm, workdir):
     hyper = dict(lr=0.05, eps=1e-10, convention="torch")
-    _embedding_scenario(comm, "adagrad", "lazy", fastadam.sparse_adagrad_step_inplace, hyper,
-                        ("h",))
+    for mode in ("lazy", "catchup"):
+        _embedding_scenario(comm, "adagrad", mode, fastadam.sparse_adagrad_step_inplace, hyper,
+                            ("h",))
 
 
 def scenario_abort(comm, workdir):

@@ -277,3 +277,24 @@ def test_error_gradient_values_shape_and_nothing_changes(table):
     with pytest.raises(ValueError, match=r"grad values: expected shape \(2, 4\), got \(2, 3\)"):
         table.apply_gradients((np.array([1, 2]), np.ones((2, 3), np.float32)))
     assert table.t == 0 and not table.weight.any()
+
+
+def test_error_embedding_state_not_a_dict(table):
+    with pytest.raises(TypeError, match=r"state: expected a dict \(a state_dict\(\)\), got list"):
+        table.load_state_dict([])
+
+
+def test_error_embedding_state_shape(table):
+    state = table.state_dict()
+    state["v"] = state["v"][:9]
+    with pytest.raises(ValueError, match=r"state\['v'\]: expected float32 of shape \(10, 4\), "
+                                         r"got float32 of shape \(9, 4\)"):
+        table.load_state_dict(state)
+
+
+def test_error_embedding_state_step(table):
+    state = table.state_dict()
+    state["t"] = -1
+    with pytest.raises(ValueError, match=r"state\['t'\]: expected a step count >= 0, got -1"):
+        table.load_state_dict(state)
+    assert table.t == 0

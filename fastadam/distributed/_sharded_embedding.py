@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import fastadam
 
-from ._collectives import agree_on_errors, alltoallv, carrier, exclusive_offsets
+from ._collectives import agree_on_errors, alltoallv, carrier, exclusive_offsets, on_root
 
 _OPTIMIZERS = ("adam", "adagrad")
 
@@ -183,11 +183,55 @@ class ShardedEmbedding:
                 full[name] = gathered
         return full
 
+    def load_state_dict(self, state, root=0):
+        """Load a full state (``state_dict()`` of a table of the same shape, optimizer and mode,
+        saved with any number of ranks), read on ``root`` only.  Collective."""
+        local = dict(weight=self.weight, **self.state)
+        if self.last_step is not None:
+            local["last_step"] = self.last_step
+
+        def check():
+            if not isinstance(state, dict):
+                raise TypeError(f"state: expected a dict (a state_dict()), "
+                                f"got {type(state).__name__}")
+            for name, array in local.items():
+                saved = state.get(name)
+                shape = (self.num_rows,) + array.shape[1:]
+                if not isinstance(saved, np.ndarray) or saved.shape != shape or \
+                        saved.dtype != array.dtype:
+                    raise ValueError(f"state['{name}']: expected {array.dtype} of shape {shape}, "
+                                     f"got {getattr(saved, 'dtype', type(saved).__name__)} of "
+                                     f"shape {getattr(saved, 'shape', None)}")
+            t = state.get("t")
+            if not isinstance(t, (int, np.integer)) or t < 0:
+                raise ValueError(f"state['t']: expected a step count >= 0, got {t!r}")
+            return int(t)
+
+        t = self.comm.bcast(on_root(self.comm, root, check), root=root)
+        for name, array in local.items():
+            self._scatter_rows(state[name] if self.comm.Get_rank() == root else None, array,
+                               root)
+        self.t = t
+
+    def _block_counts(self, row):
+        size = self.comm.Get_size()
+        return [len(range(r, self.num_rows, size)) * row for r in range(size)]
+
+    def _scatter_rows(self, full, local, root):
+        """Each rank's ``local`` receives its rows (``full[rank::N]``) of ``full`` (on root)."""
+        size = self.comm.Get_size()
+        counts = self._block_counts(int(np.prod(local.shape[1:], dtype=np.int64)))
+        send = None
+        if self.comm.Get_rank() == root:
+            blocks = np.concatenate([full[r::size] for r in range(size)])
+            send = [carrier(blocks), (counts, exclusive_offsets(counts))]
+        self.comm.Scatterv(send, carrier(local), root=root)
+
     def _gather_rows(self, local, root):
         """Rank-ordered blocks gathered on ``root``, then dealt back into global row order."""
         size, is_root = self.comm.Get_size(), self.comm.Get_rank() == root
         row = int(np.prod(local.shape[1:], dtype=np.int64))
-        counts = [len(range(r, self.num_rows, size)) * row for r in range(size)]
+        counts = self._block_counts(row)
         blocks = np.empty((self.num_rows,) + local.shape[1:], local.dtype) if is_root else None
         recv = [carrier(blocks), (counts, exclusive_offsets(counts))] if is_root else None
         self.comm.Gatherv(carrier(np.ascontiguousarray(local)), recv, root=root)
@@ -196,7 +240,7 @@ class ShardedEmbedding:
         full = np.empty_like(blocks)
         start = 0
         for r in range(size):
-            n = counts[r] // row if row else len(range(r, self.num_rows, size))
+            n = counts[r] // row
             full[r::size] = blocks[start:start + n]
             start += n
         return full
