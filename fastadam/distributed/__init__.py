@@ -14,9 +14,9 @@ Design
   moves, so they raise everywhere instead of leaving a rank waiting; run training scripts as
   ``mpiexec -n N python -m mpi4py train.py`` so that any other uncaught exception calls
   ``MPI_Abort`` and ends the job.
-- Limits: MPI counts and displacements are C ints counted in elements, so one dtype's
-  parameters (``ShardedOptimizer``) or one table's rows x dim (``ShardedEmbedding`` checkpoints)
-  must stay below 2**31 elements; mpi4py raises OverflowError beyond.
+- Limits: MPI counts and displacements are C ints.  ``ShardedOptimizer`` counts elements, so one
+  dtype's parameters must stay below 2**31 elements (mpi4py raises OverflowError beyond);
+  ``ShardedEmbedding`` counts rows (a contiguous row datatype), so only ``num_rows`` is bounded.
 
 Cost model (per step, N ranks, link bandwidth B per rank, S bytes of parameters of one dtype)
 -------------------------------------------------------------------------------------------

@@ -23,6 +23,19 @@ def carrier(array):
     return array.reshape(-1).view(_CARRIERS[array.dtype.itemsize])
 
 
+_ROW_TYPES = {}
+
+
+def row_type(itemsize, row_size):
+    """A committed MPI datatype of ``row_size`` elements of ``itemsize`` bytes, so that counts
+    and displacements are in rows (a 1e8 x 64 table stays far below the 2**31 limit)."""
+    key = (itemsize, row_size)
+    if key not in _ROW_TYPES:
+        base = MPI.Datatype.fromcode(np.dtype(_CARRIERS[itemsize]).char)
+        _ROW_TYPES[key] = base.Create_contiguous(row_size).Commit()
+    return _ROW_TYPES[key]
+
+
 def slice_bounds(n, itemsize, size):
     """Split ``n`` elements into ``size`` slices balanced by bytes: every boundary but the last
     falls on a multiple of 64 bytes from the buffer start; slices differ by at most one cache
@@ -108,14 +121,15 @@ def scatter_slices(comm, full, bounds, local, root):
     comm.Scatterv(send, carrier(local), root=root)
 
 
-def alltoallv(comm, send, send_counts, recv_counts, row_size=1):
-    """Send ``send_counts[r]`` consecutive rows of ``send`` to rank r; returns the rows
-    received, in rank order (``recv_counts`` from each).  Rows are ``row_size`` elements."""
+def alltoallv(comm, send, send_counts, recv_counts):
+    """Send ``send_counts[r]`` consecutive rows (along axis 0) of ``send`` to rank r; returns
+    the rows received, in rank order (``recv_counts`` from each)."""
     recv = np.empty((int(sum(recv_counts)),) + send.shape[1:], dtype=send.dtype)
-    sc = [int(c) * row_size for c in send_counts]
-    rc = [int(c) * row_size for c in recv_counts]
-    comm.Alltoallv([carrier(np.ascontiguousarray(send)), (sc, exclusive_offsets(sc))],
-                   [carrier(recv), (rc, exclusive_offsets(rc))])
+    rows = row_type(send.dtype.itemsize, int(np.prod(send.shape[1:], dtype=np.int64)))
+    sc = [int(c) for c in send_counts]
+    rc = [int(c) for c in recv_counts]
+    comm.Alltoallv([carrier(np.ascontiguousarray(send)), (sc, exclusive_offsets(sc)), rows],
+                   [carrier(recv), (rc, exclusive_offsets(rc)), rows])
     return recv
 
 

@@ -19,7 +19,8 @@ from mpi4py import MPI
 
 import fastadam
 
-from ._collectives import agree_on_errors, alltoallv, carrier, exclusive_offsets, on_root
+from ._collectives import (agree_on_errors, alltoallv, carrier, exclusive_offsets, on_root,
+                           row_type)
 
 _OPTIMIZERS = ("adam", "adagrad")
 
@@ -124,7 +125,7 @@ class ShardedEmbedding:
         unique_ids, inverse = np.unique(flat, return_inverse=True)
         order, send_counts, recv_counts, recv_ids = self._route(unique_ids)
         rows = self.weight[recv_ids // self.comm.Get_size()]
-        by_owner = alltoallv(self.comm, rows, recv_counts, send_counts, row_size=self.dim)
+        by_owner = alltoallv(self.comm, rows, recv_counts, send_counts)
         unique_rows = np.empty_like(by_owner)
         unique_rows[order] = by_owner
         return unique_rows[inverse.reshape(-1)].reshape(ids.shape + (self.dim,))
@@ -157,7 +158,7 @@ class ShardedEmbedding:
         indices, values = agree_on_errors(self.comm, lambda: self._check_grad(grad))
         unique_ids, sums = fastadam.segment_sum(indices, values)
         order, send_counts, recv_counts, recv_ids = self._route(unique_ids)
-        received = alltoallv(self.comm, sums[order], send_counts, recv_counts, row_size=self.dim)
+        received = alltoallv(self.comm, sums[order], send_counts, recv_counts)
         self._apply_local(recv_ids // self.comm.Get_size(), received, t=self.t + 1)
         self.t += 1
 
@@ -213,34 +214,34 @@ class ShardedEmbedding:
                                root)
         self.t = t
 
-    def _block_counts(self, row):
+    def _row_counts(self, local):
+        """Rows per rank, and the MPI datatype of one row of ``local``."""
         size = self.comm.Get_size()
-        return [len(range(r, self.num_rows, size)) * row for r in range(size)]
+        counts = [len(range(r, self.num_rows, size)) for r in range(size)]
+        return counts, row_type(local.dtype.itemsize, int(np.prod(local.shape[1:], dtype=np.int64)))
 
     def _scatter_rows(self, full, local, root):
         """Each rank's ``local`` receives its rows (``full[rank::N]``) of ``full`` (on root)."""
         size = self.comm.Get_size()
-        counts = self._block_counts(int(np.prod(local.shape[1:], dtype=np.int64)))
+        counts, rows = self._row_counts(local)
         send = None
         if self.comm.Get_rank() == root:
             blocks = np.concatenate([full[r::size] for r in range(size)])
-            send = [carrier(blocks), (counts, exclusive_offsets(counts))]
-        self.comm.Scatterv(send, carrier(local), root=root)
+            send = [carrier(blocks), (counts, exclusive_offsets(counts)), rows]
+        self.comm.Scatterv(send, [carrier(local), counts[self.comm.Get_rank()], rows], root=root)
 
     def _gather_rows(self, local, root):
         """Rank-ordered blocks gathered on ``root``, then dealt back into global row order."""
-        size, is_root = self.comm.Get_size(), self.comm.Get_rank() == root
-        row = int(np.prod(local.shape[1:], dtype=np.int64))
-        counts = self._block_counts(row)
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        is_root = rank == root
+        counts, rows = self._row_counts(local)
         blocks = np.empty((self.num_rows,) + local.shape[1:], local.dtype) if is_root else None
-        recv = [carrier(blocks), (counts, exclusive_offsets(counts))] if is_root else None
-        self.comm.Gatherv(carrier(np.ascontiguousarray(local)), recv, root=root)
+        recv = [carrier(blocks), (counts, exclusive_offsets(counts)), rows] if is_root else None
+        self.comm.Gatherv([carrier(np.ascontiguousarray(local)), counts[rank], rows], recv,
+                          root=root)
         if not is_root:
             return None
         full = np.empty_like(blocks)
-        start = 0
-        for r in range(size):
-            n = counts[r] // row
-            full[r::size] = blocks[start:start + n]
-            start += n
+        for r, start in enumerate(exclusive_offsets(counts)):
+            full[r::size] = blocks[start:start + counts[r]]
         return full
