@@ -59,6 +59,19 @@ def _get(state, path):
     return state
 
 
+def _regroup(state, indices):
+    """``state`` with its single parameter group holding the parameters ``indices`` (the
+    optimizer objects' state_dict lists each group's parameter indices; the sharded optimizer
+    keeps one group whose parameters are the full list outside and one slice inside)."""
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if groups is None:
+        return state
+    if len(groups) != 1:
+        raise ValueError(f"state['param_groups']: ShardedOptimizer supports one parameter "
+                         f"group, got {len(groups)}")
+    return dict(state, param_groups=[dict(groups[0], params=list(indices))])
+
+
 def _replace(state, path, value):
     """A copy of the dict tree ``state`` with the entry at ``path`` replaced by ``value``."""
     if not path:
@@ -228,7 +241,7 @@ class ShardedOptimizer:
                         arrays[i] = view
             if is_root:
                 full = _replace(full, path, arrays)
-        return full
+        return _regroup(full, range(len(self.params))) if is_root else full
 
     def load_state_dict(self, state, root=0):
         """Load a full state (``state_dict()`` of this or of an unsharded optimizer with the same
@@ -266,7 +279,7 @@ class ShardedOptimizer:
                 inner_state = rest
                 for path in paths:
                     inner_state = _replace(inner_state, path, [slices[(path, group.dtype)]])
-                group.inner.load_state_dict(inner_state)
+                group.inner.load_state_dict(_regroup(inner_state, [0]))
 
         agree_on_errors(comm, load_inner)
         if self._groups:
