@@ -21,6 +21,7 @@ from ._config import omp_max_threads
 
 _cpu_count_cache = None
 MAX_THREADS_PER_CPU = 4
+_MIN_CAP = MAX_THREADS_PER_CPU  # every machine has at least one CPU: never capped below this
 _forked_child = False
 _fork_warned = False
 
@@ -88,6 +89,8 @@ def _single_thread_after_fork():
 
 def resolve_num_threads(num_threads):
     """Turn the user's ``num_threads`` into a positive thread count."""
+    if type(num_threads) is int and 0 < num_threads <= _MIN_CAP and not _forked_child:
+        return num_threads  # the common explicit case: nothing to look up
     if num_threads is not None and type(num_threads) is not int:
         if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
             raise TypeError(f"num_threads: expected None or an int, got "

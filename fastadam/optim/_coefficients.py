@@ -107,10 +107,11 @@ def adam_step_sizes(t, lr, beta1, beta2, convention):
     return lr * math.sqrt(bc2) / bc1, 1.0
 
 
-def adam_coefficients(t, *, lr, beta1, beta2, eps, convention, weight_decay=0.0,
+def adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay=0.0,
                       decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
                       nesterov=False, maximize=False, grad_scale=None):
-    """The AdamCoefficients of step ``t`` (formula: include/fastadam/adam.h)."""
+    """The AdamCoefficients of step ``t`` (formula: include/fastadam/adam.h).  The arguments
+    may be passed by position (the functional steps do: it is the per-step hot path)."""
     lr, beta1, beta2, eps, weight_decay, post_decay, _ = check_adam_hyperparameters(
         lr, beta1, beta2, eps, convention, weight_decay, post_decay)
     flags, divisor = _grad_scale(grad_scale)

@@ -6,6 +6,8 @@ write), and makes one call into the multi-tensor driver (fastadam/_dense.pyx), w
 optimizer's kernel from the C table.  The optimizer objects are built on these functions and
 the sparse ones in :mod:`fastadam.sparse`.
 """
+from typing import Optional, Sequence, Union
+
 import numpy as np
 
 from .. import _config, _dense
@@ -14,6 +16,8 @@ from .._validation import check_step_arrays
 from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coefficients
 
 __all__ = ["step_inplace", "adagrad_step_inplace", "momentum_step_inplace"]
+
+Arrays = Union[np.ndarray, Sequence[np.ndarray]]  # one array, or a list updated in one call
 
 _HALF = np.dtype(np.float16).num
 _DOUBLE = np.dtype(np.float64).num
@@ -38,10 +42,13 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, bool(skip_nonfinite), nt)
 
 
-def step_inplace(x, g, m, v, t, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, convention="tf",
-                 weight_decay=0.0, decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
-                 v_max=None, nesterov=False, maximize=False, grad_scale=None,
-                 skip_nonfinite=False, num_threads=None):
+def step_inplace(x: Arrays, g: Arrays, m: Arrays, v: Arrays, t: int, *, lr: float = 1e-3,
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 convention: str = "tf", weight_decay: float = 0.0,
+                 decoupled_weight_decay: bool = False, post_decay: float = 0.0,
+                 amsgrad: bool = False, v_max: Optional[Arrays] = None, nesterov: bool = False,
+                 maximize: bool = False, grad_scale: Optional[float] = None,
+                 skip_nonfinite: bool = False, num_threads: Optional[int] = None) -> bool:
     """One fused Adam step, in place, on one array or a list of arrays.
 
     Per element (all scalars folded in float64 once per call, elements computed in the arrays'
@@ -94,18 +101,18 @@ def step_inplace(x, g, m, v, t, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, co
     if amsgrad and v_max is None:
         raise ValueError("v_max: amsgrad=True needs v_max, an array like v updated in place "
                          "(start it at zeros)")
-    coeffs = adam_coefficients(t, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                               convention=convention, weight_decay=weight_decay,
-                               decoupled_weight_decay=decoupled_weight_decay,
-                               post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov,
-                               maximize=maximize, grad_scale=grad_scale)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize,
+                               grad_scale)
     slots = [("m", m), ("v", v), ("v_max", v_max)] if amsgrad else [("m", m), ("v", v)]
     return dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads)
 
 
-def adagrad_step_inplace(x, g, h, t, *, lr=1e-2, lr_decay=0.0, eps=None, weight_decay=0.0,
-                         maximize=False, convention="torch", grad_scale=None,
-                         skip_nonfinite=False, num_threads=None):
+def adagrad_step_inplace(x: Arrays, g: Arrays, h: Arrays, t: int, *, lr: float = 1e-2,
+                         lr_decay: float = 0.0, eps: Optional[float] = None,
+                         weight_decay: float = 0.0, maximize: bool = False,
+                         convention: str = "torch", grad_scale: Optional[float] = None,
+                         skip_nonfinite: bool = False, num_threads: Optional[int] = None) -> bool:
     """One fused Adagrad step, in place, on one array or a list of arrays.
 
     Per element (scalars folded in float64 once per call; float16 computed in float32)::
@@ -147,9 +154,11 @@ def adagrad_step_inplace(x, g, h, t, *, lr=1e-2, lr_decay=0.0, eps=None, weight_
     return dense_step(coeffs, x, g, [("h", h)], skip_nonfinite, num_threads)
 
 
-def momentum_step_inplace(x, g, v, t, *, lr=1e-2, momentum=0.9, dampening=0.0, nesterov=False,
-                          weight_decay=0.0, maximize=False, convention="torch", grad_scale=None,
-                          skip_nonfinite=False, num_threads=None):
+def momentum_step_inplace(x: Arrays, g: Arrays, v: Arrays, t: int, *, lr: float = 1e-2,
+                          momentum: float = 0.9, dampening: float = 0.0, nesterov: bool = False,
+                          weight_decay: float = 0.0, maximize: bool = False,
+                          convention: str = "torch", grad_scale: Optional[float] = None,
+                          skip_nonfinite: bool = False, num_threads: Optional[int] = None) -> bool:
     """One fused SGD-with-momentum step, in place, on one array or a list of arrays.
 
     Per element (scalars folded in float64 once per call; float16 computed in float32)::

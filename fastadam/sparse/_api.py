@@ -8,61 +8,24 @@ Indices are copied once into a private buffer before they are range-checked: the
 only that copy, so another thread changing the caller's array mid-call cannot make them read
 out of bounds.
 """
+from typing import Any, Optional, Tuple
+
 import numpy as np
 
 from .. import _sparse
 from .._threads import resolve_num_threads
-from .._validation import check_array, check_disjoint
+from .._validation import check_array, check_disjoint, check_indices, check_rows
 from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                    momentum_coefficients, step_number)
 from ..optim._functional import check_compute_dtype
 from ._indexed_slices import IndexedSlices
 
 MODES = ("lazy", "dense", "catchup")
-_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
+_VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _check_indices(indices, name, n_rows, unit="rows"):
-    """A private, contiguous, native-order copy of a 1-D int32/int64 array, checked to lie in
-    [0, n_rows).  The copy is what the kernels read (the caller's array is read once)."""
-    if not isinstance(indices, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
-                        f"got {type(indices).__name__}")
-    if indices.dtype not in _INDEX_TYPES:
-        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
-    if indices.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
-    indices = np.array(indices, dtype=indices.dtype.newbyteorder("="), order="C", copy=True)
-    if indices.size:
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < 0:
-            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
-                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
-        if n_rows is not None and hi >= n_rows:
-            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
-    return indices
-
-
-def _check_values(values, name, k, row_shape, dtype):
-    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
-    if not isinstance(values, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
-    if dtype is None:
-        if values.dtype not in _VALUE_TYPES:
-            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
-    elif values.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
-    expected = (k,) + tuple(row_shape)
-    if values.shape != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
-    values = np.ascontiguousarray(values)
-    if values.dtype.byteorder not in "=|":
-        values = values.astype(values.dtype.newbyteorder("="))
-    return values
-
-
-def segment_sum(indices, values, *, num_threads=None):
+def segment_sum(indices: np.ndarray, values: np.ndarray, *,
+                num_threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Sum the rows of ``values`` that share an index: a deterministic ``unsorted_segment_sum``.
 
     Returns ``(unique_indices, sums)``: ``unique_indices`` the distinct indices in increasing
@@ -89,13 +52,13 @@ def segment_sum(indices, values, *, num_threads=None):
     unique_indices : ndarray, shape (nseg,)
     sums : ndarray, shape (nseg,) + values.shape[1:], dtype of ``values``
     """
-    indices = _check_indices(indices, "indices", None)
+    indices = check_indices(indices, "indices", None)
     if not isinstance(values, np.ndarray):
         raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
     if values.ndim < 1:
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
-    values = _check_values(values, "values", indices.shape[0], values.shape[1:], None)
+    values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
     nt = resolve_num_threads(num_threads)
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
@@ -146,7 +109,7 @@ def _csr_rows(x, grad):
     nnz = int(indptr[-1])
     if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
         raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
+    cols = check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
     if data.dtype != x.dtype:
         raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
                         f"got {data.dtype}")
@@ -155,9 +118,12 @@ def _csr_rows(x, grad):
     return flat, np.ascontiguousarray(data[:nnz])
 
 
-def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-3, beta1=0.9,
-                        beta2=0.999, eps=1e-8, convention="tf", weight_decay=0.0,
-                        decoupled_weight_decay=False, maximize=False, num_threads=None):
+def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, t: int, *,
+                        mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                        lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
+                        eps: float = 1e-8, convention: str = "tf", weight_decay: float = 0.0,
+                        decoupled_weight_decay: bool = False, maximize: bool = False,
+                        num_threads: Optional[int] = None) -> None:
     """One Adam step with a sparse gradient, in place.
 
     Duplicate indices are first summed (see :func:`segment_sum`: stable sort, original order,
@@ -230,15 +196,17 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     All checks run before any array is written: if one fails (TypeError, ValueError,
     IndexError naming the argument), ``x``, ``m``, ``v`` and ``last_step`` are unchanged.
     """
-    coeffs = adam_coefficients(t, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                               convention=convention, weight_decay=weight_decay,
-                               decoupled_weight_decay=decoupled_weight_decay, maximize=maximize)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, maximize=maximize)
     return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
 
 
-def sparse_adagrad_step_inplace(x, grad, h, t, *, mode="lazy", last_step=None, lr=1e-2,
-                                lr_decay=0.0, eps=None, weight_decay=0.0, maximize=False,
-                                convention="torch", num_threads=None):
+def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int, *,
+                                mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                lr: float = 1e-2, lr_decay: float = 0.0,
+                                eps: Optional[float] = None, weight_decay: float = 0.0,
+                                maximize: bool = False, convention: str = "torch",
+                                num_threads: Optional[int] = None) -> None:
     """One Adagrad step with a sparse gradient, in place.
 
     The update of a row is :func:`fastadam.adagrad_step_inplace`'s formula and conventions, with
@@ -254,9 +222,12 @@ def sparse_adagrad_step_inplace(x, grad, h, t, *, mode="lazy", last_step=None, l
     return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads)
 
 
-def sparse_momentum_step_inplace(x, grad, v, t, *, mode="lazy", last_step=None, lr=1e-2,
-                                 momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0,
-                                 maximize=False, convention="torch", num_threads=None):
+def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int, *,
+                                 mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                 lr: float = 1e-2, momentum: float = 0.9, dampening: float = 0.0,
+                                 nesterov: bool = False, weight_decay: float = 0.0,
+                                 maximize: bool = False, convention: str = "torch",
+                                 num_threads: Optional[int] = None) -> None:
     """One SGD-with-momentum step with a sparse gradient, in place.
 
     The update of a row is :func:`fastadam.momentum_step_inplace`'s formula and conventions,
@@ -299,8 +270,8 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
         n_rows, row_shape, rows_shape = x.size, (), x.shape
     else:
         n_rows, row_shape, rows_shape = x.shape[0], x.shape[1:], x.shape[:1]
-        indices = _check_indices(indices, "indices", n_rows)
-        values = _check_values(values, "values", indices.shape[0], row_shape, x.dtype)
+        indices = check_indices(indices, "indices", n_rows)
+        values = check_rows(values, "values", indices.shape[0], row_shape, x.dtype)
 
     if mode == "catchup":
         if last_step is None:
