@@ -103,6 +103,16 @@ def test_same_result_for_any_thread_count(rng):
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
 
+def test_fit_leaves_the_callers_matrix_alone(rng):
+    X, y = _text_like(rng, n_docs=100, n_features=300)
+    X = X[:, rng.permutation(300)]  # column permutation leaves the indices unsorted
+    X.has_sorted_indices = False
+    before = (X.data.copy(), X.indices.copy(), X.indptr.copy())
+    SparseLinearClassifier(random_state=0, max_iter=2).fit(X, y)
+    for a, b in zip(before, (X.data, X.indices, X.indptr)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_partial_fit_needs_classes_first(rng):
     X, y = _text_like(rng, n_docs=50, n_features=100)
     with pytest.raises(ValueError, match="classes must be passed on the first call"):

@@ -201,10 +201,9 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         dtype = self._train_dtype
         X, y = validate_data(self, X, y, reset=first_pass, accept_sparse="csr", dtype=dtype,
                              order="C")
-        if sp.issparse(X):
-            X.sort_indices()
-            if X.indices.dtype not in (np.int32, np.int64):
-                X.indices = X.indices.astype(np.int64)
+        if sp.issparse(X) and X.indices.dtype not in (np.int32, np.int64):
+            X = X.copy()  # never modify the caller's matrix
+            X.indices = X.indices.astype(np.int64)
         labels = self._encode(y, first_pass, incremental, classes)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=dtype)
