@@ -9,14 +9,15 @@ imported here).  This module only re-exports the public names.
 __version__ = "0.1.0"
 
 from ._config import keep_freed_memory
-from ._optimizer import Adam
 from ._show_config import config, show_config
 from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from .sparse import (IndexedSlices, segment_sum, sparse_adagrad_step_inplace,
                      sparse_momentum_step_inplace, sparse_step_inplace)
+from .optim import Adagrad, Adam, AdamW, Optimizer, SGD, clip_grad_norm, schedules
 from . import autodiff
 
-__all__ = ["Adam", "IndexedSlices", "adagrad_step_inplace", "autodiff", "config",
-           "keep_freed_memory", "momentum_step_inplace", "segment_sum", "show_config",
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Optimizer", "SGD",
+           "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
+           "momentum_step_inplace", "schedules", "segment_sum", "show_config",
            "sparse_adagrad_step_inplace", "sparse_momentum_step_inplace", "sparse_step_inplace",
            "step_inplace"]

@@ -1,4 +1,5 @@
-"""Array checks shared by every entry point: all of them run before any kernel writes.
+"""Every array check of fastadam (dense steps, sparse gradients, optimizer parameters): all of
+them run before any kernel writes.
 
 A failed check raises TypeError / ValueError naming the argument (``x``, or ``m[3]`` inside a
 list), what was expected and what was received.  Written in Cython because a multi-tensor step
@@ -116,6 +117,51 @@ def check_step_arrays(x, g, list slots):
         groups.append((slots[q][0], slot_lists[q], True))
     check_disjoint(groups, single)
     return xs, gs, slot_lists, typenum
+
+
+# ---- sparse gradients: indices and rows ---------------------------------------------------
+
+INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
+ROW_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_indices(indices, name, n_rows, unit="rows"):
+    """A private, contiguous, native-order copy of a 1-D int32/int64 array, checked to lie in
+    [0, n_rows).  The copy is what the kernels read (the caller's array is read once)."""
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
+                        f"got {type(indices).__name__}")
+    if indices.dtype not in INDEX_TYPES:
+        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
+    if indices.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
+    indices = np.array(indices, dtype=indices.dtype.newbyteorder("="), order="C", copy=True)
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0:
+            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
+                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
+        if n_rows is not None and hi >= n_rows:
+            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
+    return indices
+
+
+def check_rows(values, name, k, row_shape, dtype):
+    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
+    if not isinstance(values, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
+    if dtype is None:
+        if values.dtype not in ROW_TYPES:
+            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
+    elif values.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
+    expected = (k,) + tuple(row_shape)
+    if values.shape != expected:
+        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
+    values = np.ascontiguousarray(values)
+    if values.dtype.byteorder not in "=|":
+        values = values.astype(values.dtype.newbyteorder("="))
+    return values
 
 
 def check_parameter_list(params):

@@ -358,18 +358,33 @@ def test_sparse_bad_input_is_rejected_before_any_write(rng):
 # Optimizer objects and PyTorch on CUDA
 # ------------------------------------------------------------------------------------------
 
-def test_adam_object_on_cupy_parameters_equals_cpu(rng):
+@pytest.mark.parametrize("make", [
+    lambda p: fastadam.Adam(p, lr=0.01, betas=(0.9, 0.99), convention="torch", amsgrad=True),
+    lambda p: fastadam.AdamW(p, lr=0.01, weight_decay=0.1),
+    lambda p: fastadam.Adagrad(p, lr=0.05, lr_decay=0.01),
+    lambda p: fastadam.SGD(p, lr=0.05, momentum=0.9, nesterov=True)],
+    ids=["Adam", "AdamW", "Adagrad", "SGD"])
+def test_optimizer_objects_on_cupy_parameters_equal_cpu(rng, make):
     params = [rng.standard_normal(s).astype(np.float32) for s in [(10, 20), (20,), (5000,)]]
     gpu_params = [cp.asarray(p) for p in params]
-    kw = dict(lr=0.01, betas=(0.9, 0.99), convention="torch", amsgrad=True)
-    cpu_opt, gpu_opt = fastadam.Adam(params, **kw), fastadam.Adam(gpu_params, **kw)
-    assert all(isinstance(a, cp.ndarray) for a in gpu_opt.m + gpu_opt.v + gpu_opt.v_max)
+    cpu_opt, gpu_opt = make(params), make(gpu_params)
+    for i in range(len(params)):
+        assert all(isinstance(a, cp.ndarray) for a in gpu_opt.state(i).values())
     for _ in range(5):
         grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
         assert gpu_opt.step([cp.asarray(g) for g in grads]) is True
         cpu_opt.step(grads)
-    assert gpu_opt.t == 5
+    assert gpu_opt.t == cpu_opt.t == 5
     assert_bitwise(gpu_params, params)
+
+
+def test_optimizer_object_rejects_a_numpy_gradient_for_a_cupy_parameter(rng):
+    x = cp.ones(8, np.float32)
+    opt = fastadam.Adam([x], lr=0.1)
+    with pytest.raises(TypeError, match=r"^(grads|g\[0\]): a numpy.ndarray in a call on "
+                                        r"cupy.ndarray"):
+        opt.step(np.ones(8, np.float32))
+    assert bool((x == 1).all()) and opt.t == 0
 
 
 @pytest.mark.parametrize("amsgrad", [False, True])

@@ -158,3 +158,34 @@ def explain_mix(named):
                                 f"is a numpy.ndarray; "
                                 f"NumPy and CuPy arrays cannot be mixed in one call (pass x "
                                 f"on the GPU too, or copy this one with .get())")
+
+
+def check_device_parameter(a, name):
+    """One optimizer parameter on the GPU (fastadam/optim/_params.py's param_array): a
+    C-contiguous float cupy.ndarray.  Returns it."""
+    cupy = import_cupy(name)
+    return check_array(cupy, a, name)
+
+
+def check_device_gradient(g, x, name, pname):
+    """A dense gradient of the device parameter ``x`` (or a device gradient of a NumPy
+    parameter: the mix error), with the messages of fastadam/optim/_params.py."""
+    cupy = import_cupy(name)
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name}: a GPU array ({type(g).__name__}) for {pname}, a "
+                        f"numpy.ndarray; NumPy and CuPy arrays cannot be mixed in one step")
+    check_device_array(cupy, g, name, x.device.id)
+    if g.dtype != x.dtype:
+        raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of {pname}), "
+                        f"got {g.dtype}")
+    if g.shape != x.shape:
+        raise ValueError(f"{name}: expected shape {x.shape} (the shape of {pname}), "
+                         f"got {g.shape}")
+    return cupy.ascontiguousarray(g)  # only read: a copy is harmless
+
+
+def address(a):
+    """The first byte of a NumPy or CuPy array."""
+    from . import is_device_array
+
+    return a.data.ptr if is_device_array(a) else a.__array_interface__["data"][0]

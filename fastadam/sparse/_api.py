@@ -15,54 +15,14 @@ import numpy as np
 from .. import _sparse
 from .. import gpu as _gpu
 from .._threads import resolve_num_threads
-from .._validation import check_array, check_disjoint
+from .._validation import check_array, check_disjoint, check_indices, check_rows
 from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                    momentum_coefficients, step_number)
 from ..optim._functional import check_compute_dtype
 from ._indexed_slices import IndexedSlices
 
 MODES = ("lazy", "dense", "catchup")
-_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
-
-
-def _check_indices(indices, name, n_rows, unit="rows"):
-    """A private, contiguous, native-order copy of a 1-D int32/int64 array, checked to lie in
-    [0, n_rows).  The copy is what the kernels read (the caller's array is read once)."""
-    if not isinstance(indices, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
-                        f"got {type(indices).__name__}")
-    if indices.dtype not in _INDEX_TYPES:
-        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
-    if indices.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
-    indices = np.array(indices, dtype=indices.dtype.newbyteorder("="), order="C", copy=True)
-    if indices.size:
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < 0:
-            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
-                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
-        if n_rows is not None and hi >= n_rows:
-            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
-    return indices
-
-
-def _check_values(values, name, k, row_shape, dtype):
-    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
-    if not isinstance(values, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
-    if dtype is None:
-        if values.dtype not in _VALUE_TYPES:
-            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
-    elif values.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
-    expected = (k,) + tuple(row_shape)
-    if values.shape != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
-    values = np.ascontiguousarray(values)
-    if values.dtype.byteorder not in "=|":
-        values = values.astype(values.dtype.newbyteorder("="))
-    return values
+_VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def segment_sum(indices: np.ndarray, values: np.ndarray, *,
@@ -95,13 +55,13 @@ def segment_sum(indices: np.ndarray, values: np.ndarray, *,
     """
     if _gpu.is_device_array(indices) or _gpu.is_device_array(values):  # CuPy: fastadam/gpu
         return _gpu.segment_sum(indices, values)
-    indices = _check_indices(indices, "indices", None)
+    indices = check_indices(indices, "indices", None)
     if not isinstance(values, np.ndarray):
         raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
     if values.ndim < 1:
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
-    values = _check_values(values, "values", indices.shape[0], values.shape[1:], None)
+    values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
     nt = resolve_num_threads(num_threads)
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
@@ -152,7 +112,7 @@ def _csr_rows(x, grad):
     nnz = int(indptr[-1])
     if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
         raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
+    cols = check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
     if data.dtype != x.dtype:
         raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
                         f"got {data.dtype}")
@@ -324,8 +284,8 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
         n_rows, row_shape, rows_shape = x.size, (), x.shape
     else:
         n_rows, row_shape, rows_shape = x.shape[0], x.shape[1:], x.shape[:1]
-        indices = _check_indices(indices, "indices", n_rows)
-        values = _check_values(values, "values", indices.shape[0], row_shape, x.dtype)
+        indices = check_indices(indices, "indices", n_rows)
+        values = check_rows(values, "values", indices.shape[0], row_shape, x.dtype)
 
     if mode == "catchup":
         if last_step is None:

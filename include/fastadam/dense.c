@@ -13,36 +13,25 @@
 #include "fastadam/dense.h"
 #include "fastadam/formulas.h"
 
-/* A switch over flag combinations, each case the loop LOOP(constant flags). */
-#define FA_SWITCH8(FLAGS, LOOP)                                                                \
+/* A switch over flag combinations, each case the loop LOOP(constant flags): FA_SWITCH8 for the
+ * 8 combinations of bits 1, 2, 4; FA_SWITCH16 adds bit 8. */
+#define FA_SWITCH8_AT(BASE, FLAGS, LOOP)                                                       \
     switch ((FLAGS) & 7) {                                                                     \
-    case 0: LOOP(0); break;                                                                    \
-    case 1: LOOP(1); break;                                                                    \
-    case 2: LOOP(2); break;                                                                    \
-    case 3: LOOP(3); break;                                                                    \
-    case 4: LOOP(4); break;                                                                    \
-    case 5: LOOP(5); break;                                                                    \
-    case 6: LOOP(6); break;                                                                    \
-    default: LOOP(7); break;                                                                   \
+    case 0: LOOP((BASE) + 0); break;                                                           \
+    case 1: LOOP((BASE) + 1); break;                                                           \
+    case 2: LOOP((BASE) + 2); break;                                                           \
+    case 3: LOOP((BASE) + 3); break;                                                           \
+    case 4: LOOP((BASE) + 4); break;                                                           \
+    case 5: LOOP((BASE) + 5); break;                                                           \
+    case 6: LOOP((BASE) + 6); break;                                                           \
+    default: LOOP((BASE) + 7); break;                                                          \
     }
+#define FA_SWITCH8(FLAGS, LOOP) FA_SWITCH8_AT(0, FLAGS, LOOP)
 #define FA_SWITCH16(FLAGS, LOOP)                                                               \
-    switch ((FLAGS) & 15) {                                                                    \
-    case 0: LOOP(0); break;                                                                    \
-    case 1: LOOP(1); break;                                                                    \
-    case 2: LOOP(2); break;                                                                    \
-    case 3: LOOP(3); break;                                                                    \
-    case 4: LOOP(4); break;                                                                    \
-    case 5: LOOP(5); break;                                                                    \
-    case 6: LOOP(6); break;                                                                    \
-    case 7: LOOP(7); break;                                                                    \
-    case 8: LOOP(8); break;                                                                    \
-    case 9: LOOP(9); break;                                                                    \
-    case 10: LOOP(10); break;                                                                  \
-    case 11: LOOP(11); break;                                                                  \
-    case 12: LOOP(12); break;                                                                  \
-    case 13: LOOP(13); break;                                                                  \
-    case 14: LOOP(14); break;                                                                  \
-    default: LOOP(15); break;                                                                  \
+    if ((FLAGS) & 8) {                                                                         \
+        FA_SWITCH8_AT(8, FLAGS, LOOP)                                                          \
+    } else {                                                                                   \
+        FA_SWITCH8_AT(0, FLAGS, LOOP)                                                          \
     }
 
 #define FA_K(name) FA_CAT(name, _f32)
