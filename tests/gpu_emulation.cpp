@@ -43,65 +43,82 @@ template <typename F> static void launch(long long grid, unsigned block, F body)
     }
 }
 
+// The arguments of one launch, so that the dispatch below stays short.
+struct DenseArgs {
+    const unsigned char *table;
+    int n;
+    long long nblocks;
+    const int *skip;
+    int check;
+    unsigned threads;
+};
+struct SparseArgs {
+    int mode; /* 0 lazy (rows_or_seg = rows), 1 dense (= seg_of_row), 2 catchup (= rows) */
+    const unsigned char *coeffs;
+    void *x, *st0, *st1;
+    long long row_size, n_rows;
+    const void *values;
+    const long long *perm, *offsets, *rows_or_seg;
+    long long nseg;
+    long long *last_step;
+    long long t;
+    unsigned threads;
+};
+
 // Runtime (storage, kind, flags) -> the template instantiation, by a fold over the flag values.
-template <typename S, int KIND, int... F>
-static void dense_flags(int flags, std::integer_sequence<int, F...>, const unsigned char *table,
-                        int n, long long nblocks, const int *skip, int check, unsigned threads)
+template <typename S, int KIND, int F> static void dense_one(const DenseArgs &a)
 {
-    ((flags == F ? launch(nblocks, threads,
-                          [&] { fa_dense_step<S, KIND, F>(table, n, skip, check); })
-                 : void()),
-     ...);
+    launch(a.nblocks, a.threads,
+           [&] { fa_dense_step<S, KIND, F>(a.table, a.n, a.skip, a.check); });
 }
 
-template <typename S>
-static void dense_kind(int kind, int flags, const unsigned char *table, int n, long long nblocks,
-                       const int *skip, int check, unsigned threads)
+template <typename S, int KIND, int... F>
+static void dense_flags(int flags, std::integer_sequence<int, F...>, const DenseArgs &a)
+{
+    ((flags == F ? dense_one<S, KIND, F>(a) : void()), ...);
+}
+
+template <typename S> static void dense_kind(int kind, int flags, const DenseArgs &a)
 {
     const auto all = std::make_integer_sequence<int, 16>();
-    if (kind == FA_OPT_ADAM) dense_flags<S, FA_OPT_ADAM>(flags, all, table, n, nblocks, skip, check, threads);
-    if (kind == FA_OPT_ADAGRAD) dense_flags<S, FA_OPT_ADAGRAD>(flags, all, table, n, nblocks, skip, check, threads);
-    if (kind == FA_OPT_MOMENTUM) dense_flags<S, FA_OPT_MOMENTUM>(flags, all, table, n, nblocks, skip, check, threads);
+    if (kind == FA_OPT_ADAM) dense_flags<S, FA_OPT_ADAM>(flags, all, a);
+    if (kind == FA_OPT_ADAGRAD) dense_flags<S, FA_OPT_ADAGRAD>(flags, all, a);
+    if (kind == FA_OPT_MOMENTUM) dense_flags<S, FA_OPT_MOMENTUM>(flags, all, a);
+}
+
+template <typename S, int KIND, int F> static void sparse_one(const SparseArgs &a)
+{
+    S *x = (S *)a.x, *s0 = (S *)a.st0, *s1 = (S *)a.st1;
+    const S *v = (const S *)a.values;
+    if (a.mode == 0)
+        launch(a.nseg, a.threads, [&] {
+            fa_sparse_rows<S, KIND, F, 0>(a.coeffs, x, s0, s1, a.row_size, v, a.perm, a.offsets,
+                                          a.rows_or_seg, a.nseg, a.last_step, a.t);
+        });
+    if (a.mode == 2)
+        launch(a.nseg, a.threads, [&] {
+            fa_sparse_rows<S, KIND, F, 1>(a.coeffs, x, s0, s1, a.row_size, v, a.perm, a.offsets,
+                                          a.rows_or_seg, a.nseg, a.last_step, a.t);
+        });
+    if (a.mode == 1)
+        launch(a.n_rows, a.threads, [&] {
+            fa_sparse_dense<S, KIND, F>(a.coeffs, x, s0, s1, a.row_size, a.n_rows, v, a.perm,
+                                        a.offsets, a.rows_or_seg);
+        });
 }
 
 template <typename S, int KIND, int... F>
-static void sparse_flags(int flags, std::integer_sequence<int, F...>, int mode,
-                         const unsigned char *coeffs, void *x, void *st0, void *st1,
-                         long long row_size, long long n_rows, const void *values,
-                         const long long *perm, const long long *offsets,
-                         const long long *rows_or_seg, long long nseg, long long *last_step,
-                         long long t, unsigned threads)
+static void sparse_flags(int flags, std::integer_sequence<int, F...>, const SparseArgs &a)
 {
-    S *px = (S *)x, *p0 = (S *)st0, *p1 = (S *)st1;
-    const S *pv = (const S *)values;
-    (((flags == F && mode == 0)
-          ? launch(nseg, threads, [&] { fa_sparse_rows<S, KIND, F, 0>(coeffs, px, p0, p1, row_size, pv, perm, offsets, rows_or_seg, nseg, last_step, t); })
-          : void()),
-     ...);
-    (((flags == F && mode == 2)
-          ? launch(nseg, threads, [&] { fa_sparse_rows<S, KIND, F, 1>(coeffs, px, p0, p1, row_size, pv, perm, offsets, rows_or_seg, nseg, last_step, t); })
-          : void()),
-     ...);
-    (((flags == F && mode == 1)
-          ? launch(n_rows, threads, [&] { fa_sparse_dense<S, KIND, F>(coeffs, px, p0, p1, row_size, n_rows, pv, perm, offsets, rows_or_seg); })
-          : void()),
-     ...);
+    ((flags == F ? sparse_one<S, KIND, F>(a) : void()), ...);
 }
 
-template <typename S>
-static void sparse_kind(int kind, int flags, int mode, const unsigned char *coeffs, void *x,
-                        void *st0, void *st1, long long row_size, long long n_rows,
-                        const void *values, const long long *perm, const long long *offsets,
-                        const long long *rows_or_seg, long long nseg, long long *last_step,
-                        long long t, unsigned threads)
+template <typename S> static void sparse_kind(int kind, int flags, const SparseArgs &a)
 {
     const auto fl = std::integer_sequence<int, 0, 1, 4, 5>();
-#define FA_EMU_SPARSE(K) \
-    if (kind == K) sparse_flags<S, K>(flags, fl, mode, coeffs, x, st0, st1, row_size, n_rows, values, perm, offsets, rows_or_seg, nseg, last_step, t, threads)
-    FA_EMU_SPARSE(FA_OPT_ADAM);
-    FA_EMU_SPARSE(FA_OPT_ADAGRAD);
-    FA_EMU_SPARSE(FA_OPT_MOMENTUM);
-#undef FA_EMU_SPARSE
+    if (kind == FA_OPT_ADAM) sparse_flags<S, FA_OPT_ADAM>(flags, fl, a);
+    if (kind == FA_OPT_ADAGRAD) sparse_flags<S, FA_OPT_ADAGRAD>(flags, fl, a);
+    if (kind == FA_OPT_MOMENTUM) sparse_flags<S, FA_OPT_MOMENTUM>(flags, fl, a);
 }
 
 extern "C" {
@@ -110,35 +127,46 @@ extern "C" {
 void emu_dense_step(int storage, int kind, int flags, const unsigned char *table, int n,
                     long long nblocks, const int *skip, int check, unsigned threads)
 {
-    if (storage == 0) dense_kind<unsigned short>(kind, flags, table, n, nblocks, skip, check, threads);
-    if (storage == 1) dense_kind<float>(kind, flags, table, n, nblocks, skip, check, threads);
-    if (storage == 2) dense_kind<double>(kind, flags, table, n, nblocks, skip, check, threads);
+    const DenseArgs a = {table, n, nblocks, skip, check, threads};
+    if (storage == 0) dense_kind<unsigned short>(kind, flags, a);
+    if (storage == 1) dense_kind<float>(kind, flags, a);
+    if (storage == 2) dense_kind<double>(kind, flags, a);
 }
 
 void emu_nonfinite(int storage, const unsigned char *table, int n, long long nblocks,
-                   double grad_scale, int *flag)
+                   double gscale, int *flag)
 {
-    if (storage == 0) launch(nblocks, 1, [&] { fa_nonfinite<unsigned short>(table, n, grad_scale, flag); });
-    if (storage == 1) launch(nblocks, 1, [&] { fa_nonfinite<float>(table, n, grad_scale, flag); });
-    if (storage == 2) launch(nblocks, 1, [&] { fa_nonfinite<double>(table, n, grad_scale, flag); });
+    if (storage == 0)
+        launch(nblocks, 1, [&] { fa_nonfinite<unsigned short>(table, n, gscale, flag); });
+    if (storage == 1) launch(nblocks, 1, [&] { fa_nonfinite<float>(table, n, gscale, flag); });
+    if (storage == 2) launch(nblocks, 1, [&] { fa_nonfinite<double>(table, n, gscale, flag); });
 }
 
 void emu_segment_sum(int storage, const void *values, long long row_size, const long long *perm,
                      const long long *offsets, long long nseg, void *out, unsigned threads)
 {
-    if (storage == 1) launch(nseg, threads, [&] { fa_segment_sum<float>((const float *)values, row_size, perm, offsets, nseg, (float *)out); });
-    if (storage == 2) launch(nseg, threads, [&] { fa_segment_sum<double>((const double *)values, row_size, perm, offsets, nseg, (double *)out); });
+    if (storage == 1)
+        launch(nseg, threads, [&] {
+            fa_segment_sum<float>((const float *)values, row_size, perm, offsets, nseg,
+                                  (float *)out);
+        });
+    if (storage == 2)
+        launch(nseg, threads, [&] {
+            fa_segment_sum<double>((const double *)values, row_size, perm, offsets, nseg,
+                                   (double *)out);
+        });
 }
 
-// mode: 0 lazy (rows_or_seg = rows), 1 dense (rows_or_seg = seg_of_row), 2 catchup (rows)
 void emu_sparse(int storage, int kind, int flags, int mode, const unsigned char *coeffs,
                 void *x, void *st0, void *st1, long long row_size, long long n_rows,
                 const void *values, const long long *perm, const long long *offsets,
                 const long long *rows_or_seg, long long nseg, long long *last_step, long long t,
                 unsigned threads)
 {
-    if (storage == 1) sparse_kind<float>(kind, flags, mode, coeffs, x, st0, st1, row_size, n_rows, values, perm, offsets, rows_or_seg, nseg, last_step, t, threads);
-    if (storage == 2) sparse_kind<double>(kind, flags, mode, coeffs, x, st0, st1, row_size, n_rows, values, perm, offsets, rows_or_seg, nseg, last_step, t, threads);
+    const SparseArgs a = {mode,   coeffs,  x,           st0,  st1,       row_size, n_rows, values,
+                          perm,   offsets, rows_or_seg, nseg, last_step, t,        threads};
+    if (storage == 1) sparse_kind<float>(kind, flags, a);
+    if (storage == 2) sparse_kind<double>(kind, flags, a);
 }
 
 }  // extern "C"

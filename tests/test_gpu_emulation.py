@@ -181,7 +181,8 @@ def run_sparse(emu, coeffs, x, slots, indices, values, mode, last_step, t):
         target, grid_rows = rows, nseg
     if grid_rows == 0:
         return
-    emu.emu_sparse(STORAGE[x.dtype], coeffs.kind, flags, {"lazy": 0, "dense": 1, "catchup": 2}[mode],
+    mode_id = {"lazy": 0, "dense": 1, "catchup": 2}[mode]
+    emu.emu_sparse(STORAGE[x.dtype], coeffs.kind, flags, mode_id,
                    ptr(head), ptr(x), ptr(slots[0]), ptr(st1), ctypes.c_longlong(row_size),
                    ctypes.c_longlong(n_rows), ptr(values), ptr(perm), ptr(offsets), ptr(target),
                    ctypes.c_longlong(nseg), ptr(last_step), ctypes.c_longlong(t), THREADS)

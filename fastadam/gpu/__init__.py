@@ -34,8 +34,8 @@ import numpy as np
 
 from ._validation import explain_mix, import_cupy  # NumPy only: no CuPy import
 
-__all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix", "dense_step",
-           "sparse_step", "segment_sum"]
+__all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
+           "dense_step", "sparse_step", "segment_sum"]
 
 
 def is_device_array(obj):

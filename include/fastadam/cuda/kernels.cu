@@ -298,7 +298,8 @@ __global__ void fa_sparse_rows(const unsigned char *coeffs, S *x, S *st0, S *st1
                 st0[at + i] = fa_decay<S>(st0[at + i], r0, idle);
                 if (KIND == FA_OPT_ADAM) st1[at + i] = fa_decay<S>(st1[at + i], r1, idle);
             }
-            const S g = fa_segment_element<S>(values, row_size, perm, offsets[s], offsets[s + 1], i);
+            const S g =
+                fa_segment_element<S>(values, row_size, perm, offsets[s], offsets[s + 1], i);
             fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at,
                                               KIND == FA_OPT_ADAM ? st1 + at : st0 + at,
                                               (S *)0, i);
