@@ -15,7 +15,8 @@ from ._layout import HEADER_BYTES, coefficient_bytes
 
 THREADS = 256
 
-_modules = {}
+_modules = {}    # (device, family, dtype, kind) -> RawModule
+_functions = {}  # (device, name expression) -> kernel
 
 
 def dtype_name(dtype):
@@ -23,14 +24,18 @@ def dtype_name(dtype):
 
 
 def function(family, dtype, kind, name):
-    key = (cupy.cuda.Device().id, family, dtype_name(dtype), kind)
-    module = _modules.get(key)
-    if module is None:
-        names = _source.module_names(family, dtype_name(dtype), kind)
-        module = cupy.RawModule(code=_source.cupy_source(), options=_source.compile_options(),
-                                name_expressions=names)
-        _modules[key] = module
-    return module.get_function(name)
+    device = cupy.cuda.runtime.getDevice()
+    kernel = _functions.get((device, name))
+    if kernel is None:
+        key = (device, family, dtype_name(dtype), kind)
+        module = _modules.get(key)
+        if module is None:
+            names = _source.module_names(family, dtype_name(dtype), kind)
+            module = cupy.RawModule(code=_source.cupy_source(),
+                                    options=_source.compile_options(), name_expressions=names)
+            _modules[key] = module
+        kernel = _functions[(device, name)] = module.get_function(name)
+    return kernel
 
 
 def upload_coefficients(coeffs):

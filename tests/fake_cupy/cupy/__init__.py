@@ -113,6 +113,10 @@ class _Runtime:
     def getDeviceCount():
         return 1
 
+    @staticmethod
+    def getDevice():
+        return 0
+
 
 class _Device:
     def __init__(self, i=None):
