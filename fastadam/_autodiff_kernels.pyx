@@ -357,8 +357,9 @@ def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_
 
 def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,
            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph,
-           Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho, Py_ssize_t wo):
-    """The adjoint of im2col: cols (N, C*kh*kw, ho*wo) -> x (N, C, H, W)."""
+           Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho, Py_ssize_t wo,
+           cnp.ndarray out=None):
+    """The adjoint of im2col: cols (N, C*kh*kw, ho*wo) -> x (N, C, H, W) (new, or ``out``)."""
     _check(cols, "cols")
     if cols.ndim != 3 or cols.shape[0] != n or cols.shape[1] != c * kh * kw or \
             cols.shape[2] != ho * wo:
@@ -366,7 +367,17 @@ def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_
     cdef fa_conv_geom g = _geom(n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     cdef cnp.npy_intp dims[4]
     dims[0], dims[1], dims[2], dims[3] = n, c, h, w
-    cdef cnp.ndarray x = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(cols), 0)
+    cdef cnp.ndarray x
+    if out is None:
+        x = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(cols), 0)
+    else:
+        if cnp.PyArray_TYPE(out) != cnp.PyArray_TYPE(cols) or \
+                not cnp.PyArray_IS_C_CONTIGUOUS(out) or out.ndim != 4 or out.shape[0] != n or \
+                out.shape[1] != c or out.shape[2] != h or out.shape[3] != w or \
+                not out.flags.writeable:
+            raise ValueError("out: expected a writable C-contiguous array of cols' dtype and "
+                             f"shape ({n}, {c}, {h}, {w})")
+        x = out
     cdef bint f32 = _is_f32(cols)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
     cdef char *pc = <char *>cnp.PyArray_DATA(cols)

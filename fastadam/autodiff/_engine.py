@@ -16,7 +16,7 @@ import numpy as np
 
 from .._indexed_slices import IndexedSlices
 from . import _tensor
-from ._tensor import Tensor, _wrap
+from ._tensor import Tensor, _wrap, version_of
 
 
 # read-only scalar seeds (never written: accumulation only writes buffers it allocated)
@@ -92,18 +92,29 @@ def _check_versions(node):
     versions = node.versions
     for i, t in enumerate(node.inputs):
         v = 0 if versions is None else versions[i]
-        if t._version != v:
+        now = version_of(t)
+        if now != v:
             raise RuntimeError(
                 f"a tensor saved by '{node.prim.name}' (argument {i}) was modified in place "
-                f"(version {t._version}, recorded at version {v}); its gradient would be wrong")
-
+                f"(version {now}, recorded at version {v}); its gradient would be wrong")
 
 
 def _check_output_version(node, out):
-    if out._version != 0:
+    now = version_of(out)
+    if now != node.out_version:
         raise RuntimeError(
-            f"the output of '{node.prim.name}' was modified in place (version {out._version}, "
-            f"recorded at version 0); its gradient would be wrong")
+            f"the output of '{node.prim.name}' was modified in place (version {now}, "
+            f"recorded at version {node.out_version}); its gradient would be wrong")
+
+
+def _cast(gi, dtype):
+    """A cotangent in its input's dtype (NumPy promotes in the forward pass only)."""
+    if gi.__class__ is IndexedSlices:
+        return IndexedSlices(gi.values.astype(dtype), gi.indices, gi.dense_shape)
+    if gi._node is None:
+        return _wrap(gi.data.astype(dtype))
+    from ._ops import astype
+    return astype(gi, dtype=dtype)
 
 
 def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
@@ -148,8 +159,9 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             wanted[node] = idx
     # 3. reverse walk
     owned = set()
-    previous = _tensor._grad_enabled
-    _tensor._grad_enabled = create_graph
+    mode = _tensor._mode  # this thread's grad mode: the walk records only under create_graph
+    previous = mode.enabled
+    mode.enabled = create_graph
     try:
         for node in reversed(order):
             idx = wanted.get(node)
@@ -162,15 +174,16 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             versions = node.versions
             if versions is None:
                 for t in inputs:
-                    if t._version:
+                    if t._version or t._base is not None:
                         _check_versions(node)
+                        break
             else:
                 _check_versions(node)
             ref = node.out_ref
             ans = ref() if ref is not None else None
             if ans is None:
                 ans = node.output()
-            elif ans._version:
+            elif ans._version or ans._base is not None:
                 _check_versions(node)
                 _check_output_version(node, ans)
             if g.__class__ is IndexedSlices:
@@ -184,18 +197,25 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
                 gi = f(g, ans, *inputs, **params)
                 if gi is None:
                     continue
-                shape = gi.data.shape if gi.__class__ is Tensor else gi.shape
-                if shape != t.data.shape:
+                td = t.data
+                if gi.__class__ is Tensor:
+                    gd = gi.data
+                    shape, dtype = gd.shape, gd.dtype
+                else:
+                    shape, dtype = gi.shape, gi.dtype
+                if shape != td.shape:
                     raise RuntimeError(
                         f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
-                        f"expected {t.data.shape}")
+                        f"expected {td.shape}")
+                if dtype != td.dtype and td.dtype.kind in "fc":
+                    gi = _cast(gi, td.dtype)
                 k = t._node or t
                 if k in grads:
                     _accumulate(grads, owned, k, gi, create_graph)
                 else:
                     grads[k] = gi
     finally:
-        _tensor._grad_enabled = previous
+        mode.enabled = previous
     if not (retain_graph or create_graph):
         for node in order:
             node.inputs = None

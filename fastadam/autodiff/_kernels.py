@@ -57,7 +57,7 @@ def relu_grad(g, x):
     if g.shape == x.shape and _C is not None and g.dtype == x.dtype and _fast(x) \
             and not np.any(g.strides):  # a broadcast scalar (e.g. the VJP of mean)
         return _C.relu_grad_scalar(float(g.flat[0]), x)
-    return np.where(x > 0, g, 0).astype(np.result_type(g, x), copy=False)
+    return np.where(x <= 0, 0, g).astype(np.result_type(g, x), copy=False)
 
 
 def sigmoid(x):
@@ -125,11 +125,22 @@ def log_softmax(x, axis):
     return s
 
 
+# ---- im2col workspace: per thread, bounded ------------------------------------------------
+# A convolution unrolls its input in batch chunks of at most WORKSPACE_BYTES (at least one
+# sample) into this thread's workspace, which is kept between calls (a fresh multi-megabyte
+# array would page-fault on every step).  It never grows past WORKSPACE_BYTES per dtype: a single
+# sample larger than that gets a temporary array, freed after use.
+
+WORKSPACE_BYTES = 16 * 1024 * 1024
+
 _scratch = threading.local()
 
 
 def _workspace(size, dtype):
-    """A per-thread grow-only buffer of ``size`` elements (contents undefined)."""
+    """``size`` elements of scratch memory (contents undefined), valid until this thread's next
+    ``_workspace`` call of the same dtype."""
+    if size * dtype.itemsize > WORKSPACE_BYTES:
+        return np.empty(size, dtype=dtype)
     key = "buf_" + dtype.char
     buf = getattr(_scratch, key, None)
     if buf is None or buf.size < size:
@@ -138,20 +149,36 @@ def _workspace(size, dtype):
     return buf[:size]
 
 
-def im2col(x, kh, kw, stride, padding, dilation, scratch=False):
-    """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
-    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x).
+def workspace_bytes():
+    """Bytes held by the calling thread's im2col workspaces."""
+    return sum(v.nbytes for k, v in vars(_scratch).items() if k.startswith("buf_"))
 
-    ``scratch=True``: write into this thread's workspace (valid until the next scratch call on
-    the same thread), for callers that consume the result at once (conv forward, weight grad)."""
+
+def release_workspace():
+    """Free the calling thread's im2col workspaces."""
+    for k in [k for k in vars(_scratch) if k.startswith("buf_")]:
+        delattr(_scratch, k)
+
+
+def batch_chunk(per_sample, dtype):
+    """How many samples of ``per_sample`` elements fit the workspace (at least 1)."""
+    nbytes = per_sample * np.dtype(dtype).itemsize
+    return max(1, WORKSPACE_BYTES // nbytes) if nbytes else 1 << 30
+
+
+def conv_output_size(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def im2col(x, kh, kw, stride, padding, dilation, out=None):
+    """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
+    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x).  ``out``: where to write (contiguous
+    float32/float64 x only; otherwise a strided view of a padded copy is returned)."""
     n, c, h, w = x.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho = conv_output_size(h, kh, sh, ph, dh)
+    wo = conv_output_size(w, kw, sw, pw, dw)
     if _fast(x):
-        out = None
-        if scratch:
-            out = _workspace(n * c * kh * kw * ho * wo, x.dtype).reshape(n, c * kh * kw, ho * wo)
         return _C.im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, out), ho, wo
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     s = xp.strides
@@ -160,12 +187,32 @@ def im2col(x, kh, kw, stride, padding, dilation, scratch=False):
     return win.reshape(n, c * kh * kw, ho * wo), ho, wo
 
 
-def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
-    """The adjoint of im2col: scatter-add cols (N, C*kh*kw, Ho*Wo) back into (N, C, H, W)."""
+def im2col_chunks(x, kh, kw, stride, padding, dilation):
+    """Yield ``(n0, n1, cols)``: ``im2col(x[n0:n1])`` in this thread's bounded workspace (each
+    ``cols`` is overwritten by the next; consume it before asking for the next)."""
+    n, c, h, w = x.shape
+    if not _fast(x):
+        cols, _, _ = im2col(x, kh, kw, stride, padding, dilation)
+        yield 0, n, cols
+        return
+    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
+    per = c * kh * kw * ho * wo
+    step = batch_chunk(per, x.dtype)
+    for n0 in range(0, n, step):
+        n1 = min(n, n0 + step)
+        buf = _workspace((n1 - n0) * per, x.dtype).reshape(n1 - n0, c * kh * kw, ho * wo)
+        im2col(x[n0:n1], kh, kw, stride, padding, dilation, buf)
+        yield n0, n1, buf
+
+
+def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo, out=None):
+    """The adjoint of im2col: scatter-add cols (N, C*kh*kw, Ho*Wo) back into (N, C, H, W)
+    (written into ``out`` when given)."""
     n, c, h, w = x_shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    if _fast(cols):
-        return _C.col2im(cols, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    if _fast(cols) and (out is None or _fast(cols, out)):
+        return _C.col2im(cols, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, out)
     xp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype)
     v = cols.reshape(n, c, kh, kw, ho, wo)
     for i in range(kh):
@@ -173,4 +220,7 @@ def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
             rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
             cols_ = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
             xp[:, :, rows, cols_] += v[:, :, i, j]
+    if out is not None:
+        out[...] = xp[:, :, ph:ph + h, pw:pw + w]
+        return out
     return np.ascontiguousarray(xp[:, :, ph:ph + h, pw:pw + w])
