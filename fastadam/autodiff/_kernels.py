@@ -95,7 +95,8 @@ def softmax_cross_entropy(logits, labels):
         return np.asarray(_C.sce_forward(logits, labels),
                           dtype=logits.dtype)
     m = logits.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+    with np.errstate(invalid="ignore"):  # NaN/inf rows give NaN, silently, as the compiled path
+        lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
     picked = logits[np.arange(n), labels]
     return np.asarray(np.mean(lse - picked), dtype=logits.dtype)
 
@@ -106,8 +107,9 @@ def softmax_cross_entropy_grad(logits, labels, scale):
     if _fast(logits):
         return _C.sce_backward(logits, labels, float(scale))
     m = logits.max(axis=1, keepdims=True)
-    e = np.exp(logits - m)
-    p = e / e.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(logits - m)
+        p = e / e.sum(axis=1, keepdims=True)
     p[np.arange(n), labels] -= 1
     return (p * (scale / n)).astype(logits.dtype, copy=False)
 
