@@ -337,3 +337,35 @@ def test_im2col_workspace_stays_bounded_after_a_large_conv(monkeypatch):
     np.testing.assert_allclose(gw.data[0, 0], expected)
     K.release_workspace()
     assert K.workspace_bytes() == 0
+
+
+# ---- the engine's buffer pool: reuse is never visible, memory is bounded ------------------------
+
+def test_pooled_outputs_are_reused_only_when_nobody_holds_them():
+    K.release_pool()
+    x1 = Tensor(rng.standard_normal((256, 512)).astype(np.float32))    # 512 KiB: pooled
+    x2 = Tensor(rng.standard_normal((256, 512)).astype(np.float32))
+    y1 = ad.relu(x1)
+    y2 = ad.relu(x2)                                                    # y1 is held: not reused
+    assert not np.shares_memory(y1.data, y2.data)
+    np.testing.assert_array_equal(y1.data, np.maximum(x1.data, 0))
+    np.testing.assert_array_equal(y2.data, np.maximum(x2.data, 0))
+    kept = y1.data[:2]                                                  # a view keeps it alive
+    del y1
+    y3 = ad.relu(x2)
+    assert not np.shares_memory(kept, y3.data)
+    np.testing.assert_array_equal(kept, np.maximum(x1.data[:2], 0))
+    address = y3.data.__array_interface__["data"][0]
+    del y3
+    y4 = ad.relu(x1)                                                    # y3's buffer is free
+    assert y4.data.__array_interface__["data"][0] == address
+    np.testing.assert_array_equal(y4.data, np.maximum(x1.data, 0))
+
+
+def test_pool_stays_bounded_when_shapes_change(monkeypatch):
+    monkeypatch.setattr(K, "POOL_BYTES", 4 << 20)
+    K.release_pool()
+    for rows in range(64, 64 + 40):
+        ad.relu(Tensor(np.ones((rows, 1024), np.float32)))              # 256-400 KiB each
+        assert K.pool_bytes() <= 4 << 20
+    K.release_pool()

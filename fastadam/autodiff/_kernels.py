@@ -1,8 +1,13 @@
 """Array kernels behind the hot primitives: compiled (fastadam._autodiff_kernels) for contiguous
 float32/float64 arrays, NumPy otherwise (other dtypes, strided views).
 
-Every function takes and returns ndarrays and allocates its output; none is recorded.
+Every function takes and returns ndarrays; none is recorded.  Large outputs come from ``empty``,
+a small per-thread buffer pool: a training loop builds the same graph every step, and a fresh
+multi-megabyte array page-faults once glibc has given the freed memory back to the OS (several
+times the cost of the kernel that fills it).  A pooled array is handed out again only when
+nothing but the pool refers to it (its reference count), so reuse is never visible.
 """
+import sys
 import threading
 
 import numpy as np
@@ -13,6 +18,70 @@ except ImportError:  # pragma: no cover - source tree without a build
     _C = None
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ---- buffer pool --------------------------------------------------------------------------
+
+POOL_MIN_BYTES = 256 * 1024        # smaller arrays come from np.empty (malloc reuses them well)
+POOL_BYTES = 64 * 1024 * 1024      # per thread, at most this much is kept
+
+_pool_state = threading.local()
+_refcount = sys.getrefcount
+
+
+def empty(shape, dtype):
+    """``np.empty(shape, dtype)``, reusing a pooled array nobody else refers to when large."""
+    dtype = np.dtype(dtype)
+    size = dtype.itemsize
+    for d in shape:
+        size *= d
+    if size < POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    pool = getattr(_pool_state, "pool", None)
+    if pool is None:
+        pool = _pool_state.pool = {}
+        _pool_state.nbytes = 0
+    key = (shape, dtype)
+    arrays = pool.get(key)
+    if arrays is None:
+        arrays = pool[key] = []
+    for a in arrays:
+        if _refcount(a) == 3:  # the list, the loop variable and the argument: free
+            return a
+    if _pool_state.nbytes + size > POOL_BYTES:
+        _evict(pool)
+        if _pool_state.nbytes + size > POOL_BYTES:
+            return np.empty(shape, dtype)
+    a = np.empty(shape, dtype)
+    arrays.append(a)
+    _pool_state.nbytes += size
+    return a
+
+
+def _evict(pool):
+    """Drop every free pooled array (the graph shape changed, or the pool is full)."""
+    for key in list(pool):
+        kept = []
+        for a in pool[key]:
+            if _refcount(a) > 3:  # more than the list, the loop variable and the argument
+                kept.append(a)
+            else:
+                _pool_state.nbytes -= a.nbytes
+        if kept:
+            pool[key] = kept
+        else:
+            del pool[key]
+
+
+def pool_bytes():
+    """Bytes held by the calling thread's buffer pool."""
+    return getattr(_pool_state, "nbytes", 0)
+
+
+def release_pool():
+    """Forget the calling thread's pool (arrays still in use stay valid)."""
+    _pool_state.pool = {}
+    _pool_state.nbytes = 0
 
 
 def _fast(*arrays):
@@ -47,35 +116,35 @@ def sum_to(x, shape):
 
 def relu(x):
     if _fast(x):
-        return _C.relu(x)
+        return _C.relu(x, empty(x.shape, x.dtype))
     return np.maximum(x, 0).astype(x.dtype, copy=False)
 
 
 def relu_grad(g, x):
     if g.shape == x.shape and _fast(g, x):
-        return _C.relu_grad(g, x)
+        return _C.relu_grad(g, x, empty(x.shape, x.dtype))
     if g.shape == x.shape and _C is not None and g.dtype == x.dtype and _fast(x) \
             and not np.any(g.strides):  # a broadcast scalar (e.g. the VJP of mean)
-        return _C.relu_grad_scalar(float(g.flat[0]), x)
+        return _C.relu_grad_scalar(float(g.flat[0]), x, empty(x.shape, x.dtype))
     return np.where(x <= 0, 0, g).astype(np.result_type(g, x), copy=False)
 
 
 def sigmoid(x):
     if _fast(x):
-        return _C.sigmoid(x)
+        return _C.sigmoid(x, empty(x.shape, x.dtype))
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 def sigmoid_grad(g, s):
     if g.shape == s.shape and _fast(g, s):
-        return _C.sigmoid_grad(g, s)
+        return _C.sigmoid_grad(g, s, empty(s.shape, s.dtype))
     return g * s * (1 - s)
 
 
 def tanh_grad(g, t):
     if g.shape == t.shape and _fast(g, t):
-        return _C.tanh_grad(g, t)
+        return _C.tanh_grad(g, t, empty(t.shape, t.dtype))
     return g * (1 - t * t)
 
 

@@ -39,7 +39,7 @@ def _conv_forward(x, w, b, stride, padding, dilation, groups):
     ho = K.conv_output_size(x.shape[2], kh, stride[0], padding[0], dilation[0])
     wo = K.conv_output_size(x.shape[3], kw, stride[1], padding[1], dilation[1])
     L = ho * wo
-    y = np.empty((n, o, L), dtype=np.result_type(x, w))
+    y = K.empty((n, o, L), np.result_type(x, w))
     wm = _wmat(w, groups)
     for n0, n1, cols in K.im2col_chunks(x, kh, kw, stride, padding, dilation):  # (m, R, L)
         m = n1 - n0
@@ -68,7 +68,7 @@ def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     _, _, kh, kw = w.shape
     L = ho * wo
     dtype = np.result_type(g, w)
-    gx = np.empty(x_shape, dtype=dtype)
+    gx = K.empty(tuple(x_shape), dtype)
     g4 = g.reshape(n, groups, o // groups, L)
     wt = _wmat(w, groups).transpose(0, 2, 1)
     rows = wt.shape[0] * wt.shape[1]  # C*kh*kw
