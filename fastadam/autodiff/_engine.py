@@ -120,18 +120,15 @@ def _cast(gi, dtype):
 def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
     """The walk shared by ``gradient`` and ``backward``; returns {key: cotangent}."""
     ynode = y._node
-    ykey = ynode or y
+    ykey = y if ynode is None else ynode
     grads = {ykey: seed}
     if ynode is None or ykey in keys_x or ykey in keys_z:
         return grads
     stop = keys_x.keys() | keys_z if keys_z else keys_x
-    # 1. reachable nodes (explicit work list, no recursion)
+    # 1. reachable nodes (explicit work list, no recursion; the list grows while it is read)
     order = [ynode]
     seen = {ynode}
-    i = 0
-    while i < len(order):
-        node = order[i]
-        i += 1
+    for node in order:
         inputs = node.inputs
         if inputs is None:
             raise _freed_error(node)
@@ -148,7 +145,9 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
         idx = None
         i = 0
         for t in node.inputs:
-            k = t._node or t
+            k = t._node
+            if k is None:
+                k = t
             if k in keys_x or (k in wanted and k not in keys_z):
                 if idx is None:
                     idx = [i]
@@ -171,8 +170,7 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             if g is None:
                 continue
             inputs = node.inputs
-            versions = node.versions
-            if versions is None:
+            if node.versions is None:
                 for t in inputs:
                     if t._version or t._base is not None:
                         _check_versions(node)
@@ -200,16 +198,13 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
                 td = t.data
                 if gi.__class__ is Tensor:
                     gd = gi.data
-                    shape, dtype = gd.shape, gd.dtype
+                    if gd.shape != td.shape or gd.dtype != td.dtype:
+                        gi = _conform(gi, gd.shape, gd.dtype, td, prim, i)
                 else:
-                    shape, dtype = gi.shape, gi.dtype
-                if shape != td.shape:
-                    raise RuntimeError(
-                        f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
-                        f"expected {td.shape}")
-                if dtype != td.dtype and td.dtype.kind in "fc":
-                    gi = _cast(gi, td.dtype)
-                k = t._node or t
+                    gi = _conform(gi, gi.shape, gi.dtype, td, prim, i)
+                k = t._node
+                if k is None:
+                    k = t
                 if k in grads:
                     _accumulate(grads, owned, k, gi, create_graph)
                 else:
@@ -222,6 +217,16 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             node.params = None
             node.out_data = None
     return grads
+
+
+def _conform(gi, shape, dtype, td, prim, i):
+    """Check a VJP's shape; cast it to its input's dtype (NumPy promotes in the forward only)."""
+    if shape != td.shape:
+        raise RuntimeError(f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
+                           f"expected {td.shape}")
+    if dtype != td.dtype and td.dtype.kind in "fc":
+        return _cast(gi, td.dtype)
+    return gi
 
 
 def _node_id(node):
@@ -272,15 +277,20 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
         raise TypeError("xs: expected a sequence of Tensors (wrap a single tensor in a list)")
     xs = list(xs)
     keys_x = {}
-    for i, x in enumerate(xs):
+    i = 0
+    for x in xs:
         if x is not None:
-            _check_x(x, f"xs[{i}]")
-            keys_x[_key(x)] = i
+            if x.__class__ is not Tensor or x.data.dtype.kind not in "fc":
+                _check_x(x, f"xs[{i}]")
+            n = x._node
+            keys_x[x if n is None else n] = i
+        i += 1
     keys_z = set()
-    for i, z in enumerate(zs):
-        if not isinstance(z, Tensor):
-            raise TypeError(f"zs[{i}]: expected a Tensor, got {type(z).__name__}")
-        keys_z.add(_key(z))
+    if zs:
+        for i, z in enumerate(zs):
+            if not isinstance(z, Tensor):
+                raise TypeError(f"zs[{i}]: expected a Tensor, got {type(z).__name__}")
+            keys_z.add(_key(z))
     seed = _as_seed(y, grad_output)
     grads = _run(y, keys_x, keys_z, seed, create_graph, retain_graph)
     out = []
@@ -288,7 +298,8 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
         if x is None:
             out.append(None)
             continue
-        g = grads.get(_key(x))
+        n = x._node
+        g = grads.get(x if n is None else n)
         if g.__class__ is Tensor and g._node is None and not g.data.flags.writeable:
             g = _wrap(np.array(g.data))  # a broadcast view or a read-only seed: materialize
         if g is None and not allow_unused:

@@ -22,8 +22,11 @@ from weakref import ref as _weakref
 
 import numpy as np
 
+from . import _tensor
 from ._tensor import Node, Tensor, _mode, _wrap, mark_view, version_of
 
+_new = object.__new__
+_next_id = _tensor._node_ids.__next__  # the tape's one counter (Node() draws from it too)
 _ndarray = np.ndarray
 
 
@@ -71,8 +74,22 @@ class Primitive:
         if out.__class__ is not _ndarray:  # NumPy returns scalars for 0-d results
             out = np.asarray(out)
         if need and _mode.enabled:
-            node = Node(self, args, params, out, versioned)
-            t = _wrap(out, True, node)
+            # Node(...) and _wrap(...) inlined: two Python frames less per recorded operation
+            node = _new(Node)
+            node.prim = self
+            node.inputs = args
+            node.versions = tuple([version_of(a) for a in args]) if versioned else None
+            node.params = params
+            node.out_data = out
+            node.out_version = 0
+            node.id = _next_id()
+            t = _new(Tensor)
+            t.data = out
+            t.requires_grad = True
+            t.grad = None
+            t._node = node
+            t._version = 0
+            t._base = None
             node.out_ref = _weakref(t)
             if self.view:
                 mark_view(t, args[0])
