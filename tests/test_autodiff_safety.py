@@ -369,3 +369,18 @@ def test_pool_stays_bounded_when_shapes_change(monkeypatch):
         ad.relu(Tensor(np.ones((rows, 1024), np.float32)))              # 256-400 KiB each
         assert K.pool_bytes() <= 4 << 20
     K.release_pool()
+
+
+def test_conv_weight_gradient_reusing_the_forward_unrolling_matches_torch():
+    # two convolutions of one weight on inputs of one shape: the workspace holds the second
+    # unrolling when the first one's weight gradient is computed
+    torch = pytest.importorskip("torch")
+    x1, x2 = leaf(3, 2, 6, 6), leaf(3, 2, 6, 6)
+    w = leaf(4, 2, 3, 3)
+    y = ad.sum(ad.relu(ad.conv2d(x1, w, padding=1)) * ad.conv2d(x2, w, padding=1))
+    gw, gx1 = gradient(y, [w, x1])
+    t1, t2, tw = (torch.tensor(t.data, requires_grad=True) for t in (x1, x2, w))
+    F = torch.nn.functional
+    (F.relu(F.conv2d(t1, tw, padding=1)) * F.conv2d(t2, tw, padding=1)).sum().backward()
+    np.testing.assert_allclose(gw.data, tw.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(gx1.data, t1.grad.numpy(), rtol=1e-10, atol=1e-12)

@@ -210,6 +210,7 @@ _scratch = threading.local()
 def _workspace(size, dtype):
     """``size`` elements of scratch memory (contents undefined), valid until this thread's next
     ``_workspace`` call of the same dtype."""
+    _scratch.tag = None  # whatever im2col the workspace held is being overwritten
     if size * dtype.itemsize > WORKSPACE_BYTES:
         return np.empty(size, dtype=dtype)
     key = "buf_" + dtype.char
@@ -227,6 +228,7 @@ def workspace_bytes():
 
 def release_workspace():
     """Free the calling thread's im2col workspaces."""
+    _scratch.tag = None
     for k in [k for k in vars(_scratch) if k.startswith("buf_")]:
         delattr(_scratch, k)
 
@@ -258,9 +260,15 @@ def im2col(x, kh, kw, stride, padding, dilation, out=None):
     return win.reshape(n, c * kh * kw, ho * wo), ho, wo
 
 
-def im2col_chunks(x, kh, kw, stride, padding, dilation):
+def im2col_chunks(x, kh, kw, stride, padding, dilation, reuse=False):
     """Yield ``(n0, n1, cols)``: ``im2col(x[n0:n1])`` in this thread's bounded workspace (each
-    ``cols`` is overwritten by the next; consume it before asking for the next)."""
+    ``cols`` is overwritten by the next; consume it before asking for the next).
+
+    When the whole batch fits one chunk the workspace is tagged with x (the array object itself,
+    kept alive by the tag, and the geometry); ``reuse=True`` (the weight gradient, right after the
+    forward pass of the same convolution) skips the unrolling when the tag still matches: any
+    other workspace use clears it, and the engine has checked x's version counter (writes
+    through ``.data`` are not seen, as everywhere in the engine)."""
     n, c, h, w = x.shape
     if not _fast(x):
         cols, _, _ = im2col(x, kh, kw, stride, padding, dilation)
@@ -270,6 +278,18 @@ def im2col_chunks(x, kh, kw, stride, padding, dilation):
     wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
     per = c * kh * kw * ho * wo
     step = batch_chunk(per, x.dtype)
+    if 0 < n <= step and n * per * x.dtype.itemsize <= WORKSPACE_BYTES:
+        geometry = (kh, kw, stride, padding, dilation)
+        tag = getattr(_scratch, "tag", None)
+        if reuse and tag is not None and tag[0] is x and tag[1] == geometry:
+            buf = getattr(_scratch, "buf_" + x.dtype.char)[:n * per]
+            yield 0, n, buf.reshape(n, c * kh * kw, ho * wo)
+            return
+        buf = _workspace(n * per, x.dtype).reshape(n, c * kh * kw, ho * wo)
+        im2col(x, kh, kw, stride, padding, dilation, buf)
+        _scratch.tag = (x, geometry)
+        yield 0, n, buf
+        return
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
         buf = _workspace((n1 - n0) * per, x.dtype).reshape(n1 - n0, c * kh * kw, ho * wo)

@@ -90,7 +90,7 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     L = ho * wo
     gw = np.zeros((groups, o // groups, w_shape[1] * kh * kw), dtype=np.result_type(x, g))
     g4 = g.reshape(n, groups, o // groups, L)
-    for n0, n1, cols in K.im2col_chunks(x, kh, kw, stride, padding, dilation):
+    for n0, n1, cols in K.im2col_chunks(x, kh, kw, stride, padding, dilation, reuse=True):
         m = n1 - n0
         part = np.matmul(g4[n0:n1], cols.reshape(m, groups, -1, L).transpose(0, 1, 3, 2))
         gw += part.sum(axis=0)
