@@ -142,6 +142,47 @@ class Primitive:
         return f"<primitive {self.name}>"
 
 
+def binary_operator(prim):
+    """``prim(a, b)`` as a Tensor operator method (``__add__`` ...), with the common case (two
+    tensors at version 0, not views) recorded inline: one Python frame per operation, the
+    tape's cost that the per-op overhead goal measures.  Anything else goes through ``prim``."""
+    fun = prim.fun
+    if prim.view:
+        raise ValueError("prim: view primitives are not operators")
+
+    def operator(a, b):
+        if b.__class__ is not Tensor or a.__class__ is not Tensor or a._version or b._version \
+                or a._base is not None or b._base is not None:
+            return prim(a, b)
+        out = fun(a.data, b.data)
+        if out.__class__ is not _ndarray:
+            out = np.asarray(out)
+        t = _new(Tensor)
+        t.data = out
+        t.grad = None
+        t._version = 0
+        t._base = None
+        if (a.requires_grad or b.requires_grad) and _mode.enabled:
+            node = _new(Node)
+            node.prim = prim
+            node.inputs = (a, b)
+            node.versions = None
+            node.params = {}
+            node.out_data = out
+            node.out_version = 0
+            node.id = _next_id()
+            t.requires_grad = True
+            t._node = node
+            node.out_ref = _weakref(t)
+        else:
+            t.requires_grad = False
+            t._node = None
+        return t
+
+    operator.__name__ = prim.name
+    return operator
+
+
 def primitive(fun=None, *, name=None, view=False):
     """Decorator turning a function of ndarrays into a recorded primitive.
 
