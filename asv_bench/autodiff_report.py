@@ -26,23 +26,32 @@ sys.path.insert(0, os.path.dirname(HERE))
 import bench_autodiff as B  # noqa: E402
 
 
-def median_time(step, budget):
-    """Median seconds per call over 7 repeats of an auto-sized loop (~budget/7 s each)."""
-    step()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < 0.02:
+def median_times(steps, budget, repeats=7):
+    """Median seconds per call of each step, timed interleaved: every repeat times each step in
+    turn (an auto-sized loop of ~budget/repeats s), so a change of machine load between repeats
+    hits all of them alike (this machine is shared)."""
+    numbers = []
+    for step in steps:
         step()
-        n += 1
-    per = (time.perf_counter() - t0) / n
-    number = max(1, int(budget / 7 / per))
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(number):
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 0.02:
             step()
-        times.append((time.perf_counter() - t) / number)
-    return float(np.median(times))
+            n += 1
+        per = (time.perf_counter() - t0) / n
+        numbers.append(max(1, int(budget / repeats / per)))
+    times = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, number, out in zip(steps, numbers, times):
+            t = time.perf_counter()
+            for _ in range(number):
+                step()
+            out.append((time.perf_counter() - t) / number)
+    return [float(np.median(t)) for t in times]
+
+
+def median_time(step, budget):
+    return median_times([step], budget)[0]
 
 
 def fmt(s):
@@ -53,8 +62,7 @@ def tape_overhead(dtype):
     import fastadam.autodiff as ad
     t = ad.Tensor(np.ones(3, dtype=dtype), requires_grad=True)
     a = np.ones(3, dtype=dtype)
-    rec = median_time(lambda: t * t, 0.3)
-    raw = median_time(lambda: a * a, 0.3)
+    rec, raw = median_times([lambda: t * t, lambda: a * a], 0.6, repeats=21)
     return rec - raw
 
 
@@ -77,7 +85,7 @@ def main():
         ("HVP of MLP loss", B.build_hvp, [32], ["torch", "autograd"]),
     ]
     print("fastadam.autodiff vs PyTorch eager / HIPS autograd / hand-written NumPy; 1 thread; "
-          "median per step; ratio = other / fastadam (> 1: fastadam faster)")
+          "median per step, timed interleaved; ratio = other / fastadam (> 1: fastadam faster)")
     header = f"{'workload':30s} {'dtype':7s} {'batch':>5s} {'fastadam':>12s}"
     for name in ("numpy", "torch", "autograd"):
         header += f" {name:>12s} {'ratio':>6s}"
@@ -87,17 +95,24 @@ def main():
     for title, build, batches, others in workloads:
         for dtype in (np.float32, np.float64):
             for batch in batches:
-                ours = median_time(build("fastadam", dtype, batch), budget)
+                steps = {"fastadam": build("fastadam", dtype, batch)}
+                for name in others:
+                    try:
+                        steps[name] = build(name, dtype, batch)
+                    except NotImplementedError:
+                        pass
+                measured = dict(zip(steps, median_times(list(steps.values()),
+                                                        budget * len(steps))))
+                ours = measured["fastadam"]
                 line = f"{title:30s} {np.dtype(dtype).name:7s} {batch:5d} {fmt(ours):>12s}"
                 for name in ("numpy", "torch", "autograd"):
                     if name not in others:
                         line += f" {'-':>12s} {'-':>6s}"
                         continue
-                    try:
-                        t = median_time(build(name, dtype, batch), budget)
-                    except NotImplementedError:
+                    if name not in measured:
                         line += f" {'n/a':>12s} {'-':>6s}"
                         continue
+                    t = measured[name]
                     line += f" {fmt(t):>12s} {t / ours:6.2f}"
                     if name == "torch" and dtype is np.float32:
                         torch_ratio[build.__name__, batch] = t / ours
