@@ -1,8 +1,9 @@
 """Build script for fastadam's compiled core.
 
-Every Cython module ``fastadam/_NAME.pyx`` becomes the extension ``fastadam._NAME``; if a C file
-``include/fastadam/NAME.c`` exists it is compiled into that extension (that is where kernels with
-runtime CPU dispatch live).  Adding a capability therefore needs no edit here.
+Every Cython module ``fastadam/[SUBPACKAGE/]_NAME.pyx`` becomes the extension
+``fastadam.[SUBPACKAGE.]_NAME``; if a C file ``include/fastadam/NAME.c`` exists it is compiled into
+that extension (that is where kernels with runtime CPU dispatch live).  Adding a capability
+therefore needs no edit here.
 
 Flags: ``-O3 -fno-math-errno`` (so gcc vectorizes sqrt), ``-ffp-contract=off`` (no FMA contraction:
 the SIMD body, the scalar tail and every dispatch target round identically, so results do not depend
@@ -56,15 +57,16 @@ def make_extensions():
     # Every kernel header: a change to one rebuilds the extensions (setuptools does not scan
     # #include lines itself).
     headers = [str(h.relative_to(HERE)) for h in sorted((HERE / "include").rglob("*.h"))]
-    for pyx in sorted((HERE / "fastadam").glob("_*.pyx")):
+    for pyx in sorted((HERE / "fastadam").rglob("_*.pyx")):
         name = pyx.stem
+        module = ".".join(pyx.relative_to(HERE).with_suffix("").parts)
         sources = [str(pyx.relative_to(HERE))]
         kernel = HERE / "include" / "fastadam" / (name[1:] + ".c")
         if kernel.exists():
             sources.append(str(kernel.relative_to(HERE)))
         extensions.append(
             Extension(
-                "fastadam." + name,
+                module,
                 sources=sources,
                 depends=headers,
                 include_dirs=["include", np.get_include()],

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import fastadam
-from fastadam import _dense
+from fastadam.bench import stream_rw_f32
 
 try:
     import torch
@@ -76,7 +76,7 @@ class DenseCase:
 
 def stream_fn(n, num_threads):
     a, d, b, c = (np.ones(n, np.float32) for _ in range(4))
-    return lambda: _dense.stream_rw_f32(a, d, b, c, num_threads)
+    return lambda: stream_rw_f32(a, d, b, c, num_threads)
 
 
 def set_torch_threads(n):

@@ -9,7 +9,7 @@ PYTHON="${PYTHON:-python3}"
 SECONDS=0
 
 # The in-place build (the CI test step has usually made it already; this is incremental).
-if ! (cd /tmp && PYTHONPATH="$REPO" "$PYTHON" -c "import fastadam._dense" 2>/dev/null); then
+if ! (cd /tmp && PYTHONPATH="$REPO" "$PYTHON" -c "import fastadam.bench._yardstick" 2>/dev/null); then
     echo "building fastadam in place"
     (cd "$REPO" && "$PYTHON" setup.py build_ext --inplace -j 2 > /dev/null)
 fi

@@ -1,13 +1,23 @@
-"""fastadam: fused, exact, multi-threaded Adam for NumPy arrays on the CPU."""
+"""fastadam: fused, exact, multi-threaded optimizer steps (Adam, Adagrad, momentum SGD) for
+NumPy arrays on the CPU, dense and sparse, with a tape-based gradient engine.
+
+The package is laid out by capability: ``fastadam.optim`` (optimizers: functional steps and
+objects), ``fastadam.sparse`` (sparse gradients and the segment machinery), ``fastadam.autodiff``
+(the gradient engine), ``fastadam.bench`` (baselines, timers, the bandwidth yardstick; not
+imported here).  This module only re-exports the public names.
+"""
 __version__ = "0.1.0"
 
-from ._dense_api import step_inplace
-from ._indexed_slices import IndexedSlices
-from ._optimizer import Adam
 from ._config import keep_freed_memory
 from ._show_config import config, show_config
-from ._sparse_api import segment_sum, sparse_step_inplace
+from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
+from .sparse import (IndexedSlices, segment_sum, sparse_adagrad_step_inplace,
+                     sparse_momentum_step_inplace, sparse_step_inplace)
+from .optim import Adagrad, Adam, AdamW, Optimizer, SGD, clip_grad_norm, schedules
 from . import autodiff
 
-__all__ = ["Adam", "IndexedSlices", "autodiff", "config", "keep_freed_memory", "segment_sum", "show_config",
-           "sparse_step_inplace", "step_inplace"]
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Optimizer", "SGD",
+           "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
+           "momentum_step_inplace", "schedules", "segment_sum", "show_config",
+           "sparse_adagrad_step_inplace", "sparse_momentum_step_inplace", "sparse_step_inplace",
+           "step_inplace"]

@@ -86,7 +86,7 @@ def main(argv=None):
     elif command != "bench":
         print(__doc__)
         return 2
-    from . import _bench
+    from . import bench as _bench
 
     return _bench.main(argv) or 0
 

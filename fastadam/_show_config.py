@@ -30,7 +30,7 @@ def config():
 
 def _openmp_library():
     """Path of the OpenMP runtime loaded in this process (libgomp, bundled or system)."""
-    from . import _dense
+    from . import _dense  # noqa: F401  (loads the OpenMP runtime)
 
     try:
         with open("/proc/self/maps") as f:

@@ -1,11 +1,11 @@
-"""Driver of the sparse Adam kernels (include/fastadam/sparse.h).
+"""Driver of the sparse kernels (include/fastadam/sparse.h), for every optimizer.
 
 ``sort_segments`` runs the stable radix sort; ``segment_sum`` and ``sparse_step`` then split
 the work statically over the threads of one parallel region: segments for the segment sum and
 the lazy / catchup modes (cut so that each thread gets about the same number of gradient rows),
 table rows for the dense mode (chunks of about CHUNK elements).  A segment is always summed by
 one thread in its original order, so results are bit-identical for any thread count.
-Arguments arrive validated (fastadam/_sparse_api.py); this module only reads their pointers.
+Arguments arrive validated (fastadam/sparse/_api.py); this module only reads their pointers.
 """
 import threading
 
@@ -14,7 +14,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
-from fastadam._coeffs cimport fa_adam_coeffs
+from fastadam._coeffs cimport Coefficients
 
 cnp.import_array()
 
@@ -35,32 +35,22 @@ cdef extern from "fastadam/sparse.h":
     void fa_segment_sum_f64(const double *values, Py_ssize_t row_size, const int64_t *perm,
                             const int64_t *offsets, Py_ssize_t s0, Py_ssize_t s1,
                             double *out) nogil
-    void fa_sparse_lazy_f32(float *x, float *m, float *v, Py_ssize_t row_size,
-                            const float *values, const int64_t *perm, const int64_t *offsets,
-                            const int64_t *rows, Py_ssize_t s0, Py_ssize_t s1, float *gbuf,
-                            const fa_adam_coeffs *c) nogil
-    void fa_sparse_lazy_f64(double *x, double *m, double *v, Py_ssize_t row_size,
-                            const double *values, const int64_t *perm, const int64_t *offsets,
-                            const int64_t *rows, Py_ssize_t s0, Py_ssize_t s1, double *gbuf,
-                            const fa_adam_coeffs *c) nogil
-    void fa_sparse_catchup_f32(float *x, float *m, float *v, Py_ssize_t row_size,
-                               const float *values, const int64_t *perm,
-                               const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
-                               Py_ssize_t s1, float *gbuf, int64_t *last_step, int64_t t,
-                               const fa_adam_coeffs *c) nogil
-    void fa_sparse_catchup_f64(double *x, double *m, double *v, Py_ssize_t row_size,
-                               const double *values, const int64_t *perm,
-                               const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
-                               Py_ssize_t s1, double *gbuf, int64_t *last_step, int64_t t,
-                               const fa_adam_coeffs *c) nogil
-    void fa_sparse_dense_f32(float *x, float *m, float *v, Py_ssize_t row_size,
-                             const float *values, const int64_t *perm, const int64_t *offsets,
-                             const int64_t *rows, Py_ssize_t nseg, Py_ssize_t r0, Py_ssize_t r1,
-                             float *gbuf, const fa_adam_coeffs *c) nogil
-    void fa_sparse_dense_f64(double *x, double *m, double *v, Py_ssize_t row_size,
-                             const double *values, const int64_t *perm, const int64_t *offsets,
-                             const int64_t *rows, Py_ssize_t nseg, Py_ssize_t r0,
-                             Py_ssize_t r1, double *gbuf, const fa_adam_coeffs *c) nogil
+    void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+                            Py_ssize_t row_size, const float *values, const int64_t *perm,
+                            const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
+                            Py_ssize_t s1, float *gbuf, int64_t *last_step, int64_t t) nogil
+    void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+                            Py_ssize_t row_size, const double *values, const int64_t *perm,
+                            const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
+                            Py_ssize_t s1, double *gbuf, int64_t *last_step, int64_t t) nogil
+    void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+                             Py_ssize_t row_size, const float *values, const int64_t *perm,
+                             const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
+                             Py_ssize_t r0, Py_ssize_t r1, float *gbuf) nogil
+    void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+                             Py_ssize_t row_size, const double *values, const int64_t *perm,
+                             const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
+                             Py_ssize_t r0, Py_ssize_t r1, double *gbuf) nogil
 
 # Elements per dense-mode chunk (as in _dense.pyx), and the work (elements of gradient rows, or
 # of table rows in dense mode) below which one thread does everything: starting a parallel
@@ -70,7 +60,6 @@ cdef enum:
     PARALLEL_MIN = 131072
     PAD = 16  # scratch rows are padded to 64 bytes of float32 so threads share no cache line
 
-FLAG_L2 = 1
 MODES = {"lazy": 0, "dense": 1, "catchup": 2}
 # The packed sort holds an index and a position in 32 bits each.
 PACKED_LIMIT = 1 << 32
@@ -101,7 +90,7 @@ def openmp_enabled():
     return bool(fa_openmp_enabled())
 
 
-def sort_segments(cnp.ndarray indices, long long n_rows):
+def sort_segments(cnp.ndarray indices, n_rows):
     """Stable sort of validated indices (int32 or int64, 1-D, contiguous, in [0, n_rows)).
 
     Returns (perm, rows, offsets), int64: see fa_sort_segments.  They are views of this
@@ -110,7 +99,7 @@ def sort_segments(cnp.ndarray indices, long long n_rows):
     (tables of over 2^32 rows).
     """
     cdef Py_ssize_t k = indices.shape[0]
-    if k >= PACKED_LIMIT or n_rows > PACKED_LIMIT:
+    if k >= PACKED_LIMIT or n_rows > PACKED_LIMIT:  # n_rows is a Python int: no overflow
         return _sort_segments_numpy(indices)
     cdef int key_bits = int(max(n_rows - 1, 0)).bit_length()
     cdef cnp.ndarray a = scratch("a", k, np.uint64)
@@ -194,9 +183,11 @@ cdef inline void _segment_sum_part(int typenum, void *values, Py_ssize_t row_siz
 cdef struct Job:
     int typenum
     int mode
+    int kind
+    const void *coeffs
     char *x
-    char *m
-    char *v
+    char *st0
+    char *st1
     char *values
     char *gbuf
     const int64_t *perm
@@ -209,63 +200,43 @@ cdef struct Job:
     Py_ssize_t nseg
 
 
-cdef inline void run_part(Job *j, Py_ssize_t a, Py_ssize_t b, int tid,
-                          const fa_adam_coeffs *c) noexcept nogil:
+cdef inline void run_part(Job *j, Py_ssize_t a, Py_ssize_t b, int tid) noexcept nogil:
     """Lazy / catchup: segments [a, b); dense: table rows [a, b).  tid picks the scratch row."""
     cdef Py_ssize_t itemsize = 4 if j.typenum == cnp.NPY_FLOAT else 8
     cdef char *gbuf = j.gbuf + tid * j.gbuf_stride * itemsize
     if j.typenum == cnp.NPY_FLOAT:
-        if j.mode == 0:
-            fa_sparse_lazy_f32(<float *>j.x, <float *>j.m, <float *>j.v, j.row_size,
-                               <const float *>j.values, j.perm, j.offsets, j.rows, a, b,
-                               <float *>gbuf, c)
-        elif j.mode == 1:
-            fa_sparse_dense_f32(<float *>j.x, <float *>j.m, <float *>j.v, j.row_size,
-                                <const float *>j.values, j.perm, j.offsets, j.rows, j.nseg, a,
-                                b, <float *>gbuf, c)
+        if j.mode == 1:
+            fa_sparse_dense_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
+                                j.row_size, <const float *>j.values, j.perm, j.offsets, j.rows,
+                                j.nseg, a, b, <float *>gbuf)
         else:
-            fa_sparse_catchup_f32(<float *>j.x, <float *>j.m, <float *>j.v, j.row_size,
-                                  <const float *>j.values, j.perm, j.offsets, j.rows, a, b,
-                                  <float *>gbuf, j.last_step, j.t, c)
+            fa_sparse_rows_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
+                               j.row_size, <const float *>j.values, j.perm, j.offsets, j.rows,
+                               a, b, <float *>gbuf, j.last_step, j.t)
     else:
-        if j.mode == 0:
-            fa_sparse_lazy_f64(<double *>j.x, <double *>j.m, <double *>j.v, j.row_size,
-                               <const double *>j.values, j.perm, j.offsets, j.rows, a, b,
-                               <double *>gbuf, c)
-        elif j.mode == 1:
-            fa_sparse_dense_f64(<double *>j.x, <double *>j.m, <double *>j.v, j.row_size,
-                                <const double *>j.values, j.perm, j.offsets, j.rows, j.nseg,
-                                a, b, <double *>gbuf, c)
+        if j.mode == 1:
+            fa_sparse_dense_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
+                                <double *>j.st1, j.row_size, <const double *>j.values, j.perm,
+                                j.offsets, j.rows, j.nseg, a, b, <double *>gbuf)
         else:
-            fa_sparse_catchup_f64(<double *>j.x, <double *>j.m, <double *>j.v, j.row_size,
-                                  <const double *>j.values, j.perm, j.offsets, j.rows, a, b,
-                                  <double *>gbuf, j.last_step, j.t, c)
+            fa_sparse_rows_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
+                               <double *>j.st1, j.row_size, <const double *>j.values, j.perm,
+                               j.offsets, j.rows, a, b, <double *>gbuf, j.last_step, j.t)
 
 
-def sparse_step(cnp.ndarray x, cnp.ndarray m, cnp.ndarray v, cnp.ndarray values,
-                cnp.ndarray perm, cnp.ndarray rows, cnp.ndarray offsets, str mode,
-                last_step, long long t, double alpha, double denom_scale, double eps,
-                double beta1, double beta2, double sign, double l2, double decay_mul, int flags,
-                int num_threads):
-    """One sparse Adam step on validated (n_rows, row_size) x, m, v and (k, row_size) values."""
-    cdef fa_adam_coeffs c
-    c.alpha = alpha
-    c.denom_scale = denom_scale
-    c.eps = eps
-    c.beta1 = beta1
-    c.beta2 = beta2
-    c.sign = sign
-    c.grad_scale = 1.0
-    c.l2 = l2
-    c.decay_mul = decay_mul
-    c.post_mul = 1.0
-    c.flags = flags
+def sparse_step(Coefficients coeffs, cnp.ndarray x, list slots, cnp.ndarray values,
+                cnp.ndarray perm, cnp.ndarray rows, cnp.ndarray offsets, str mode, last_step,
+                long long t, int num_threads):
+    """One sparse step of the optimizer `coeffs` describes, on validated (n_rows, row_size)
+    x and state slots (1 or 2 arrays like x) and (k, row_size) values."""
     cdef Job j
     j.typenum = cnp.PyArray_TYPE(x)
     j.mode = MODES[mode]
+    j.kind = coeffs.kind
+    j.coeffs = coeffs.data
     j.x = <char *>cnp.PyArray_DATA(x)
-    j.m = <char *>cnp.PyArray_DATA(m)
-    j.v = <char *>cnp.PyArray_DATA(v)
+    j.st0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>slots[0])
+    j.st1 = <char *>cnp.PyArray_DATA(<cnp.ndarray>slots[1]) if len(slots) > 1 else NULL
     j.values = <char *>cnp.PyArray_DATA(values)
     j.perm = <const int64_t *>cnp.PyArray_DATA(perm)
     j.offsets = <const int64_t *>cnp.PyArray_DATA(offsets)
@@ -299,11 +270,11 @@ def sparse_step(cnp.ndarray x, cnp.ndarray m, cnp.ndarray v, cnp.ndarray values,
         bounds = <int64_t *>cnp.PyArray_DATA(bounds_arr)
     with nogil:
         if nt == 1:
-            run_part(&j, 0, n_rows if j.mode == 1 else j.nseg, 0, &c)
+            run_part(&j, 0, n_rows if j.mode == 1 else j.nseg, 0)
         elif j.mode == 1:
             for p in prange(nparts, schedule="static", num_threads=nt):
                 run_part(&j, p * rows_per_chunk, min((p + 1) * rows_per_chunk, n_rows),
-                         threadid(), &c)
+                         threadid())
         else:
             for p in prange(nparts, schedule="static", num_threads=nt):
-                run_part(&j, bounds[p], bounds[p + 1], threadid(), &c)
+                run_part(&j, bounds[p], bounds[p + 1], threadid())

@@ -3,15 +3,42 @@
 ``None`` means "as many as OpenMP would use": ``omp_get_max_threads()``, which honours
 ``OMP_NUM_THREADS`` and ``threadpoolctl.threadpool_limits``, capped by the CPUs this process may
 run on (affinity mask and cgroup CPU quota).  A negative value counts back from that maximum
-(-1 = all, -2 = all but one).  Note: libgomp cannot be used in a child created by ``fork`` after a
-parallel region has run in the parent (it hangs); use the "spawn" or "forkserver" start methods.
+(-1 = all, -2 = all but one).  An explicit count is capped at MAX_THREADS_PER_CPU threads per
+usable CPU: more only adds scheduling cost, and libgomp ends the process (exit(1)) when it
+cannot start the threads it was asked for.
+
+Fork safety: libgomp's thread pool does not survive ``fork``; a child that enters a parallel
+region after its parent ran one hangs.  ``os.register_at_fork`` marks every child process, and
+in a child every call resolves to one thread (which never enters a parallel region), with one
+RuntimeWarning; use the "spawn" or "forkserver" start methods to get threads back.
 """
 import math
+import numbers
 import os
+import warnings
 
 from ._config import omp_max_threads
 
 _cpu_count_cache = None
+MAX_THREADS_PER_CPU = 4
+_MIN_CAP = MAX_THREADS_PER_CPU  # every machine has at least one CPU: never capped below this
+_forked_child = False
+_fork_warned = False
+
+
+def _mark_forked_child():
+    global _forked_child, _fork_warned
+    _forked_child = True
+    _fork_warned = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+def in_forked_child():
+    """True in a process created by ``fork`` from one that had imported fastadam."""
+    return _forked_child
 
 
 def _cgroup_cpu_limit():
@@ -49,16 +76,35 @@ def cpu_count():
     return _cpu_count_cache
 
 
+def _single_thread_after_fork():
+    global _fork_warned
+    if not _fork_warned:
+        _fork_warned = True
+        warnings.warn("fastadam: this process was created by fork(); OpenMP (libgomp) cannot "
+                      "run a parallel region here, so fastadam runs single-threaded in it. Use "
+                      "the 'spawn' or 'forkserver' start method for multi-threaded workers.",
+                      RuntimeWarning, stacklevel=3)
+    return 1
+
+
 def resolve_num_threads(num_threads):
     """Turn the user's ``num_threads`` into a positive thread count."""
-    max_threads = min(omp_max_threads(), cpu_count())
-    if num_threads is None:
-        return max_threads
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-        raise TypeError(f"num_threads: expected None or an int, got {type(num_threads).__name__}")
+    if type(num_threads) is int and 0 < num_threads <= _MIN_CAP and not _forked_child:
+        return num_threads  # the common explicit case: nothing to look up
+    if num_threads is not None and type(num_threads) is not int:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
+            raise TypeError(f"num_threads: expected None or an int, got "
+                            f"{type(num_threads).__name__}")
+        num_threads = int(num_threads)
     if num_threads == 0:
         raise ValueError("num_threads: expected a non-zero int (negative counts back from the "
                          "maximum), got 0")
+    if _forked_child:
+        return _single_thread_after_fork()
+    cpus = cpu_count()
+    max_threads = min(omp_max_threads(), cpus)
+    if num_threads is None:
+        return max_threads
     if num_threads < 0:
         return max(max_threads + num_threads + 1, 1)
-    return num_threads
+    return min(num_threads, MAX_THREADS_PER_CPU * cpus)

@@ -1,4 +1,5 @@
-"""Array checks shared by every entry point: all of them run before any kernel writes.
+"""Every array check of fastadam (dense steps, sparse gradients, optimizer parameters): all of
+them run before any kernel writes.
 
 A failed check raises TypeError / ValueError naming the argument (``x``, or ``m[3]`` inside a
 list), what was expected and what was received.  Written in Cython because a multi-tensor step
@@ -58,49 +59,109 @@ cpdef check_array(object a, str name, int typenum=-1, object shape=None, bint wr
     return arr
 
 
-def check_tensor_lists(x, g, m, v, v_max):
-    """Validate the dense step's arguments (ndarrays or equal-length lists of ndarrays).
+def check_step_arrays(x, g, list slots):
+    """Validate a dense step's arrays: ndarrays, or equal-length lists of ndarrays.
 
-    Returns (xs, gs, ms, vs, vmaxs_or_None, typenum).  All x/m/v/v_max are C-contiguous,
-    writable, of one float dtype and of x[i]'s shape; g likewise but read-only is fine.
-    No two written buffers overlap and g overlaps none of them.
+    ``slots`` lists the optimizer's state arguments as (name, ndarray or list) pairs, in slot
+    order (Adam: m, v[, v_max]; Adagrad: h; Momentum: v).  Returns (xs, gs, slot_lists,
+    typenum).  x and every slot are C-contiguous, writable, of one float dtype and of x[i]'s
+    shape; g likewise but read-only is fine.  No two written buffers overlap and g overlaps none
+    of them.
     """
-    xs, single = as_array_list(x, "x")
-    gs, single_g = as_array_list(g, "g")
-    ms, single_m = as_array_list(m, "m")
-    vs, single_v = as_array_list(v, "v")
-    if not (single == single_g == single_m == single_v):
-        raise TypeError("x, g, m, v: pass either one ndarray each or a list of ndarrays each")
-    cdef Py_ssize_t n = len(xs), i
-    for name, lst in (("g", gs), ("m", ms), ("v", vs)):
-        if len(lst) != n:
-            raise ValueError(f"{name}: expected a list of {n} arrays like x, got {len(lst)}")
-    vmaxs = None
-    if v_max is not None:
-        vmaxs, single_vm = as_array_list(v_max, "v_max")
-        if single_vm != single:
-            raise TypeError("v_max: pass an ndarray or a list of ndarrays, as for x")
-        if len(vmaxs) != n:
-            raise ValueError(f"v_max: expected a list of {n} arrays like x, got {len(vmaxs)}")
-    if n == 0:
-        return xs, gs, ms, vs, vmaxs, cnp.NPY_FLOAT
+    cdef Py_ssize_t n, i, q, nslots = len(slots)
     cdef int typenum = -1
     cdef cnp.ndarray xi
+    if isinstance(x, np.ndarray) and isinstance(g, np.ndarray) and all(
+            isinstance(a, np.ndarray) for _, a in slots):
+        # One tensor per argument: the common case, without the lists.
+        xi = check_array(x, "x", -1, None, True)
+        typenum = cnp.PyArray_TYPE(xi)
+        shape = (<object>xi).shape
+        check_array(g, "g", typenum, shape, False)
+        groups = [("x", [x], True), ("g", [g], False)]
+        for name, a in slots:
+            check_array(a, name, typenum, shape, True)
+            groups.append((name, [a], True))
+        check_disjoint(groups, True)
+        return [x], [g], [[a] for _, a in slots], typenum
+    xs, single = as_array_list(x, "x")
+    gs, single_g = as_array_list(g, "g")
+    if single_g != single:
+        raise TypeError(f"x, g, {', '.join(name for name, _ in slots)}: pass either one ndarray "
+                        f"each or a list of ndarrays each")
+    n = len(xs)
+    if len(gs) != n:
+        raise ValueError(f"g: expected a list of {n} arrays like x, got {len(gs)}")
+    slot_lists = []
+    for name, obj in slots:
+        lst, single_s = as_array_list(obj, name)
+        if single_s != single:
+            raise TypeError(f"x, g, {', '.join(nm for nm, _ in slots)}: pass either one ndarray "
+                            f"each or a list of ndarrays each")
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected a list of {n} arrays like x, got {len(lst)}")
+        slot_lists.append(lst)
+    if n == 0:
+        return xs, gs, slot_lists, cnp.NPY_FLOAT
     for i in range(n):
         xi = check_array(xs[i], label("x", i, single), typenum, None, True)
         if typenum < 0:
             typenum = cnp.PyArray_TYPE(xi)
         shape = (<object>xi).shape
         check_array(gs[i], label("g", i, single), typenum, shape, False)
-        check_array(ms[i], label("m", i, single), typenum, shape, True)
-        check_array(vs[i], label("v", i, single), typenum, shape, True)
-        if vmaxs is not None:
-            check_array(vmaxs[i], label("v_max", i, single), typenum, shape, True)
-    groups = [("x", xs, True), ("g", gs, False), ("m", ms, True), ("v", vs, True)]
-    if vmaxs is not None:
-        groups.append(("v_max", vmaxs, True))
+        for q in range(nslots):
+            check_array((<list>slot_lists[q])[i], label(slots[q][0], i, single), typenum, shape,
+                        True)
+    groups = [("x", xs, True), ("g", gs, False)]
+    for q in range(nslots):
+        groups.append((slots[q][0], slot_lists[q], True))
     check_disjoint(groups, single)
-    return xs, gs, ms, vs, vmaxs, typenum
+    return xs, gs, slot_lists, typenum
+
+
+# ---- sparse gradients: indices and rows ---------------------------------------------------
+
+INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
+ROW_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_indices(indices, name, n_rows, unit="rows"):
+    """A private, contiguous, native-order copy of a 1-D int32/int64 array, checked to lie in
+    [0, n_rows).  The copy is what the kernels read (the caller's array is read once)."""
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
+                        f"got {type(indices).__name__}")
+    if indices.dtype not in INDEX_TYPES:
+        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
+    if indices.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
+    indices = np.array(indices, dtype=indices.dtype.newbyteorder("="), order="C", copy=True)
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0:
+            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
+                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
+        if n_rows is not None and hi >= n_rows:
+            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
+    return indices
+
+
+def check_rows(values, name, k, row_shape, dtype):
+    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
+    if not isinstance(values, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
+    if dtype is None:
+        if values.dtype not in ROW_TYPES:
+            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
+    elif values.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
+    expected = (k,) + tuple(row_shape)
+    if values.shape != expected:
+        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
+    values = np.ascontiguousarray(values)
+    if values.dtype.byteorder not in "=|":
+        values = values.astype(values.dtype.newbyteorder("="))
+    return values
 
 
 def check_parameter_list(params):

@@ -165,3 +165,53 @@ def softmax_cross_entropy_grad_ref(logits, labels):
     p /= p.sum(axis=1, keepdims=True)
     p[np.arange(z.shape[0]), np.asarray(labels)] -= 1.0
     return p / z.shape[0]
+
+
+# ============================================================================================
+# Adagrad and momentum (oracles for fastadam.adagrad_step_inplace, momentum_step_inplace and
+# their sparse forms)
+# ============================================================================================
+
+def _effective_gradient(x, g, weight_decay, maximize, grad_scale):
+    g = np.asarray(g, dtype=np.float64)
+    if grad_scale is not None:
+        g = g / grad_scale
+    if maximize:
+        g = -g
+    return g + weight_decay * x
+
+
+def adagrad_reference(x, g, h, t, *, lr=1e-2, lr_decay=0.0, eps=1e-10, weight_decay=0.0,
+                      maximize=False, convention="torch", grad_scale=None):
+    """One Adagrad step in float64; returns new (x, h).  Written from torch.optim.Adagrad's
+    documented algorithm, the ONNX Adagrad operator page and Keras 3's Adagrad source."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    g = _effective_gradient(x, g, weight_decay, maximize, grad_scale)
+    h = np.asarray(h, dtype=np.float64) + g * g
+    if convention == "onnx":
+        rate = lr / (1.0 + t * lr_decay)
+    elif convention == "torch":
+        rate = lr / (1.0 + (t - 1) * lr_decay)
+    else:
+        rate = lr
+    denom = np.sqrt(h + eps) if convention == "keras" else np.sqrt(h) + eps
+    return x - rate * g / denom, h
+
+
+def momentum_reference(x, g, v, t, *, lr=1e-2, momentum=0.9, dampening=0.0, nesterov=False,
+                       weight_decay=0.0, maximize=False, convention="torch", grad_scale=None):
+    """One SGD-with-momentum step in float64; returns new (x, v).  Written from
+    torch.optim.SGD's documented algorithm and the ONNX Momentum operator page."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    g = _effective_gradient(x, g, weight_decay, maximize, grad_scale)
+    v = np.asarray(v, dtype=np.float64)
+    if convention == "torch":
+        if momentum == 0.0:
+            return x - lr * g, g
+        v = g.copy() if t == 1 else momentum * v + (1.0 - dampening) * g
+        step = g + momentum * v if nesterov else v
+    else:
+        beta = 1.0 - dampening
+        v = momentum * v + (beta if t > 0 else 1.0) * g
+        step = g + momentum * v if nesterov else v
+    return x - lr * step, v

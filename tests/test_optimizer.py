@@ -13,7 +13,8 @@ def make_params(rng, dtype=np.float32):
 def test_steps_follow_reference(rng):
     params = make_params(rng, np.float64)
     state = [(p.copy(), np.zeros_like(p), np.zeros_like(p)) for p in params]
-    opt = fastadam.Adam(params, lr=0.01, betas=(0.8, 0.9), eps=1e-7, nesterov=True)
+    opt = fastadam.Adam(params, lr=0.01, betas=(0.8, 0.9), eps=1e-7, nesterov=True,
+                        convention="tf")  # issue 8: the default convention is now "torch"
     for t in range(1, 11):
         grads = [rng.standard_normal(p.shape) for p in params]
         assert opt.step(grads)

@@ -8,9 +8,8 @@ is not importable, which asv reports as skipped.
 import numpy as np
 
 import fastadam
-from fastadam import _dense
-from fastadam._bench import (BYTES_PER_ELEMENT_F32, median_seconds_interleaved,
-                             numpy_adam_step, torch_fused_adam)
+from fastadam.bench import (BYTES_PER_ELEMENT_F32, median_seconds_interleaved,
+                            numpy_adam_step, stream_rw_f32, torch_fused_adam)
 
 SIZES = [10**3, 10**4, 10**5, 10**6, 10**7]
 THREADS = [1, 2]
@@ -129,8 +128,7 @@ class DenseBandwidth:
         self.seconds = median_seconds_interleaved({
             "adam": lambda: fastadam.step_inplace(self.x, self.g, self.m, self.v, 10,
                                                   num_threads=threads),
-            "stream": lambda: _dense.stream_rw_f32(self.a, self.d, self.b, self.c,
-                                                   threads),
+            "stream": lambda: stream_rw_f32(self.a, self.d, self.b, self.c, threads),
         }, repeats=5, min_time=0.02)
         self.size = size
 

@@ -1,160 +1,101 @@
-/* fastadam/dense.c -- fused dense Adam kernels; the contract and the formula are in dense.h.
+/* fastadam/dense.c -- the dense kernels of every optimizer; the contract is in dense.h, the
+ * formulas in adam.h, adagrad.h and momentum.h.
  *
- * One body, FA_ADAM_BODY, is instantiated for each (dtype, flags) pair: the storage type S, the
- * compute type C and the flags are compile-time constants, so each of the 16 loops per dtype has
- * no per-element branch and vectorizes (sqrt and division included: built with -fno-math-errno).
- * Each exported function carries FA_DISPATCH and is compiled for AVX-512, AVX2 and baseline.
+ * dense_body.h holds the loops once; it is included here per storage type (float16 computed in
+ * float32, float32, float64).  Each loop is instantiated per flag combination (FA_SWITCH*), so
+ * no element loop branches, and vectorizes (sqrt and division included: built with
+ * -fno-math-errno).  Each kernel carries FA_DISPATCH and is compiled for AVX-512, AVX2 and
+ * baseline; the build disables FMA contraction, so the clones round identically.
  */
 #include <math.h>
 #include <string.h>
 
 #include "fastadam/dense.h"
+#include "fastadam/formulas.h"
 
-#define FA_ADAM_BODY(S, C, SQRT, FLAGS)                                                        \
-    do {                                                                                       \
-        const C b1 = (C)c->beta1, b2 = (C)c->beta2;                                            \
-        const C omb1 = (C)(1.0 - c->beta1), omb2 = (C)(1.0 - c->beta2);                        \
-        const C alpha = (C)c->alpha, dscale = (C)c->denom_scale, eps = (C)c->eps;              \
-        const C sign = (C)c->sign, gscale = (C)c->grad_scale, l2 = (C)c->l2;                   \
-        const C dmul = (C)c->decay_mul, pmul = (C)c->post_mul;                                 \
-        _Pragma("omp simd")                                                                    \
-        for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            C gi = (C)g[i];                                                                    \
-            C xi = (C)x[i];                                                                    \
-            if ((FLAGS) & FA_SCALE) gi = gi / gscale;                                          \
-            gi = sign * gi;                                                                    \
-            if ((FLAGS) & FA_L2) gi = gi + l2 * xi;                                            \
-            xi = dmul * xi;                                                                    \
-            C mi = b1 * (C)m[i] + omb1 * gi;                                                   \
-            C vi = b2 * (C)v[i] + omb2 * (gi * gi);                                            \
-            m[i] = (S)mi;                                                                      \
-            v[i] = (S)vi;                                                                      \
-            C vh = vi;                                                                         \
-            if ((FLAGS) & FA_AMSGRAD) {                                                        \
-                C vm = (C)v_max[i];                                                            \
-                vh = vm > vi ? vm : vi;                                                        \
-                v_max[i] = (S)vh;                                                              \
-            }                                                                                  \
-            C mu = mi;                                                                         \
-            if ((FLAGS) & FA_NESTEROV) mu = b1 * mi + omb1 * gi;                               \
-            x[i] = (S)(pmul * (xi - alpha * mu / (SQRT(vh) * dscale + eps)));                  \
-        }                                                                                      \
-    } while (0)
-
-/* Float16 uses the same body with S = fa_half and C = float: moments are stored in float16
- * (as DirectML does) and every value is computed in float32 between a load and a store. */
-
-/* A switch over the 16 flag combinations, each case a loop with constant flags. */
-#define FA_FLAG_SWITCH(BODY, ...)                                                              \
-    switch (c->flags & 15) {                                                                   \
-    case 0: BODY(__VA_ARGS__ 0); break;                                                        \
-    case 1: BODY(__VA_ARGS__ 1); break;                                                        \
-    case 2: BODY(__VA_ARGS__ 2); break;                                                        \
-    case 3: BODY(__VA_ARGS__ 3); break;                                                        \
-    case 4: BODY(__VA_ARGS__ 4); break;                                                        \
-    case 5: BODY(__VA_ARGS__ 5); break;                                                        \
-    case 6: BODY(__VA_ARGS__ 6); break;                                                        \
-    case 7: BODY(__VA_ARGS__ 7); break;                                                        \
-    case 8: BODY(__VA_ARGS__ 8); break;                                                        \
-    case 9: BODY(__VA_ARGS__ 9); break;                                                        \
-    case 10: BODY(__VA_ARGS__ 10); break;                                                      \
-    case 11: BODY(__VA_ARGS__ 11); break;                                                      \
-    case 12: BODY(__VA_ARGS__ 12); break;                                                      \
-    case 13: BODY(__VA_ARGS__ 13); break;                                                      \
-    case 14: BODY(__VA_ARGS__ 14); break;                                                      \
-    default: BODY(__VA_ARGS__ 15); break;                                                      \
+/* A switch over flag combinations, each case the loop LOOP(constant flags): FA_SWITCH8 for the
+ * 8 combinations of bits 1, 2, 4; FA_SWITCH16 adds bit 8. */
+#define FA_SWITCH8_AT(BASE, FLAGS, LOOP)                                                       \
+    switch ((FLAGS) & 7) {                                                                     \
+    case 0: LOOP((BASE) + 0); break;                                                           \
+    case 1: LOOP((BASE) + 1); break;                                                           \
+    case 2: LOOP((BASE) + 2); break;                                                           \
+    case 3: LOOP((BASE) + 3); break;                                                           \
+    case 4: LOOP((BASE) + 4); break;                                                           \
+    case 5: LOOP((BASE) + 5); break;                                                           \
+    case 6: LOOP((BASE) + 6); break;                                                           \
+    default: LOOP((BASE) + 7); break;                                                          \
+    }
+#define FA_SWITCH8(FLAGS, LOOP) FA_SWITCH8_AT(0, FLAGS, LOOP)
+#define FA_SWITCH16(FLAGS, LOOP)                                                               \
+    if ((FLAGS) & 8) {                                                                         \
+        FA_SWITCH8_AT(8, FLAGS, LOOP)                                                          \
+    } else {                                                                                   \
+        FA_SWITCH8_AT(0, FLAGS, LOOP)                                                          \
     }
 
-FA_DISPATCH
-void fa_adam_dense_f32(float *restrict x, const float *restrict g, float *restrict m,
-                       float *restrict v, float *restrict v_max, ptrdiff_t n,
-                       const fa_adam_coeffs *c)
-{
-    FA_FLAG_SWITCH(FA_ADAM_BODY, float, float, sqrtf, )
-}
+#define FA_K(name) FA_CAT(name, _f32)
+#define FA_S float
+#define FA_CTYPE float
+#define FA_CF(name) FA_CAT(name, _f32)
+#define FA_UINT uint32_t
+#define FA_EXP_MASK 0x7f800000u
+#include "fastadam/dense_body.h"
+#undef FA_K
+#undef FA_S
 
-FA_DISPATCH
-void fa_adam_dense_f64(double *restrict x, const double *restrict g, double *restrict m,
-                       double *restrict v, double *restrict v_max, ptrdiff_t n,
-                       const fa_adam_coeffs *c)
-{
-    FA_FLAG_SWITCH(FA_ADAM_BODY, double, double, sqrt, )
-}
-
-FA_DISPATCH
-void fa_adam_dense_f16(fa_half *restrict x, const fa_half *restrict g, fa_half *restrict m,
-                       fa_half *restrict v, fa_half *restrict v_max, ptrdiff_t n,
-                       const fa_adam_coeffs *c)
-{
+#define FA_K(name) FA_CAT(name, _f16)
+#define FA_S fa_half
 #if FA_HAVE_HALF
-    FA_FLAG_SWITCH(FA_ADAM_BODY, fa_half, float, sqrtf, )
-#else
-    (void)x; (void)g; (void)m; (void)v; (void)v_max; (void)n; (void)c;
+#include "fastadam/dense_body.h"
 #endif
-}
+#undef FA_K
+#undef FA_S
+#undef FA_CTYPE
+#undef FA_CF
+#undef FA_UINT
+#undef FA_EXP_MASK
 
-/* Non-finite test: OR-reduce "exponent bits all ones" over the (scaled) values, an integer
- * reduction that vectorizes without reassociating floating-point sums. */
-FA_DISPATCH
-int fa_all_finite_f32(const float *restrict g, ptrdiff_t n, double grad_scale)
-{
-    const float s = (float)grad_scale;
-    uint32_t bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (ptrdiff_t i = 0; i < n; i++) {
-        float y = g[i] / s;
-        uint32_t bits;
-        memcpy(&bits, &y, sizeof bits);
-        bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    return !bad;
-}
+#define FA_K(name) FA_CAT(name, _f64)
+#define FA_S double
+#define FA_CTYPE double
+#define FA_CF(name) FA_CAT(name, _f64)
+#define FA_UINT uint64_t
+#define FA_EXP_MASK 0x7ff0000000000000ull
+#include "fastadam/dense_body.h"
+#undef FA_K
+#undef FA_S
+#undef FA_CTYPE
+#undef FA_CF
+#undef FA_UINT
+#undef FA_EXP_MASK
 
-FA_DISPATCH
-int fa_all_finite_f64(const double *restrict g, ptrdiff_t n, double grad_scale)
-{
-    uint64_t bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (ptrdiff_t i = 0; i < n; i++) {
-        double y = g[i] / grad_scale;
-        uint64_t bits;
-        memcpy(&bits, &y, sizeof bits);
-        bad |= (uint64_t)((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
-    }
-    return !bad;
-}
-
-FA_DISPATCH
-int fa_all_finite_f16(const fa_half *restrict g, ptrdiff_t n, double grad_scale)
-{
 #if FA_HAVE_HALF
-    const float s = (float)grad_scale;
-    uint32_t bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (ptrdiff_t i = 0; i < n; i++) {
-        float y = (float)g[i] / s;
-        uint32_t bits;
-        memcpy(&bits, &y, sizeof bits);
-        bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    return !bad;
+#define FA_HALF_KERNEL(name) FA_CAT(name, _f16)
 #else
-    (void)g; (void)n; (void)grad_scale;
-    return 1;
+#define FA_HALF_KERNEL(name) NULL
 #endif
+
+static const fa_dense_fn fa_dense_table[FA_OPT_COUNT][FA_DTYPE_COUNT] = {
+    [FA_OPT_ADAM] = {FA_HALF_KERNEL(adam_dense), adam_dense_f32, adam_dense_f64},
+    [FA_OPT_ADAGRAD] = {FA_HALF_KERNEL(adagrad_dense), adagrad_dense_f32, adagrad_dense_f64},
+    [FA_OPT_MOMENTUM] = {FA_HALF_KERNEL(momentum_dense), momentum_dense_f32, momentum_dense_f64},
+};
+
+fa_dense_fn fa_dense_kernel(int kind, int dtype)
+{
+    if (kind < 0 || kind >= FA_OPT_COUNT || dtype < 0 || dtype >= FA_DTYPE_COUNT) return NULL;
+    return fa_dense_table[kind][dtype];
 }
 
-/* Bandwidth yardstick: reads a, d, b, c and writes a, b, c (28 bytes per float32 element, the
- * traffic of an Adam step), with no arithmetic worth counting. */
-FA_DISPATCH
-void fa_stream_rw_f32(float *restrict a, const float *restrict d, float *restrict b,
-                      float *restrict c, ptrdiff_t n)
+int fa_all_finite(int dtype, const void *g, ptrdiff_t n, double grad_scale)
 {
-#pragma omp simd
-    for (ptrdiff_t i = 0; i < n; i++) {
-        const float di = d[i];
-        a[i] = a[i] + di;
-        b[i] = b[i] + di;
-        c[i] = c[i] + di;
+    switch (dtype) {
+    case FA_F32: return all_finite_f32(g, n, grad_scale);
+    case FA_F64: return all_finite_f64(g, n, grad_scale);
+#if FA_HAVE_HALF
+    case FA_F16: return all_finite_f16(g, n, grad_scale);
+#endif
+    default: return 1;
     }
 }

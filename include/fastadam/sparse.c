@@ -1,4 +1,5 @@
-/* fastadam/sparse.c -- sparse Adam kernels; the contracts and the formula are in sparse.h.
+/* fastadam/sparse.c -- sparse kernels; the contracts are in sparse.h, the formulas in adam.h,
+ * adagrad.h and momentum.h.
  *
  * The index sort is integer-only and shared by both dtypes.  The float kernels are written once,
  * in sparse_body.h, and included here for float32 (_f32) and float64 (_f64).  Every exported
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "fastadam/sparse.h"
+#include "fastadam/formulas.h"
 
 /* ---- stable LSD radix sort of packed (index << 32 | position) keys -------------------- */
 
@@ -97,21 +99,29 @@ static inline void fa_prefetch_write(const void *p, ptrdiff_t bytes)
     for (ptrdiff_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 1, 3);
 }
 
-#define FA_CAT_(a, b) a##b
-#define FA_CAT(a, b) FA_CAT_(a, b)
+/* The two facts the row walk needs of an optimizer besides its element formula. */
+static inline int fa_coeffs_flags(int kind, const void *coeffs)
+{
+    if (kind == FA_OPT_ADAM) return ((const fa_adam_coeffs *)coeffs)->flags;
+    if (kind == FA_OPT_ADAGRAD) return ((const fa_adagrad_coeffs *)coeffs)->flags;
+    return ((const fa_momentum_coeffs *)coeffs)->flags;
+}
+
+static inline void fa_idle_rates(int kind, const void *coeffs, double *r0, double *r1)
+{
+    if (kind == FA_OPT_ADAM) fa_adam_idle_rates((const fa_adam_coeffs *)coeffs, r0, r1);
+    else if (kind == FA_OPT_ADAGRAD) fa_adagrad_idle_rates((const fa_adagrad_coeffs *)coeffs, r0, r1);
+    else fa_momentum_idle_rates((const fa_momentum_coeffs *)coeffs, r0, r1);
+}
 
 #define FA_S float
-#define FA_SQRT sqrtf
 #define FA_FN(name) FA_CAT(name, _f32)
 #include "fastadam/sparse_body.h"
 #undef FA_S
-#undef FA_SQRT
 #undef FA_FN
 
 #define FA_S double
-#define FA_SQRT sqrt
 #define FA_FN(name) FA_CAT(name, _f64)
 #include "fastadam/sparse_body.h"
 #undef FA_S
-#undef FA_SQRT
 #undef FA_FN

@@ -1,8 +1,8 @@
-/* fastadam/sparse.h -- sparse Adam: a stable O(n) index sort, a deterministic segment sum, and
- * the lazy / dense / catchup row updates.
+/* fastadam/sparse.h -- sparse optimizer steps: a stable O(n) index sort, a deterministic segment
+ * sum, and the lazy / dense / catchup row walks that apply any optimizer's row update.
  *
  * Design: a sparse gradient is k rows `values[j]` (row_size elements each) aimed at rows
- * `indices[j]` of a table x of n_rows rows.  The Python layer (fastadam/_sparse_api.py) checks
+ * `indices[j]` of a table x of n_rows rows.  The Python layer (fastadam/sparse/_api.py) checks
  * every input; the Cython layer (fastadam/_sparse.pyx) then
  *   1. sorts the indices with fa_sort_segments (LSD radix sort, stable), giving
  *      perm[k]      the original positions in sorted order (equal indices keep their order),
@@ -17,26 +17,24 @@
  * are bound by the latency of randomly placed rows (gradient rows in sorted order, table rows):
  * the kernels prefetch both a few positions ahead (sparse.c, FA_PREFETCH_*).
  *
- * Formula (one element of a touched row; g = the segment sum; `C` = the dtype):
- *   g' = sign * g                                sign = -1 when maximizing
- *   g' = g' + l2 * x                             only with FA_L2 (coupled weight decay)
- *   x  = decay_mul * x                           AdamW: decay_mul = 1 - lr*wd, else exactly 1
- *   m  = beta1 * (m * d1) + (1 - beta1) * g'     d1 = beta1^k, d2 = beta2^k: catchup only,
- *   v  = beta2 * (v * d2) + (1 - beta2) * g'^2   k = idle steps of the row (replayed one at a
- *                                                time instead when k <= FA_CATCHUP_EXACT)
- *   x  = x - alpha * m / (sqrt(v) * denom_scale + eps)
- * with alpha and denom_scale as in include/fastadam/dense.h (the fa_adam_coeffs struct is shared;
- * post_mul, grad_scale, FA_SCALE, FA_AMSGRAD and FA_NESTEROV are not used here).  This is the
- * dense kernel's expression, operation for operation, so dense mode equals fa_adam_dense on the
- * densified gradient bit for bit; untouched rows in dense mode use g = +0.
+ * The row update is the optimizer's own element formula (adam.h, adagrad.h, momentum.h: the
+ * same function the dense kernels call, so dense mode equals the dense step on the densified
+ * gradient bit for bit; untouched rows in dense mode use g = +0).  This file knows nothing
+ * else about the optimizers: the kernels take the optimizer's kind (FA_OPT_*) and its
+ * coefficient struct, and the catch-up of idle steps uses only the rates at which the
+ * optimizer's state slots decay over one idle step (fa_<optimizer>_idle_rates).
+ * Supported flags: FA_L2 for every optimizer, FA_EPS_INSIDE (Adagrad), FA_MOMENTUM_NESTEROV.
+ * State slots: s0, s1 as in dense.h (Adam: m, v; Adagrad: h; Momentum: v; unused: NULL).
  */
 #ifndef FASTADAM_SPARSE_H
 #define FASTADAM_SPARSE_H
 
 #include "fastadam/common.h"
-#include "fastadam/dense.h"
+#include "fastadam/adam.h"
+#include "fastadam/adagrad.h"
+#include "fastadam/momentum.h"
 
-/* Longest idle gap that catchup mode replays one decay at a time (see fa_sparse_catchup). */
+/* Longest idle gap that catchup mode replays one decay at a time (see fa_sparse_rows). */
 #define FA_CATCHUP_EXACT 64
 
 /* Radix digit width: 2^11 counters (16 KiB) stay in L1; 32-bit keys need at most 3 passes. */
@@ -74,55 +72,45 @@ void fa_segment_sum_f32(const float *values, ptrdiff_t row_size, const int64_t *
 void fa_segment_sum_f64(const double *values, ptrdiff_t row_size, const int64_t *perm,
                         const int64_t *offsets, ptrdiff_t s0, ptrdiff_t s1, double *out);
 
-/* fa_sparse_lazy_<dtype>: the Adam step on the touched rows rows[s], s in [s0, s1), only.
- *   x, m, v  IN/OUT  n_rows x row_size   only rows rows[s0..s1) are read or written
- *   values, perm, offsets, rows  IN      gradient and segment tables (rows unique, sorted)
- *   gbuf     OUT     row_size            scratch, private to the calling thread
- *   c        IN                          coefficients (flags: FA_L2 or 0)
- * Preconditions: x, m, v, values, gbuf do not overlap; rows[s] < n_rows.
+/* fa_sparse_rows_<dtype>: the optimizer's step on the touched rows rows[s], s in [s0, s1), only
+ * (lazy mode), or, when last_step is not NULL, catchup mode: row r first catches up the idle
+ * decays of the k = t - 1 - last_step[r] steps it missed, then last_step[r] = t.  For
+ * k <= FA_CATCHUP_EXACT that is k multiplications of each state slot by its idle rate, each
+ * rounded as dense mode's idle step rounds it (so the slots are bit-identical to dense mode's,
+ * up to the sign of a zero, without weight decay); beyond, one multiplication by rate^k (taken in
+ * float64, rounded to the dtype), which bounds the cost per row and agrees with dense mode to a
+ * few ulps.
+ *   kind, coeffs  IN                    the optimizer (FA_OPT_*) and its coefficient struct
+ *   x, st0, st1   IN/OUT n_rows x row_size  only rows rows[s0..s1) are read or written
+ *   values, perm, offsets, rows  IN     gradient and segment tables (rows unique, sorted)
+ *   gbuf          OUT    row_size       scratch, private to the calling thread
+ *   last_step     IN/OUT n_rows         catchup only (else NULL); entries rows[s0..s1)
+ *   t             IN                    this step's number (catchup only)
+ * Preconditions: x, the slots, values, gbuf do not overlap; rows[s] < n_rows; in catchup mode
+ * 0 <= last_step[rows[s]] < t (checked by the caller).
  * O((offsets[s1] - offsets[s0] + s1 - s0) * row_size).  Disjoint [s0, s1) may run at once. */
-void fa_sparse_lazy_f32(float *x, float *m, float *v, ptrdiff_t row_size, const float *values,
-                        const int64_t *perm, const int64_t *offsets, const int64_t *rows,
-                        ptrdiff_t s0, ptrdiff_t s1, float *gbuf, const fa_adam_coeffs *c);
-void fa_sparse_lazy_f64(double *x, double *m, double *v, ptrdiff_t row_size,
-                        const double *values, const int64_t *perm, const int64_t *offsets,
-                        const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, double *gbuf,
-                        const fa_adam_coeffs *c);
+void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+                        ptrdiff_t row_size, const float *values, const int64_t *perm,
+                        const int64_t *offsets, const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1,
+                        float *gbuf, int64_t *last_step, int64_t t);
+void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+                        ptrdiff_t row_size, const double *values, const int64_t *perm,
+                        const int64_t *offsets, const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1,
+                        double *gbuf, int64_t *last_step, int64_t t);
 
-/* fa_sparse_catchup_<dtype>: as fa_sparse_lazy, but row r first catches up the decays of the
- * k = t - 1 - last_step[r] steps it missed, then last_step[r] = t.  For k <= FA_CATCHUP_EXACT
- * that is k multiplications m = beta1 * m, v = beta2 * v, each rounded as dense mode's idle step
- * rounds it (so m and v are bit-identical to dense mode's, up to the sign of a zero); beyond,
- * one multiplication by beta1^k and beta2^k (taken in float64, rounded to the dtype), which
- * keeps the cost per row bounded and agrees with dense mode to a few ulps.
- *   last_step IN/OUT n_rows   only entries rows[s0..s1) are read or written
- *   t         IN              this step's number
- * Preconditions: as fa_sparse_lazy, and 0 <= last_step[rows[s]] < t (checked by the caller).
- * Same complexity and thread safety as fa_sparse_lazy. */
-void fa_sparse_catchup_f32(float *x, float *m, float *v, ptrdiff_t row_size,
-                           const float *values, const int64_t *perm, const int64_t *offsets,
-                           const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, float *gbuf,
-                           int64_t *last_step, int64_t t, const fa_adam_coeffs *c);
-void fa_sparse_catchup_f64(double *x, double *m, double *v, ptrdiff_t row_size,
-                           const double *values, const int64_t *perm, const int64_t *offsets,
-                           const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1, double *gbuf,
-                           int64_t *last_step, int64_t t, const fa_adam_coeffs *c);
-
-/* fa_sparse_dense_<dtype>: TensorFlow 1's dense-decay sparse Adam on table rows [r0, r1): every
- * row is updated, with g = its segment sum when touched and +0 otherwise.  Runs of untouched
- * rows are one contiguous loop that never reads a gradient.
- *   x, m, v  IN/OUT  n_rows x row_size   only rows [r0, r1) are read or written
- *   values, perm, offsets, rows  IN      segment tables of nseg segments
- *   gbuf     OUT     row_size            scratch, private to the calling thread
- * Preconditions: as fa_sparse_lazy.  O((r1 - r0) * row_size + log(nseg) + the touched rows'
- * gradient rows).  Disjoint [r0, r1) may run at once. */
-void fa_sparse_dense_f32(float *x, float *m, float *v, ptrdiff_t row_size, const float *values,
-                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
-                         ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, float *gbuf,
-                         const fa_adam_coeffs *c);
-void fa_sparse_dense_f64(double *x, double *m, double *v, ptrdiff_t row_size,
-                         const double *values, const int64_t *perm, const int64_t *offsets,
-                         const int64_t *rows, ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1,
-                         double *gbuf, const fa_adam_coeffs *c);
+/* fa_sparse_dense_<dtype>: dense-decay mode (TensorFlow 1's sparse Adam) on table rows
+ * [r0, r1): every row is updated, with g = its segment sum when touched and +0 otherwise.
+ * Runs of untouched rows are one contiguous loop that never reads a gradient.
+ *   arguments as fa_sparse_rows, plus nseg (segments in the tables), r0, r1 (table rows)
+ * O((r1 - r0) * row_size + log(nseg) + the touched rows' gradient rows).  Disjoint [r0, r1)
+ * may run at once. */
+void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+                         ptrdiff_t row_size, const float *values, const int64_t *perm,
+                         const int64_t *offsets, const int64_t *rows, ptrdiff_t nseg,
+                         ptrdiff_t r0, ptrdiff_t r1, float *gbuf);
+void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+                         ptrdiff_t row_size, const double *values, const int64_t *perm,
+                         const int64_t *offsets, const int64_t *rows, ptrdiff_t nseg,
+                         ptrdiff_t r0, ptrdiff_t r1, double *gbuf);
 
 #endif /* FASTADAM_SPARSE_H */

@@ -1,39 +1,71 @@
-/* fastadam/sparse_body.h -- the dtype-generic body of the sparse kernels (contracts and formula
- * in sparse.h).  Included once per dtype by sparse.c, with
+/* fastadam/sparse_body.h -- the dtype-generic body of the sparse kernels (contracts in
+ * sparse.h).  Included once per dtype by sparse.c, with
  *   FA_S     the storage and compute type (float or double),
- *   FA_SQRT  its square root (sqrtf or sqrt),
- *   FA_FN(name)  name with the dtype suffix (_f32 or _f64).
- * No include guard: this file is meant to be included more than once.  setup.py does not track
- * headers: after editing this file, touch sparse.c (or build_ext --force) so it is recompiled.
+ *   FA_FN(name)  name with the dtype suffix (_f32 or _f64),
+ * after formulas.h (the optimizers' element formulas).  No include guard: this file is meant
+ * to be included more than once.
  */
 
-/* The Adam update of n contiguous elements.  L2, CATCHUP and ZERO_G are compile-time constants
- * at every call site (always_inline), so each combination is its own branch-free simd loop. */
-static inline __attribute__((always_inline)) void FA_FN(row_update)(
-    FA_S *restrict x, const FA_S *restrict g, FA_S *restrict m, FA_S *restrict v, ptrdiff_t n,
-    const fa_adam_coeffs *c, FA_S d1, FA_S d2, const int L2, const int CATCHUP, const int ZERO_G)
+/* The prepared coefficients of the optimizer a call applies: only the member of `kind` is set. */
+typedef struct {
+    FA_FN(fa_adam_k) adam;
+    FA_FN(fa_adagrad_k) adagrad;
+    FA_FN(fa_momentum_k) momentum;
+} FA_FN(fa_prepared);
+
+static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
+    const int KIND, const void *coeffs)
 {
-    const FA_S b1 = (FA_S)c->beta1, b2 = (FA_S)c->beta2;
-    const FA_S omb1 = (FA_S)(1.0 - c->beta1), omb2 = (FA_S)(1.0 - c->beta2);
-    const FA_S alpha = (FA_S)c->alpha, dscale = (FA_S)c->denom_scale, eps = (FA_S)c->eps;
-    const FA_S sign = (FA_S)c->sign, l2 = (FA_S)c->l2, dmul = (FA_S)c->decay_mul;
+    FA_FN(fa_prepared) p;
+    memset(&p, 0, sizeof p);
+    if (KIND == FA_OPT_ADAM) p.adam = FA_FN(fa_adam_prepare)((const fa_adam_coeffs *)coeffs);
+    if (KIND == FA_OPT_ADAGRAD)
+        p.adagrad = FA_FN(fa_adagrad_prepare)((const fa_adagrad_coeffs *)coeffs);
+    if (KIND == FA_OPT_MOMENTUM)
+        p.momentum = FA_FN(fa_momentum_prepare)((const fa_momentum_coeffs *)coeffs);
+    return p;
+}
+
+/* The optimizer's update of n contiguous elements (g = +0 when ZERO_G).  KIND, FLAGS and ZERO_G
+ * are compile-time constants at every call site (always_inline), so each combination is its
+ * own branch-free simd loop. */
+static inline __attribute__((always_inline)) void FA_FN(row_update)(
+    FA_S *restrict x, const FA_S *restrict g, FA_S *restrict s0, FA_S *restrict s1, ptrdiff_t n,
+    const FA_FN(fa_prepared) *p, const int KIND, const int FLAGS, const int ZERO_G)
+{
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        FA_S gi = ZERO_G ? (FA_S)0 : g[i];
-        FA_S xi = x[i];
-        gi = sign * gi;
-        if (L2) gi = gi + l2 * xi;
-        xi = dmul * xi;
-        FA_S m0 = m[i], v0 = v[i];
-        if (CATCHUP) {
-            m0 = m0 * d1;
-            v0 = v0 * d2;
+        const FA_S gi = ZERO_G ? (FA_S)0 : g[i];
+        FA_S xi = x[i], a = s0[i], b = 0;
+        if (KIND == FA_OPT_ADAM) {
+            b = s1[i];
+            FA_FN(fa_adam_math)(&p->adam, FLAGS, gi, &xi, &a, &b, NULL);
+            s1[i] = b;
+        } else if (KIND == FA_OPT_ADAGRAD) {
+            FA_FN(fa_adagrad_math)(&p->adagrad, FLAGS, gi, &xi, &a);
+        } else {
+            FA_FN(fa_momentum_math)(&p->momentum, FLAGS, gi, &xi, &a);
         }
-        const FA_S mi = b1 * m0 + omb1 * gi;
-        const FA_S vi = b2 * v0 + omb2 * (gi * gi);
-        m[i] = mi;
-        v[i] = vi;
-        x[i] = xi - alpha * mi / (FA_SQRT(vi) * dscale + eps);
+        s0[i] = a;
+        x[i] = xi;
+    }
+}
+
+/* slot = rate * slot, `times` times (each rounded, as dense mode's idle steps), or once by
+ * rate^times when times > FA_CATCHUP_EXACT.  A rate of exactly 1 needs no work. */
+static inline void FA_FN(decay_slot)(FA_S *restrict slot, ptrdiff_t n, double rate, int64_t times)
+{
+    if (slot == NULL || rate == 1.0 || times <= 0) return;
+    if (times > FA_CATCHUP_EXACT) {
+        const FA_S d = (FA_S)pow(rate, (double)times);
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) slot[i] = slot[i] * d;
+        return;
+    }
+    const FA_S r = (FA_S)rate;
+    for (int64_t q = 0; q < times; q++) {
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) slot[i] = r * slot[i];
     }
 }
 
@@ -66,84 +98,46 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
                            offsets[s1]);
 }
 
-/* Lazy and catchup share one loop over segments; L2 and CATCHUP are constants here too. */
+/* Lazy and catchup share one loop over segments; KIND, FLAGS and CATCHUP are constants here. */
 static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
-    FA_S *restrict x, FA_S *restrict m, FA_S *restrict v, ptrdiff_t row_size,
-    const FA_S *restrict values, const int64_t *restrict perm, const int64_t *restrict offsets,
-    const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict gbuf,
-    int64_t *restrict last_step, int64_t t, const fa_adam_coeffs *c, const int L2,
-    const int CATCHUP)
+    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,
+    ptrdiff_t row_size, const FA_S *restrict values, const int64_t *restrict perm,
+    const int64_t *restrict offsets, const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+    FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t, const int KIND,
+    const int FLAGS, const int CATCHUP)
 {
     const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
+    const FA_FN(fa_prepared) p = FA_FN(prepare)(KIND, coeffs);
+    double r0 = 1.0, r1 = 1.0;
+    if (CATCHUP) fa_idle_rates(KIND, coeffs, &r0, &r1);
     for (ptrdiff_t s = s0; s < s1; s++) {
         const int64_t r = rows[s];
         const ptrdiff_t at = (ptrdiff_t)r * row_size;
         if (s + FA_PREFETCH_ROWS < s1) { /* the table rows are random too */
             const ptrdiff_t ahead = (ptrdiff_t)rows[s + FA_PREFETCH_ROWS] * row_size;
             fa_prefetch_write(x + ahead, row_bytes);
-            fa_prefetch_write(m + ahead, row_bytes);
-            fa_prefetch_write(v + ahead, row_bytes);
+            fa_prefetch_write(st0 + ahead, row_bytes);
+            if (st1) fa_prefetch_write(st1 + ahead, row_bytes);
         }
-        FA_S d1 = (FA_S)1, d2 = (FA_S)1; /* multiplying by exactly 1 changes nothing */
         if (CATCHUP) {
             const int64_t idle = t - 1 - last_step[r];
-            if (idle > FA_CATCHUP_EXACT) {
-                d1 = (FA_S)pow(c->beta1, (double)idle);
-                d2 = (FA_S)pow(c->beta2, (double)idle);
-            } else if (idle > 0) { /* dense mode's idle steps, one rounding each */
-                const FA_S b1 = (FA_S)c->beta1, b2 = (FA_S)c->beta2;
-                for (int64_t q = 0; q < idle; q++) {
-#pragma omp simd
-                    for (ptrdiff_t i = 0; i < row_size; i++) {
-                        m[at + i] = b1 * m[at + i];
-                        v[at + i] = b2 * v[at + i];
-                    }
-                }
-            }
+            FA_FN(decay_slot)(st0 + at, row_size, r0, idle);
+            if (st1) FA_FN(decay_slot)(st1 + at, row_size, r1, idle);
             last_step[r] = t;
         }
         FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
-        FA_FN(row_update)(x + at, gbuf, m + at, v + at, row_size, c, d1, d2, L2, CATCHUP, 0);
+        FA_FN(row_update)(x + at, gbuf, st0 + at, st1 ? st1 + at : NULL, row_size, &p, KIND, FLAGS,
+                          0);
     }
 }
 
-FA_DISPATCH
-void FA_FN(fa_sparse_lazy)(FA_S *restrict x, FA_S *restrict m, FA_S *restrict v,
-                           ptrdiff_t row_size, const FA_S *restrict values,
-                           const int64_t *restrict perm, const int64_t *restrict offsets,
-                           const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-                           FA_S *restrict gbuf, const fa_adam_coeffs *c)
-{
-    if (c->flags & FA_L2)
-        FA_FN(lazy_loop)(x, m, v, row_size, values, perm, offsets, rows, s0, s1, gbuf, NULL, 0,
-                         c, 1, 0);
-    else
-        FA_FN(lazy_loop)(x, m, v, row_size, values, perm, offsets, rows, s0, s1, gbuf, NULL, 0,
-                         c, 0, 0);
-}
-
-FA_DISPATCH
-void FA_FN(fa_sparse_catchup)(FA_S *restrict x, FA_S *restrict m, FA_S *restrict v,
-                              ptrdiff_t row_size, const FA_S *restrict values,
-                              const int64_t *restrict perm, const int64_t *restrict offsets,
-                              const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-                              FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t,
-                              const fa_adam_coeffs *c)
-{
-    if (c->flags & FA_L2)
-        FA_FN(lazy_loop)(x, m, v, row_size, values, perm, offsets, rows, s0, s1, gbuf,
-                         last_step, t, c, 1, 1);
-    else
-        FA_FN(lazy_loop)(x, m, v, row_size, values, perm, offsets, rows, s0, s1, gbuf,
-                         last_step, t, c, 0, 1);
-}
-
 static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
-    FA_S *restrict x, FA_S *restrict m, FA_S *restrict v, ptrdiff_t row_size,
-    const FA_S *restrict values, const int64_t *restrict perm, const int64_t *restrict offsets,
-    const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1,
-    FA_S *restrict gbuf, const fa_adam_coeffs *c, const int L2)
+    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,
+    ptrdiff_t row_size, const FA_S *restrict values, const int64_t *restrict perm,
+    const int64_t *restrict offsets, const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
+    ptrdiff_t r1, FA_S *restrict gbuf, const int KIND, const int FLAGS)
 {
+    const FA_FN(fa_prepared) p = FA_FN(prepare)(KIND, coeffs);
     /* First segment whose row is >= r0 (binary search over the sorted rows). */
     ptrdiff_t lo = 0, hi = nseg;
     while (lo < hi) {
@@ -156,32 +150,71 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
         const ptrdiff_t next = (s < nseg && rows[s] < r1) ? (ptrdiff_t)rows[s] : r1;
         if (next > r) { /* the untouched rows [r, next): g = +0, one contiguous loop */
             const ptrdiff_t at = r * row_size;
-            FA_FN(row_update)(x + at, NULL, m + at, v + at, (next - r) * row_size, c, 1, 1, L2,
-                              0, 1);
+            FA_FN(row_update)(x + at, NULL, st0 + at, st1 ? st1 + at : NULL,
+                              (next - r) * row_size, &p, KIND, FLAGS, 1);
             r = next;
         }
         if (r < r1) { /* the touched row r == rows[s] */
             const ptrdiff_t at = r * row_size;
             FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1],
                                offsets[nseg]);
-            FA_FN(row_update)(x + at, gbuf, m + at, v + at, row_size, c, 1, 1, L2, 0, 0);
+            FA_FN(row_update)(x + at, gbuf, st0 + at, st1 ? st1 + at : NULL, row_size, &p, KIND,
+                              FLAGS, 0);
             r++;
             s++;
         }
     }
 }
 
+/* Every (kind, flags) pair of the sparse path is its own instantiation of LOOP(KIND, FLAGS):
+ * flags FA_L2 (bit 1) and the optimizer's own bit 4 (FA_EPS_INSIDE, FA_MOMENTUM_NESTEROV). */
+#define FA_SPARSE_SWITCH(KIND_, FLAGS_, LOOP)                                                  \
+    switch ((KIND_) * 8 + ((FLAGS_) & (FA_L2 | 4))) {                                          \
+    case FA_OPT_ADAM * 8: LOOP(FA_OPT_ADAM, 0); break;                                         \
+    case FA_OPT_ADAM * 8 + 1: LOOP(FA_OPT_ADAM, 1); break;                                     \
+    case FA_OPT_ADAGRAD * 8: LOOP(FA_OPT_ADAGRAD, 0); break;                                   \
+    case FA_OPT_ADAGRAD * 8 + 1: LOOP(FA_OPT_ADAGRAD, 1); break;                               \
+    case FA_OPT_ADAGRAD * 8 + 4: LOOP(FA_OPT_ADAGRAD, 4); break;                               \
+    case FA_OPT_ADAGRAD * 8 + 5: LOOP(FA_OPT_ADAGRAD, 5); break;                               \
+    case FA_OPT_MOMENTUM * 8: LOOP(FA_OPT_MOMENTUM, 0); break;                                 \
+    case FA_OPT_MOMENTUM * 8 + 1: LOOP(FA_OPT_MOMENTUM, 1); break;                             \
+    case FA_OPT_MOMENTUM * 8 + 4: LOOP(FA_OPT_MOMENTUM, 4); break;                             \
+    case FA_OPT_MOMENTUM * 8 + 5: LOOP(FA_OPT_MOMENTUM, 5); break;                             \
+    default: break;                                                                            \
+    }
+
 FA_DISPATCH
-void FA_FN(fa_sparse_dense)(FA_S *restrict x, FA_S *restrict m, FA_S *restrict v,
-                            ptrdiff_t row_size, const FA_S *restrict values,
+void FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                           FA_S *restrict st1, ptrdiff_t row_size, const FA_S *restrict values,
+                           const int64_t *restrict perm, const int64_t *restrict offsets,
+                           const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+                           FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
+{
+    const int flags = fa_coeffs_flags(kind, coeffs);
+#define FA_LOOP(K, F)                                                                          \
+    if (last_step)                                                                             \
+        FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, s0, s1,   \
+                         gbuf, last_step, t, K, F, 1);                                         \
+    else                                                                                       \
+        FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, s0, s1,   \
+                         gbuf, NULL, 0, K, F, 0)
+    FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
+#undef FA_LOOP
+}
+
+FA_DISPATCH
+void FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                            FA_S *restrict st1, ptrdiff_t row_size, const FA_S *restrict values,
                             const int64_t *restrict perm, const int64_t *restrict offsets,
                             const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
-                            ptrdiff_t r1, FA_S *restrict gbuf, const fa_adam_coeffs *c)
+                            ptrdiff_t r1, FA_S *restrict gbuf)
 {
-    if (c->flags & FA_L2)
-        FA_FN(dense_loop)(x, m, v, row_size, values, perm, offsets, rows, nseg, r0, r1, gbuf, c,
-                          1);
-    else
-        FA_FN(dense_loop)(x, m, v, row_size, values, perm, offsets, rows, nseg, r0, r1, gbuf, c,
-                          0);
+    const int flags = fa_coeffs_flags(kind, coeffs);
+#define FA_LOOP(K, F)                                                                          \
+    FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, nseg, r0, r1, \
+                      gbuf, K, F)
+    FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
+#undef FA_LOOP
 }
+
+#undef FA_SPARSE_SWITCH

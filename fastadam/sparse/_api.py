@@ -1,65 +1,31 @@
-"""Public sparse Adam API: ``segment_sum`` and ``sparse_step_inplace``.
+"""The sparse steps of every optimizer, and ``segment_sum``.
 
 Python checks every input before anything is written (a step is all or nothing), folds the
-hyper-parameters into float64 coefficients with the dense step's helpers, then makes one
-compiled call to sort the indices and one to update (fastadam/_sparse.pyx).
+hyper-parameters into the optimizer's coefficient object (fastadam/optim/_coefficients.py, the
+same folding as the dense steps), then makes one compiled call to sort the indices and one to
+update (fastadam/_sparse.pyx), whose row walk applies the optimizer's own element formula.
+Indices are copied once into a private buffer before they are range-checked: the kernels read
+only that copy, so another thread changing the caller's array mid-call cannot make them read
+out of bounds.
 """
-import numbers
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _sparse
-from ._dense_api import check_hyperparameters, step_coefficients, weight_decay_coefficients
+from .. import _sparse
+from .._threads import resolve_num_threads
+from .._validation import check_array, check_disjoint, check_indices, check_rows
+from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
+                                   momentum_coefficients, step_number)
+from ..optim._functional import check_compute_dtype
 from ._indexed_slices import IndexedSlices
-from ._threads import resolve_num_threads
-from ._validation import check_array, check_disjoint
 
 MODES = ("lazy", "dense", "catchup")
-_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_VALUE_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
+_VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _check_indices(indices, name, n_rows, unit="rows"):
-    """A 1-D int32/int64 array (contiguous copy if needed: it is only read) in [0, n_rows)."""
-    if not isinstance(indices, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
-                        f"got {type(indices).__name__}")
-    if indices.dtype not in _INDEX_TYPES:
-        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
-    if indices.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
-    indices = np.ascontiguousarray(indices)
-    if indices.dtype.byteorder not in "=|":
-        indices = indices.astype(indices.dtype.newbyteorder("="))
-    if indices.size:
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < 0:
-            raise IndexError(f"{name}: negative index {lo}; negative indices are not allowed "
-                             f"(no wrap-around, as in TensorFlow and torch.sparse)")
-        if n_rows is not None and hi >= n_rows:
-            raise IndexError(f"{name}: index {hi} is out of range for {n_rows} {unit}")
-    return indices
-
-
-def _check_values(values, name, k, row_shape, dtype):
-    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
-    if not isinstance(values, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
-    if dtype is None:
-        if values.dtype not in _VALUE_TYPES:
-            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
-    elif values.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
-    expected = (k,) + tuple(row_shape)
-    if values.shape != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
-    values = np.ascontiguousarray(values)
-    if values.dtype.byteorder not in "=|":
-        values = values.astype(values.dtype.newbyteorder("="))
-    return values
-
-
-def segment_sum(indices, values, *, num_threads=None):
+def segment_sum(indices: np.ndarray, values: np.ndarray, *,
+                num_threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Sum the rows of ``values`` that share an index: a deterministic ``unsorted_segment_sum``.
 
     Returns ``(unique_indices, sums)``: ``unique_indices`` the distinct indices in increasing
@@ -86,13 +52,13 @@ def segment_sum(indices, values, *, num_threads=None):
     unique_indices : ndarray, shape (nseg,)
     sums : ndarray, shape (nseg,) + values.shape[1:], dtype of ``values``
     """
-    indices = _check_indices(indices, "indices", None)
+    indices = check_indices(indices, "indices", None)
     if not isinstance(values, np.ndarray):
         raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
     if values.ndim < 1:
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
-    values = _check_values(values, "values", indices.shape[0], values.shape[1:], None)
+    values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
     nt = resolve_num_threads(num_threads)
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
@@ -143,7 +109,7 @@ def _csr_rows(x, grad):
     nnz = int(indptr[-1])
     if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
         raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = _check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
+    cols = check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
     if data.dtype != x.dtype:
         raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
                         f"got {data.dtype}")
@@ -152,9 +118,12 @@ def _csr_rows(x, grad):
     return flat, np.ascontiguousarray(data[:nnz])
 
 
-def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-3, beta1=0.9,
-                        beta2=0.999, eps=1e-8, convention="tf", weight_decay=0.0,
-                        decoupled_weight_decay=False, maximize=False, num_threads=None):
+def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, t: int, *,
+                        mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                        lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
+                        eps: float = 1e-8, convention: str = "tf", weight_decay: float = 0.0,
+                        decoupled_weight_decay: bool = False, maximize: bool = False,
+                        num_threads: Optional[int] = None) -> None:
     """One Adam step with a sparse gradient, in place.
 
     Duplicate indices are first summed (see :func:`segment_sum`: stable sort, original order,
@@ -227,12 +196,60 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     All checks run before any array is written: if one fails (TypeError, ValueError,
     IndexError naming the argument), ``x``, ``m``, ``v`` and ``last_step`` are unchanged.
     """
-    lr, beta1, beta2, eps, weight_decay, _, _ = check_hyperparameters(
-        lr, beta1, beta2, eps, convention, weight_decay, 0.0)
+    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                               decoupled_weight_decay, maximize=maximize)
+    return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
+
+
+def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int, *,
+                                mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                lr: float = 1e-2, lr_decay: float = 0.0,
+                                eps: Optional[float] = None, weight_decay: float = 0.0,
+                                maximize: bool = False, convention: str = "torch",
+                                num_threads: Optional[int] = None) -> None:
+    """One Adagrad step with a sparse gradient, in place.
+
+    The update of a row is :func:`fastadam.adagrad_step_inplace`'s formula and conventions, with
+    ``g`` the row's summed gradient (duplicates summed as in :func:`segment_sum`).  Modes,
+    gradient forms, weight-decay rule and checks are those of :func:`sparse_step_inplace`.
+    Adagrad's accumulator does not decay, so ``"catchup"`` changes nothing beyond ``"lazy"``
+    (it still maintains ``last_step``), and ``"dense"`` differs from ``"lazy"`` only through
+    weight decay of the untouched rows.
+    """
+    coeffs = adagrad_coefficients(t, lr=lr, lr_decay=lr_decay, eps=eps,
+                                  weight_decay=weight_decay, maximize=maximize,
+                                  convention=convention)
+    return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads)
+
+
+def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int, *,
+                                 mode: str = "lazy", last_step: Optional[np.ndarray] = None,
+                                 lr: float = 1e-2, momentum: float = 0.9, dampening: float = 0.0,
+                                 nesterov: bool = False, weight_decay: float = 0.0,
+                                 maximize: bool = False, convention: str = "torch",
+                                 num_threads: Optional[int] = None) -> None:
+    """One SGD-with-momentum step with a sparse gradient, in place.
+
+    The update of a row is :func:`fastadam.momentum_step_inplace`'s formula and conventions,
+    with ``g`` the row's summed gradient.  Modes, gradient forms, weight-decay rule and checks
+    are those of :func:`sparse_step_inplace`: ``"dense"`` keeps every row moving with its
+    decaying buffer (as the dense step on the densified gradient, bit for bit), ``"lazy"`` only
+    touched rows, and ``"catchup"`` first decays a returning row's buffer by ``momentum`` once
+    per missed step (the idle steps' movement of ``x`` is not replayed).  A row touched for the
+    first time after step 1 starts from a zero buffer (``v = (1 - dampening) * g'``).
+    """
+    coeffs = momentum_coefficients(t, lr=lr, momentum=momentum, dampening=dampening,
+                                   nesterov=nesterov, weight_decay=weight_decay,
+                                   maximize=maximize, convention=convention)
+    return sparse_step(coeffs, x, grad, [("v", v)], t, mode, last_step, num_threads)
+
+
+def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
+    """Validate and run one sparse step of the optimizer ``coeffs`` describes; ``slots`` are
+    its state arguments as (name, array) pairs in slot order."""
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    alpha, denom_scale = step_coefficients(t, lr, beta1, beta2, convention)
-    t = int(t)
+    t = step_number(t)
     if mode == "catchup" and t < 1:
         raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
     nt = resolve_num_threads(num_threads)
@@ -244,16 +261,17 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     if x.dtype not in _VALUE_TYPES:
         raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
     typenum = x.dtype.num
-    m = check_array(m, "m", typenum, x.shape, True)
-    v = check_array(v, "v", typenum, x.shape, True)
+    check_compute_dtype(coeffs, typenum)
+    slot_arrays = [check_array(a, name, typenum, x.shape, True) for name, a in slots]
 
     indices, values, element_wise = _gradient_rows(x, grad)
+    caller_indices = indices  # checked for overlap below; the kernels read a private copy
     if element_wise:
         n_rows, row_shape, rows_shape = x.size, (), x.shape
     else:
         n_rows, row_shape, rows_shape = x.shape[0], x.shape[1:], x.shape[:1]
-        indices = _check_indices(indices, "indices", n_rows)
-        values = _check_values(values, "values", indices.shape[0], row_shape, x.dtype)
+        indices = check_indices(indices, "indices", n_rows)
+        values = check_rows(values, "values", indices.shape[0], row_shape, x.dtype)
 
     if mode == "catchup":
         if last_step is None:
@@ -264,8 +282,10 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
     elif last_step is not None:
         raise ValueError(f"last_step: only used in catchup mode, got it with mode={mode!r}")
 
-    groups = [("x", [x], True), ("m", [m], True), ("v", [v], True),
-              ("values", [values], False), ("indices", [indices], False)]
+    groups = [("x", [x], True)] + [(name, [a], True) for (name, _), a in zip(slots, slot_arrays)]
+    groups += [("values", [values], False)]
+    if isinstance(caller_indices, np.ndarray):
+        groups.append(("indices", [caller_indices], False))
     if mode == "catchup":
         groups.append(("last_step", [last_step], True))
     check_disjoint(groups, True)
@@ -278,11 +298,8 @@ def sparse_step_inplace(x, grad, m, v, t, *, mode="lazy", last_step=None, lr=1e-
             raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
                              f"row, got {bad}")
 
-    l2, decay_mul = weight_decay_coefficients(lr, weight_decay, decoupled_weight_decay)
-    flags = _sparse.FLAG_L2 if l2 != 0.0 else 0
     row_size = int(np.prod(row_shape, dtype=np.int64))
     _sparse.sparse_step(
-        x.reshape(n_rows, row_size), m.reshape(n_rows, row_size), v.reshape(n_rows, row_size),
+        coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
         values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
-        last_step.reshape(-1) if mode == "catchup" else None, t, alpha, denom_scale, eps,
-        beta1, beta2, -1.0 if maximize else 1.0, l2, decay_mul, flags, nt)
+        last_step.reshape(-1) if mode == "catchup" else None, t, nt)

@@ -3,7 +3,7 @@ implementation and PyTorch's fused CPU Adam, against the machine's memory bandwi
 
 Everything is measured in one process, float32, one tensor per size, median of repeats.  An
 fp32 Adam step reads x, g, m, v and writes x, m, v: 28 bytes per element.  The yardstick
-``fastadam._dense.stream_rw_f32`` moves exactly that traffic (same chunking and threads) with no
+``fastadam.bench.stream_rw_f32`` moves exactly that traffic (same chunking and threads) with no
 arithmetic, so ``bandwidth / 28 B`` is the most elements per second any Adam step can reach
 once the tensors no longer fit in cache: the ceiling drawn in the plot.
 
@@ -102,7 +102,7 @@ def measure_dense(sizes=SIZES, threads=THREADS, repeats=5, min_time=0.02, torch=
     (28 bytes per element).  NumPy is single-threaded whatever ``threads`` says; PyTorch is
     skipped when it is not importable (or ``torch=False``)."""
     import fastadam
-    from fastadam import _dense
+    from fastadam.bench._yardstick import stream_rw_f32
 
     th = _torch() if torch else None
     rows = []
@@ -124,7 +124,7 @@ def measure_dense(sizes=SIZES, threads=THREADS, repeats=5, min_time=0.02, torch=
             timings = median_seconds_interleaved({
                 "fastadam": lambda: fastadam.step_inplace(x, g, m, v, 10, num_threads=nt),
                 "numpy": lambda: numpy_adam_step(xn, g, mn, vn, 10, tmp),
-                STREAM: lambda: _dense.stream_rw_f32(sa, g, sb, sc, nt),
+                STREAM: lambda: stream_rw_f32(sa, g, sb, sc, nt),
             }, repeats, min_time)
             if th is not None:
                 opt = torch_fused_adam([x0.copy()], [g.copy()])

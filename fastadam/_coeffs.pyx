@@ -1,0 +1,141 @@
+"""The coefficient objects: each optimizer's hyper-parameters, checked and folded once per step
+in float64 by fastadam/optim/_coefficients.py, held as the C struct its kernels read.
+
+One object crosses from Python into the compiled drivers per call; they read ``kind`` and the
+struct pointer and never see a long list of scalars.  The fields are the struct's (see
+include/fastadam/adam.h, adagrad.h, momentum.h) and are fixed at construction.
+"""
+
+FLAG_L2 = FA_L2
+FLAG_SCALE = FA_SCALE
+FLAG_AMSGRAD = FA_AMSGRAD
+FLAG_NESTEROV = FA_NESTEROV
+FLAG_EPS_INSIDE = FA_EPS_INSIDE
+FLAG_MOMENTUM_NESTEROV = FA_MOMENTUM_NESTEROV
+KIND_ADAM = FA_OPT_ADAM
+KIND_ADAGRAD = FA_OPT_ADAGRAD
+KIND_MOMENTUM = FA_OPT_MOMENTUM
+
+
+# float32's largest finite value, and the largest magnitude that rounds to 0 in float32.
+cdef double F32_MAX = 3.4028234663852886e38
+cdef double F32_ZERO = 7.006492321624085e-46
+
+
+cdef inline check_finite32(double value, str name):
+    if value > F32_MAX or value < -F32_MAX:
+        raise ValueError(f"{name}: {value!r} overflows float32 (the precision this step "
+                         f"computes in)")
+
+
+cdef inline check_nonzero32(double value, str name):
+    if value != 0.0 and -F32_ZERO <= value <= F32_ZERO:
+        raise ValueError(f"{name}: {value!r} rounds to 0 in float32 (the precision this step "
+                         f"computes in)")
+
+
+cdef class Coefficients:
+    """Base of the coefficient objects (not constructed directly)."""
+
+    def check_float32(self):
+        """Raise ValueError, naming the hyper-parameter, if a folded value overflows float32 or
+        a divisor (eps, grad_scale) rounds to 0 there: float32 and float16 steps compute in
+        float32."""
+        raise NotImplementedError
+
+    def as_dict(self):
+        """The struct's fields, for inspection and tests."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"{type(self).__name__}({fields})"
+
+
+cdef class AdamCoefficients(Coefficients):
+    """fa_adam_coeffs: ``x = post_mul*(decay_mul*x - alpha*mu/(sqrt(vh)*denom_scale + eps))``."""
+
+    def __cinit__(self, *, double alpha, double denom_scale, double eps, double beta1,
+                  double beta2, double sign, double grad_scale, double l2, double decay_mul,
+                  double post_mul, int flags):
+        self.c.alpha = alpha
+        self.c.denom_scale = denom_scale
+        self.c.eps = eps
+        self.c.beta1 = beta1
+        self.c.beta2 = beta2
+        self.c.sign = sign
+        self.c.grad_scale = grad_scale
+        self.c.l2 = l2
+        self.c.decay_mul = decay_mul
+        self.c.post_mul = post_mul
+        self.c.flags = flags
+        self.kind = FA_OPT_ADAM
+        self.grad_scale = grad_scale
+        self.data = &self.c
+
+    def check_float32(self):
+        check_finite32(self.c.alpha, "lr")  # the step size: lr with the bias correction
+        check_nonzero32(self.c.eps, "eps")
+        check_finite32(self.c.grad_scale, "grad_scale")
+        check_nonzero32(self.c.grad_scale, "grad_scale")
+        check_finite32(self.c.l2, "weight_decay")
+
+    def as_dict(self):
+        return dict(self.c)
+
+
+cdef class AdagradCoefficients(Coefficients):
+    """fa_adagrad_coeffs: ``h += g'^2; x -= lr*g'/(sqrt(h) + eps)``."""
+
+    def __cinit__(self, *, double lr, double eps, double sign, double grad_scale, double l2,
+                  int flags):
+        self.c.lr = lr
+        self.c.eps = eps
+        self.c.sign = sign
+        self.c.grad_scale = grad_scale
+        self.c.l2 = l2
+        self.c.flags = flags
+        self.kind = FA_OPT_ADAGRAD
+        self.grad_scale = grad_scale
+        self.data = &self.c
+
+    def check_float32(self):
+        check_finite32(self.c.lr, "lr")
+        check_finite32(self.c.eps, "eps")
+        check_nonzero32(self.c.eps, "eps")
+        check_finite32(self.c.grad_scale, "grad_scale")
+        check_nonzero32(self.c.grad_scale, "grad_scale")
+        check_finite32(self.c.l2, "weight_decay")
+
+    def as_dict(self):
+        return dict(self.c)
+
+
+cdef class MomentumCoefficients(Coefficients):
+    """fa_momentum_coeffs: ``v = a*v + b*g'; x -= lr*v`` (or ``lr*(g' + an*v)``)."""
+
+    def __cinit__(self, *, double lr, double a, double b, double an, double idle_rate,
+                  double sign, double grad_scale, double l2, int flags):
+        self.c.lr = lr
+        self.c.a = a
+        self.c.b = b
+        self.c.an = an
+        self.c.idle_rate = idle_rate
+        self.c.sign = sign
+        self.c.grad_scale = grad_scale
+        self.c.l2 = l2
+        self.c.flags = flags
+        self.kind = FA_OPT_MOMENTUM
+        self.grad_scale = grad_scale
+        self.data = &self.c
+
+    def check_float32(self):
+        check_finite32(self.c.lr, "lr")
+        check_finite32(self.c.an, "momentum")
+        check_finite32(self.c.b, "dampening")
+        check_finite32(self.c.grad_scale, "grad_scale")
+        check_nonzero32(self.c.grad_scale, "grad_scale")
+        check_finite32(self.c.l2, "weight_decay")
+
+    def as_dict(self):
+        return dict(self.c)

@@ -1,0 +1,35 @@
+"""fastadam.optim: the optimizers, in a functional form and as objects.
+
+- ``_coefficients.py``: each optimizer's hyper-parameter checks and float64 folding into the
+  coefficient object its kernels read (one place per rule).
+- ``_functional.py``: the functional dense steps (``step_inplace`` for Adam,
+  ``adagrad_step_inplace``, ``momentum_step_inplace``): validate, fold, one compiled call.
+  Their sparse forms are in :mod:`fastadam.sparse`.
+- The optimizer objects are built on those functions only:
+
+  - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
+  - ``_adam.py`` (``Adam``, ``AdamW``), ``_adagrad.py`` (``Adagrad``), ``_sgd.py`` (``SGD``):
+    one small class per optimizer: its hyper-parameters, slots and functional calls;
+  - ``_params.py``: parameter and gradient checks; ``_clip.py``: global-norm clipping;
+  - ``_checkpoint.py``: state dicts and atomic, untrusting checkpoint files;
+  - ``schedules.py`` (public): learning-rate schedules; ``_torch.py``: import from torch.optim.
+
+A new optimizer adds its element formula (``include/fastadam/NAME.h``), a coefficient struct
+and class (``fastadam/_coeffs.pyx``), an entry in the kernel table (``include/fastadam/dense.c``
+and the sparse row walk), a folding function here, its functional step, and one class on
+``Optimizer``.
+"""
+from ._functional import adagrad_step_inplace, momentum_step_inplace, step_inplace
+from ..sparse import (sparse_adagrad_step_inplace, sparse_momentum_step_inplace,
+                      sparse_step_inplace)
+from . import schedules
+from ._adagrad import Adagrad
+from ._adam import Adam, AdamW
+from ._base import Optimizer, ParamGroup
+from ._clip import clip_grad_norm, global_norm
+from ._sgd import SGD
+
+__all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step_inplace",
+           "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
+__all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "clip_grad_norm",
+            "global_norm", "schedules"]

@@ -1,0 +1,173 @@
+"""``Adam`` and ``AdamW``: the optimizer objects over ``step_inplace`` / ``sparse_step_inplace``.
+
+Design: hyper-parameters are checked here for their type and the torch-style rules (``lr`` and
+``weight_decay`` >= 0, flags are bools), then by the functional step itself in a dry run on an
+empty tensor list, so the ranges (``0 <= beta < 1``, ``eps > 0``) are written once, in the
+functional step.  ``eps`` defaults to the convention's library default.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._base import (Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real)
+from ..sparse import sparse_step_inplace
+from ._functional import step_inplace
+
+__all__ = ["Adam", "AdamW"]
+
+#: eps when not given: each convention's library default (PyTorch, TensorFlow/Keras, ONNX)
+ADAM_EPS = {"torch": 1e-8, "tf": 1e-7, "onnx": 1e-6}
+SPARSE_MODES = ("lazy", "dense")
+LR = Union[float, Callable[[int], float]]
+
+
+class Adam(Optimizer):
+    """Adam over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+
+    Per element, as :func:`fastadam.step_inplace` documents (``betas = (beta1, beta2)``)::
+
+        m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g**2;  x -= alpha*m/(sqrt(v)*s + eps)
+
+    Parameters
+    ----------
+    params : ndarray, Tensor, list of them, or list of dicts (parameter groups)
+        C-contiguous, writable float16/float32/float64 arrays (several dtypes may be mixed; one
+        compiled call per group and dtype).  A group dict holds ``"params"`` and any of the
+        hyper-parameters below except ``amsgrad``, ``clip_grad_norm`` and ``num_threads``.
+    lr : float or callable
+        Learning rate >= 0, or a schedule ``lr(k)`` of the number ``k`` of steps already
+        applied (see :mod:`fastadam.optim.schedules`).
+    betas, eps, weight_decay, decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize
+        As in :func:`fastadam.step_inplace`.  ``eps=None``: the convention's default (torch
+        1e-8, tf 1e-7, onnx 1e-6).  ``weight_decay >= 0``.
+    convention : {"torch", "tf", "onnx"}
+        The formula (default ``"torch"``, as ``torch.optim.Adam``).
+    sparse_mode : {"lazy", "dense"}
+        How sparse gradients (IndexedSlices, CSR) update (:func:`fastadam.sparse_step_inplace`).
+        Sparse gradients cannot be combined with amsgrad, nesterov or post_decay.
+    clip_grad_norm : float, optional
+        Clip the global norm of all gradients to this value before the step (torch's
+        ``clip_grad_norm_`` rule), at the cost of one extra read of the gradients.
+    num_threads : int, optional
+        OpenMP threads per call (results are identical for any count).
+    """
+
+    group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",
+                  "post_decay", "nesterov", "maximize", "sparse_mode")
+    structural_options = ("amsgrad",)
+    _decoupled: Optional[bool] = None  # None: per group; AdamW: always
+
+    def __init__(self, params: ParamsLike, lr: LR = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: Optional[float] = None,
+                 convention: str = "torch", weight_decay: float = 0.0,
+                 decoupled_weight_decay: bool = False, post_decay: float = 0.0,
+                 amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
+                 sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
+                 num_threads: Optional[int] = None):
+        super().__init__(params, dict(
+            lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
+            decoupled_weight_decay=decoupled_weight_decay, post_decay=post_decay,
+            amsgrad=amsgrad, nesterov=nesterov, maximize=maximize, sparse_mode=sparse_mode,
+            clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+
+    def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
+        h = dict(hyper)
+        h["lr"] = check_lr(h["lr"])
+        try:
+            beta1, beta2 = h["betas"]
+        except (TypeError, ValueError):
+            raise TypeError(f"betas: expected a pair (beta1, beta2), got {h['betas']!r}") from None
+        h["betas"] = (check_real(beta1, "beta1", None), check_real(beta2, "beta2", None))
+        h["convention"] = check_choice(h["convention"], "convention", tuple(ADAM_EPS))
+        if h["eps"] is None:
+            h["eps"] = ADAM_EPS[h["convention"]]
+        h["eps"] = check_real(h["eps"], "eps", None)
+        h["weight_decay"] = check_real(h["weight_decay"], "weight_decay")
+        h["post_decay"] = check_real(h["post_decay"], "post_decay")
+        for key in ("decoupled_weight_decay", "nesterov", "maximize"):
+            if key in h:
+                h[key] = check_bool(h[key], key)
+        h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
+        # the functional step's own range checks, on no tensors
+        step_inplace([], [], [], [], 1, lr=0.0 if callable(h["lr"]) else h["lr"],
+                     beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
+                     convention=h["convention"], weight_decay=h["weight_decay"],
+                     post_decay=h["post_decay"], num_threads=self.num_threads)
+        return h
+
+    def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
+        return [("m", 0.0), ("v", 0.0)] + ([("v_max", 0.0)] if self._options["amsgrad"] else [])
+
+    def _decoupled_of(self, h: Dict[str, Any]) -> bool:
+        return self._decoupled if self._decoupled is not None else h["decoupled_weight_decay"]
+
+    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
+        return step_inplace(
+            xs, gs, slots["m"], slots["v"], t + 1, v_max=slots.get("v_max"), lr=lr,
+            beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"], convention=h["convention"],
+            weight_decay=h["weight_decay"], decoupled_weight_decay=self._decoupled_of(h),
+            post_decay=h["post_decay"], amsgrad=self._options["amsgrad"], nesterov=h["nesterov"],
+            maximize=h["maximize"], grad_scale=grad_scale, skip_nonfinite=skip_nonfinite,
+            num_threads=self.num_threads)
+
+    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
+        sparse_step_inplace(
+            x, grad, slots["m"], slots["v"], t + 1, mode=h["sparse_mode"], lr=lr,
+            beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"], convention=h["convention"],
+            weight_decay=h["weight_decay"], decoupled_weight_decay=self._decoupled_of(h),
+            maximize=h["maximize"], num_threads=self.num_threads)
+
+    def sparse_unsupported(self, h: Dict[str, Any]) -> Optional[str]:
+        if self._options["amsgrad"]:
+            return "amsgrad=True (the sparse Adam step keeps no v_max)"
+        if h["nesterov"]:
+            return "nesterov=True (the sparse Adam step has no Nesterov form)"
+        if h["post_decay"]:
+            return "post_decay != 0 (the sparse Adam step has no post-decay)"
+        return None
+
+    # the moments as lists, one array per parameter (the arrays the steps update)
+    @property
+    def m(self) -> List[np.ndarray]:
+        return list(self._slots["m"])
+
+    @property
+    def v(self) -> List[np.ndarray]:
+        return list(self._slots["v"])
+
+    @property
+    def v_max(self) -> Optional[List[np.ndarray]]:
+        return list(self._slots["v_max"]) if "v_max" in self._slots else None
+
+    @classmethod
+    def from_torch(cls, torch_optimizer: Any) -> "Adam":
+        """An optimizer that continues a ``torch.optim.Adam`` / ``AdamW``: its parameters are
+        NumPy views of the torch parameters (CPU, contiguous; updated in place, so the torch
+        model sees every step), its groups carry torch's hyper-parameters (convention
+        ``"torch"``), and its ``m``, ``v``, ``v_max`` and ``t`` are copies of torch's
+        ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` and ``step`` (which must be equal for
+        every parameter that has state)."""
+        from ._torch import adam_from_torch
+        return adam_from_torch(cls, torch_optimizer)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``torch.optim.AdamW``): ``x *= 1 - lr*weight_decay``
+    before the Adam update; ``weight_decay`` defaults to 1e-2.  Other arguments as
+    :class:`Adam`."""
+
+    group_keys = tuple(k for k in Adam.group_keys if k != "decoupled_weight_decay")
+    _decoupled = True
+
+    def __init__(self, params: ParamsLike, lr: LR = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: Optional[float] = None,
+                 convention: str = "torch", weight_decay: float = 1e-2, post_decay: float = 0.0,
+                 amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
+                 sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
+                 num_threads: Optional[int] = None):
+        Optimizer.__init__(self, params, dict(
+            lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
+            post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov, maximize=maximize,
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))

@@ -1,0 +1,474 @@
+"""``Optimizer``: the base class of Adam, AdamW, Adagrad and SGD.
+
+Design: an optimizer owns a flat list of parameters split into groups (each group with its own
+hyper-parameters), named state slots per parameter (``m``/``v`` for Adam, ``sum`` for Adagrad,
+``momentum_buffer`` for SGD) and a step count ``t``.  A subclass only says which
+hyper-parameters it has, how to check them, which slots it keeps and how to call its functional
+step (``fastadam.optim._functional``) on a list of dense tensors or on one sparse gradient.
+
+A step makes one compiled call per (group, dtype) for the dense gradients and one call per
+sparse gradient, after every gradient has been checked.  Global-norm clipping and the NaN check
+of ``skip_nonfinite`` share one read of the gradients (``_clip``), and the clip factor is folded
+into ``grad_scale``, so no gradient is ever rescaled in memory when the functional step takes a
+``grad_scale``.  Hyper-parameters change only through ``set_hyperparameters`` (validated);
+``param_groups`` are read-only views.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..sparse import IndexedSlices
+from . import _checkpoint
+from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
+from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
+
+ParamsLike = Union[Any, Sequence[Any], Sequence[Dict[str, Any]]]
+
+
+# ---- small checks shared by the subclasses ---------------------------------------------------
+def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
+    """A finite real number (not a bool), ``>= low`` unless low is None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} "
+                        f"{value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    if low is not None and value < low:
+        raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_lr(value: Any) -> Union[float, Callable[[int], float]]:
+    """A learning rate: a finite float >= 0 (negative is an error, as in torch) or a schedule."""
+    if callable(value):
+        return value
+    return check_real(value, "lr")
+
+
+def check_clip(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    value = check_real(value, "clip_grad_norm")
+    if value <= 0.0:
+        raise ValueError(f"clip_grad_norm: expected a number > 0 or None, got {value}")
+    return value
+
+
+class ParamGroup(Mapping):
+    """A read-only view of one parameter group: ``group["lr"]``, ``group["params"]``.  Change
+    hyper-parameters with ``Optimizer.set_hyperparameters(group=i, ...)``."""
+
+    __slots__ = ("_hyper", "_params")
+
+    def __init__(self, hyper: Dict[str, Any], params: List[Any]):
+        self._hyper = hyper
+        self._params = params
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "params":
+            return list(self._params)
+        return self._hyper[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "params"
+        yield from self._hyper
+
+    def __len__(self) -> int:
+        return len(self._hyper) + 1
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise TypeError(f"param_groups are read-only: use "
+                        f"optimizer.set_hyperparameters(group=..., {key}=...), which checks "
+                        f"the value")
+
+    def __repr__(self) -> str:
+        return f"ParamGroup({len(self._params)} params, {self._hyper})"
+
+
+class Optimizer:
+    """Base class: parameter groups, named state slots, a step count and checkpoints.
+
+    Subclasses define ``group_keys`` (per-group hyper-parameters), ``structural_options``
+    (optimizer-wide flags that decide the slots, such as Adam's ``amsgrad``), ``check_group`` (validate and normalise one group's
+    hyper-parameters, raising TypeError/ValueError naming the argument), ``slot_specs``
+    (``[(name, initial_value), ...]`` for a group), ``dense_step`` and ``sparse_step``.
+
+    Attributes
+    ----------
+    t : int
+        Steps applied so far (a step skipped by ``skip_nonfinite`` does not count).
+    defaults : dict
+        The constructor's keyword arguments: ``type(opt)(params, **opt.defaults)`` builds an
+        optimizer with the same hyper-parameters.
+    """
+
+    group_keys: Tuple[str, ...] = ()
+    structural_options: Tuple[str, ...] = ()  # options that decide the slots (e.g. amsgrad)
+
+    def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):
+        self.defaults: Dict[str, Any] = dict(defaults)
+        self._options: Dict[str, Any] = {}
+        self._clip = check_clip(defaults.get("clip_grad_norm"))
+        self.num_threads = defaults.get("num_threads")
+        for key in self.structural_options:
+            self._options[key] = check_bool(defaults[key], key)
+        self._group_defaults = {k: defaults[k] for k in self.group_keys}
+        self.check_group(dict(self._group_defaults))  # bad defaults fail before any group
+        self._params: List[Any] = []
+        self._arrays: List[np.ndarray] = []
+        self._labels: List[str] = []
+        self._groups: List[Dict[str, Any]] = []
+        self._group_params: List[List[int]] = []
+        self._slots: Dict[str, List[np.ndarray]] = {}
+        self._buckets: List[Tuple[int, List[int]]] = []
+        self._bucket_slots: List[Dict[str, List[np.ndarray]]] = []
+        self._group_of: List[int] = []
+        self._tensor_params = False
+        self.t = 0
+        params = _as_list(params)
+        single = not isinstance(params, list)
+        as_groups = not single and len(params) > 0 and isinstance(params[0], dict)
+        groups = list(params) if as_groups else [{"params": params}]
+        for i, group in enumerate(groups):
+            if not isinstance(group, dict):
+                raise TypeError(f"params: expected parameters or a list of dicts (groups), "
+                                f"got a {type(group).__name__} at position {i}")
+            self._add_group(group, f"param_groups[{i}]" if as_groups else None, single)
+
+    # ---- subclass hooks --------------------------------------------------------------------
+    def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
+        raise NotImplementedError
+
+    def dense_step(self, xs, gs, slots, t, hyper, lr, grad_scale, skip_nonfinite) -> bool:
+        raise NotImplementedError
+
+    def sparse_step(self, x, grad, slots, t, hyper, lr) -> None:
+        raise NotImplementedError
+
+    def sparse_unsupported(self, hyper: Dict[str, Any]) -> Optional[str]:
+        """Why a sparse gradient cannot be used with these hyper-parameters (None: it can)."""
+        return None
+
+    # ---- groups ----------------------------------------------------------------------------
+    def _add_group(self, group: Dict[str, Any], where: Optional[str], single: bool) -> None:
+        if "params" not in group:
+            raise ValueError(f"{where or 'param_group'}: missing key 'params'")
+        unknown = sorted(set(group) - set(self.group_keys) - {"params"})
+        if unknown:
+            raise ValueError(f"{where or 'param_group'}: unknown hyper-parameter "
+                             f"{unknown[0]!r} (expected one of {self.group_keys})")
+        hyper = dict(self._group_defaults)
+        hyper.update({k: v for k, v in group.items() if k != "params"})
+        try:
+            hyper = self.check_group(hyper)
+        except (TypeError, ValueError) as exc:
+            if where is None:
+                raise
+            raise type(exc)(f"{where}: {exc}") from None
+        params = _as_list(group["params"])
+        plist = params if isinstance(params, list) else [params]
+        start = len(self._params)
+        single = single and not isinstance(params, list)
+        labels = ["params" if single else f"params[{start + j}]" for j in range(len(plist))]
+        arrays = [param_array(p, label) for p, label in zip(plist, labels)]
+        check_no_shared_memory(self._arrays + arrays, self._labels + labels)
+        specs = self.slot_specs(hyper)
+        new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
+        # every check passed: commit
+        for name, arrs in new_slots.items():
+            self._slots.setdefault(name, [None] * start).extend(arrs)
+        self._params += plist
+        self._arrays += arrays
+        self._labels += labels
+        self._groups.append(hyper)
+        self._group_params.append(list(range(start, start + len(plist))))
+        self._rebuild_buckets()
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Add a group: ``{"params": [...], **hyper-parameters}``; hyper-parameters not given
+        take the constructor's values.  Its state starts fresh."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group: expected a dict, got {type(param_group).__name__}")
+        self._add_group(param_group, "param_group", False)
+
+    def _rebuild_buckets(self) -> None:
+        """One bucket per (group, dtype): each becomes one compiled call per step.  The slot
+        lists of each bucket are kept (the slot arrays are only ever updated in place)."""
+        self._buckets = []
+        for gi, indices in enumerate(self._group_params):
+            by_dtype: Dict[np.dtype, List[int]] = {}
+            for i in indices:
+                by_dtype.setdefault(self._arrays[i].dtype, []).append(i)
+            self._buckets += [(gi, idx) for idx in by_dtype.values()]
+        self._bucket_slots = [{name: [arrays[i] for i in idx]
+                               for name, arrays in self._slots.items()}
+                              for _, idx in self._buckets]
+        self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
+        self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
+
+    @property
+    def params(self) -> List[Any]:
+        """The parameters, in order (groups one after another), as they were given."""
+        return list(self._params)
+
+    @property
+    def param_groups(self) -> List[ParamGroup]:
+        """Read-only views of the groups (``group["lr"]``, ``group["params"]``, ...)."""
+        return [ParamGroup(h, [self._params[i] for i in idx])
+                for h, idx in zip(self._groups, self._group_params)]
+
+    @property
+    def hyperparameters(self) -> Dict[str, Any]:
+        """A copy of the first group's hyper-parameters."""
+        return dict(self._groups[0]) if self._groups else dict(self._group_defaults)
+
+    @property
+    def slot_names(self) -> Tuple[str, ...]:
+        return tuple(self._slots)
+
+    def state(self, param: Union[int, Any]) -> Dict[str, np.ndarray]:
+        """The named state slots of one parameter (given by index or by the object itself);
+        the arrays themselves, updated in place by every step."""
+        i = param if isinstance(param, numbers.Integral) else next(
+            (k for k, p in enumerate(self._params) if p is param), None)
+        if i is None or not 0 <= i < len(self._params):
+            raise IndexError(f"param: {param!r} is not a parameter of this optimizer")
+        return {name: arrays[i] for name, arrays in self._slots.items()}
+
+    @property
+    def clip_grad_norm(self) -> Optional[float]:
+        """The global-norm clipping threshold (None: no clipping); settable."""
+        return self._clip
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: Optional[float]) -> None:
+        self._clip = check_clip(value)
+
+    def set_hyperparameters(self, group: Optional[int] = 0, **hyper: Any) -> None:
+        """Change hyper-parameters of one group (``group=i``) or of every group
+        (``group=None``); each value is checked as by the constructor, and nothing changes if
+        one is invalid.  ``opt.set_hyperparameters(group=0, lr=1e-4)``."""
+        n = len(self._groups)
+        if group is None:
+            targets = list(range(n))
+        elif isinstance(group, numbers.Integral) and not isinstance(group, bool) and 0 <= group < n:
+            targets = [int(group)]
+        else:
+            raise IndexError(f"group: expected a group index in [0, {n}) or None, got {group!r}")
+        for key in hyper:
+            if key in self.structural_options:
+                raise ValueError(f"{key}: fixed when the optimizer is built (it decides the "
+                                 f"state slots)")
+            if key not in self.group_keys:
+                raise ValueError(f"{key}: unknown hyper-parameter (expected one of "
+                                 f"{self.group_keys})")
+        updated = [self.check_group({**self._groups[gi], **hyper}) for gi in targets]
+        for gi, h in zip(targets, updated):
+            self._groups[gi] = h
+
+    # ---- stepping --------------------------------------------------------------------------
+    def _lr(self, gi: int) -> float:
+        lr = self._groups[gi]["lr"]
+        if not callable(lr):
+            return lr
+        value = lr(self.t)
+        try:
+            return check_real(value, "lr")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"lr: the schedule of group {gi} returned {value!r} at step "
+                            f"{self.t}; expected a finite number >= 0") from None
+
+    def step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
+             skip_nonfinite: bool = False) -> bool:
+        """Apply one step; returns True, or False if ``skip_nonfinite`` found a NaN or an
+        infinity in a gradient (then nothing changes and ``t`` does not advance).
+
+        Parameters
+        ----------
+        grads : list, optional
+            One gradient per parameter (``None``: leave that parameter and its state alone this
+            step): ndarray, ``fastadam.autodiff.Tensor``, ``IndexedSlices`` or SciPy CSR, mixed
+            freely.  A single gradient may be passed bare when there is one parameter.  Omitted:
+            the ``.grad`` of each ``fastadam.autodiff.Tensor`` parameter.
+        grad_scale : float, optional
+            Loss-scaling factor: gradients are divided by it (non-zero, finite).
+        skip_nonfinite : bool
+            Skip the whole step if any gradient (divided by ``grad_scale``) is not finite.
+        """
+        scale = 1.0 if grad_scale is None else check_real(grad_scale, "grad_scale", None)
+        if scale == 0.0:
+            raise ValueError("grad_scale: expected a non-zero number, got 0.0")
+        skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
+        if type(grads) is np.ndarray and len(self._arrays) == 1:
+            grads = [grads]
+        if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
+                and len(grads) == len(self._arrays)):
+            # the common case: dense arrays, one group, one dtype, no clipping: one call, whose
+            # own checks (in Cython) run before it writes, so no pre-check is needed here.  If
+            # it refuses the gradients (a sparse one, a Tensor, None, a wrong shape...), the
+            # general path takes them, or names the error in the optimizer's terms.
+            gi = self._buckets[0][0]
+            try:
+                applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
+                                          self._groups[gi], self._lr(gi),
+                                          None if scale == 1.0 else scale, skip_nonfinite)
+            except (TypeError, ValueError):
+                pass
+            else:
+                return self._finish(applied, range(len(grads)))
+        return self._general_step(grads, scale, skip_nonfinite)
+
+    def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
+        """Any mix of gradients: check them all, then one call per (group, dtype) for the dense
+        ones and one per sparse gradient."""
+        gathered = gather_gradients(grads, self._params, self._arrays, self._labels)
+        sparse = [i for i, e in enumerate(gathered) if e is not None and e[0] == "sparse"]
+        for i in sparse:
+            why = self.sparse_unsupported(self._groups[self._group_of[i]])
+            if why:
+                raise ValueError(f"grads[{i}]: a sparse gradient cannot be used with {why}")
+        lrs = [self._lr(gi) for gi in range(len(self._groups))]
+        dense_calls = []
+        for b, (gi, idx) in enumerate(self._buckets):
+            present = [k for k, i in enumerate(idx)
+                       if gathered[i] is not None and gathered[i][0] == "dense"]
+            if present:
+                dense_calls.append((b, gi, present))
+        if self._clip is not None or (skip_nonfinite and (sparse or len(dense_calls) > 1)):
+            # one read of every gradient: the global norm, which is finite iff every value is
+            for i in sparse:
+                gathered[i] = ("sparse", coalesce(gathered[i][1]))
+            total = total_sum_of_squares([e[1] for e in gathered if e is not None])
+            norm = math.sqrt(total) / abs(scale)
+            if not math.isfinite(norm):
+                if skip_nonfinite:
+                    return False
+            elif self._clip is not None:
+                factor = self._clip / (norm + CLIP_EPS)
+                if factor < 1.0:
+                    scale /= factor
+            skip_nonfinite = False  # checked above
+
+        applied = True
+        for b, gi, present in dense_calls:
+            idx = self._buckets[b][1]
+            slots = self._bucket_slots[b]
+            if len(present) < len(idx):
+                slots = {name: [arrays[k] for k in present] for name, arrays in slots.items()}
+            applied = self.dense_step([self._arrays[idx[k]] for k in present],
+                                      [gathered[idx[k]][1] for k in present], slots, self.t,
+                                      self._groups[gi], lrs[gi],
+                                      None if scale == 1.0 else scale, skip_nonfinite)
+            if not applied:  # only reachable with a single call: nothing was written
+                return False
+        for i in sparse:
+            gi = self._group_of[i]
+            grad = gathered[i][1] if scale == 1.0 else _scaled_sparse(gathered[i][1], scale)
+            slots = {name: arrays[i] for name, arrays in self._slots.items()}
+            self.sparse_step(self._arrays[i], grad, slots, self.t, self._groups[gi], lrs[gi])
+        return self._finish(applied, [i for i, e in enumerate(gathered) if e is not None])
+
+    def _finish(self, applied: bool, stepped: Any) -> bool:
+        if applied:
+            self.t += 1
+            if self._tensor_params:
+                Tensor = tensor_type()
+                for i in stepped:
+                    if isinstance(self._params[i], Tensor):
+                        self._params[i]._version += 1  # changed in place, as autodiff's -= marks
+        return applied
+
+    def zero_grad(self) -> None:
+        """Clear the ``.grad`` of every ``fastadam.autodiff.Tensor`` parameter (set to None)."""
+        Tensor = tensor_type()
+        for p in self._params:
+            if isinstance(p, Tensor):
+                p.grad = None
+
+    def zero_state(self) -> None:
+        """Reset every state slot to its initial value and ``t`` to 0 (hyper-parameters and
+        parameters are kept)."""
+        for gi, idx in enumerate(self._group_params):
+            for name, fill in self.slot_specs(self._groups[gi]):
+                for i in idx:
+                    self._slots[name][i].fill(fill)
+        self.t = 0
+
+    # ---- state and checkpoints (fastadam/optim/_checkpoint.py) -----------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """A copy of the state: ``t``, the groups' hyper-parameters (schedules by name and
+        arguments), the options, and one list of arrays per slot name."""
+        return _checkpoint.state_dict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`.  Everything is checked first (keys, types, group
+        layout, array dtypes and shapes); a failed load raises and changes nothing."""
+        _checkpoint.load_state_dict(self, state)
+
+    def save(self, path: Any) -> None:
+        """Write parameters and state to ``path`` (a zip of ``.npy`` entries, no pickle),
+        atomically: a temporary file in the same folder, flushed and fsynced, then renamed over
+        ``path``, so a crash or a full disk leaves the previous file whole (a killed process may
+        leave a ``.NAME.*.tmp`` file beside it).  :meth:`load` resumes bit-exactly."""
+        _checkpoint.save(self, path)
+
+    def load(self, path: Any, *, params: bool = True) -> None:
+        """Read a file written by :meth:`save` (and, with ``params=True``, copy the saved
+        parameter values into the parameters).  The file is not trusted: its layout, every key,
+        type and array header are checked before any array is read, and a failed load changes
+        nothing."""
+        _checkpoint.load(self, path, params=params)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}(t={self.t}, clip_grad_norm={self._clip}, "
+                 f"num_threads={self.num_threads}"
+                 + "".join(f", {k}={v!r}" for k, v in self._options.items()) + ")"]
+        for gi, (h, idx) in enumerate(zip(self._groups, self._group_params)):
+            dtypes: Dict[str, int] = {}
+            for i in idx:
+                dtypes[str(self._arrays[i].dtype)] = dtypes.get(str(self._arrays[i].dtype), 0) + 1
+            kinds = ", ".join(f"{n} {d}" for d, n in dtypes.items())
+            hypers = ", ".join(f"{k}={v!r}" for k, v in h.items())
+            lines.append(f"  group {gi}: {len(idx)} params ({kinds}): {hypers}")
+        return "\n".join(lines)
+
+
+def _as_list(params: Any) -> Any:
+    """A list of parameters from a list, tuple or other iterable (a generator, as torch's
+    ``model.parameters()``); a single array or Tensor is returned as it is."""
+    if isinstance(params, (np.ndarray, tensor_type(), dict, str, bytes)):
+        return params
+    if isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        return list(params)
+    return params
+
+
+def _scaled_sparse(grad: Any, scale: float) -> Any:
+    """A copy of a sparse gradient divided by ``scale`` (its values only: O(nnz))."""
+    if isinstance(grad, IndexedSlices):
+        values = (grad.values / np.float64(scale)).astype(grad.values.dtype)
+        return IndexedSlices(values, grad.indices, grad.dense_shape)
+    out = grad.copy()
+    out.data = (out.data / np.float64(scale)).astype(out.data.dtype)
+    return out

@@ -1,0 +1,312 @@
+"""State dicts and checkpoint files of the optimizer objects: a fixed schema, checked in full.
+
+Design.  ``state_dict()`` is plain data: JSON-compatible metadata (format tag, optimizer name,
+``t``, options, groups with their hyper-parameters; built-in schedules as name and arguments)
+plus one list of arrays per state slot.  ``load_state_dict`` and ``load`` share one checker that
+accepts exactly that schema -- an unknown or missing key, a wrong type (the string ``"false"``
+for a flag, a float ``t``), another group layout or parameter count raises TypeError/ValueError
+naming the key -- and only then writes, so a failed load changes nothing.
+
+File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.npy`` (the
+metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
+writes a temporary file beside the target, flushes and fsyncs it, then ``os.replace``s it over
+the target (and fsyncs the folder), so a crash or a full disk leaves the previous checkpoint
+whole.  ``load`` never unpickles; it reads every entry's ``.npy`` header (dtype, shape, order)
+and checks it, and the entry's size, against what this optimizer expects before reading any
+array data, so a small file cannot make it allocate more than its own parameters and state.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import secrets
+import zipfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from . import schedules
+from .schedules import Schedule
+
+FORMAT = "fastadam.optim/1"
+USER_SCHEDULE = {"schedule": "user"}  # stands for a callable learning rate (not serialised)
+MAX_META_BYTES = 1 << 20
+META_KEYS = ("format", "optimizer", "t", "options", "param_groups")
+
+
+# ---- state dicts -----------------------------------------------------------------------------
+def _encode_lr(lr: Any) -> Any:
+    if isinstance(lr, Schedule):
+        return lr.to_dict()
+    if callable(lr):
+        return dict(USER_SCHEDULE)
+    return lr
+
+
+def metadata(opt) -> Dict[str, Any]:
+    groups = []
+    for hyper, idx in zip(opt._groups, opt._group_params):
+        group: Dict[str, Any] = {"params": list(idx)}
+        for key, value in hyper.items():
+            value = _encode_lr(value) if key == "lr" else value
+            group[key] = list(value) if isinstance(value, tuple) else value
+        groups.append(group)
+    return {"format": FORMAT, "optimizer": type(opt).__name__, "t": opt.t,
+            "options": {"clip_grad_norm": opt._clip, **opt._options}, "param_groups": groups}
+
+
+def state_dict(opt) -> Dict[str, Any]:
+    state = metadata(opt)
+    for name, arrays in opt._slots.items():
+        state[name] = [a.copy() for a in arrays]
+    return state
+
+
+def _check_keys(obj: Any, expected: Tuple[str, ...], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise TypeError(f"{where}: expected a dict, got {type(obj).__name__}")
+    unknown = sorted(str(k) for k in obj if k not in expected)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} (expected {list(expected)})")
+    missing = [k for k in expected if k not in obj]
+    if missing:
+        raise ValueError(f"{where}: missing key {missing[0]!r}")
+
+
+def _decode_lr(value: Any, current: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        return value
+    if value == USER_SCHEDULE:
+        if callable(current) and not isinstance(current, Schedule):
+            return current
+        raise ValueError(f"{where}: the state was saved with a user-defined learning-rate "
+                         f"callable, which is not serialised; build the optimizer with that "
+                         f"callable as lr before loading")
+    try:
+        return schedules.from_dict(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def check_metadata(opt, state: Dict[str, Any], where: str,
+                   extra_keys: Tuple[str, ...] = ()) -> Tuple[int, Optional[float], List[Dict]]:
+    """Validate everything but the arrays; returns (t, clip_grad_norm, groups)."""
+    from ._base import check_bool, check_clip
+
+    _check_keys(state, META_KEYS + extra_keys, where)
+    if state["format"] != FORMAT:
+        raise ValueError(f"{where}['format']: expected {FORMAT!r}, got {state['format']!r}")
+    name = type(opt).__name__
+    if state["optimizer"] != name:
+        raise ValueError(f"{where}['optimizer']: this state belongs to "
+                         f"{state['optimizer']!r}, not to {name!r}")
+    t = state["t"]
+    if isinstance(t, np.ndarray) and t.shape == ():
+        t = t.item()
+    if (isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
+            or not 0 <= t < 2 ** 63):
+        raise ValueError(f"{where}['t']: expected an int step count in [0, 2**63), got {t!r}")
+    options = state["options"]
+    _check_keys(options, ("clip_grad_norm",) + opt.structural_options, f"{where}['options']")
+    try:
+        clip = check_clip(options["clip_grad_norm"])
+        for key in opt.structural_options:
+            if check_bool(options[key], key) != opt._options[key]:
+                raise ValueError(f"{key}: the state has {key}={options[key]}, this optimizer "
+                                 f"{opt._options[key]} (it decides the state slots)")
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}['options']: {exc}") from None
+    groups = state["param_groups"]
+    if not isinstance(groups, (list, tuple)) or len(groups) != len(opt._groups):
+        got = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
+        raise ValueError(f"{where}['param_groups']: expected {len(opt._groups)} groups, "
+                         f"got {got}")
+    checked = []
+    for gi, group in enumerate(groups):
+        gwhere = f"{where}['param_groups'][{gi}]"
+        _check_keys(group, ("params",) + opt.group_keys, gwhere)
+        indices = group["params"]
+        if not isinstance(indices, (list, tuple)) or list(indices) != opt._group_params[gi]:
+            raise ValueError(f"{gwhere}['params']: expected the parameter indices "
+                             f"{opt._group_params[gi]} of this optimizer's group {gi}, got "
+                             f"{group['params']!r}")
+        hyper = {k: group[k] for k in opt.group_keys}
+        hyper["lr"] = _decode_lr(hyper["lr"], opt._groups[gi]["lr"], f"{gwhere}['lr']")
+        try:
+            checked.append(opt.check_group(hyper))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{gwhere}: {exc}") from None
+    return int(t), clip, checked
+
+
+def _check_arrays(arrays: Any, expected: List[np.ndarray], where: str) -> List[np.ndarray]:
+    if not isinstance(arrays, (list, tuple)) or len(arrays) != len(expected):
+        got = len(arrays) if isinstance(arrays, (list, tuple)) else type(arrays).__name__
+        raise ValueError(f"{where}: expected {len(expected)} arrays (one per parameter), "
+                         f"got {got}")
+    for i, (a, b) in enumerate(zip(arrays, expected)):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{where}[{i}]: expected a numpy.ndarray, got {type(a).__name__}")
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"{where}[{i}]: expected {b.dtype} of shape {b.shape}, got "
+                             f"{a.dtype} of shape {a.shape}")
+    return list(arrays)
+
+
+def _commit(opt, t, clip, groups, slots: Dict[str, List[np.ndarray]],
+            params: Optional[List[np.ndarray]] = None) -> None:
+    """Write a fully checked state (no check may fail past this point)."""
+    for name, arrays in slots.items():
+        for src, dst in zip(arrays, opt._slots[name]):
+            np.copyto(dst, src)
+    if params is not None:
+        for src, dst in zip(params, opt._arrays):
+            np.copyto(dst, src)
+    opt._groups = groups
+    opt._clip = clip
+    opt.t = t
+
+
+def load_state_dict(opt, state: Dict[str, Any]) -> None:
+    t, clip, groups = check_metadata(opt, state, "state", tuple(opt._slots))
+    slots = {name: _check_arrays(state[name], opt._slots[name], f"state[{name!r}]")
+             for name in opt._slots}
+    _commit(opt, t, clip, groups, slots)
+
+
+# ---- files -------------------------------------------------------------------------------------
+def _entries(opt) -> List[Tuple[str, np.ndarray]]:
+    names = [(f"param_{i}", a) for i, a in enumerate(opt._arrays)]
+    for slot, arrays in opt._slots.items():
+        names += [(f"{slot}_{i}", a) for i, a in enumerate(arrays)]
+    return names
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not possible on every platform (Windows): the rename is done anyway
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(opt, path: Any) -> None:
+    target = os.fspath(path)
+    meta = json.dumps(metadata(opt), allow_nan=False).encode("utf-8")
+    folder = os.path.dirname(os.path.abspath(target))
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+                for name, array in [("meta", np.frombuffer(meta, np.uint8))] + _entries(opt):
+                    with zf.open(name + ".npy", "w", force_zip64=True) as out:
+                        npy_format.write_array(out, array, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_folder(folder)
+
+
+def _read_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str):
+    """(shape, dtype, data offset) of one .npy entry, from its header only."""
+    with zf.open(info) as f:
+        try:
+            version = npy_format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy_format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = npy_format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+        except (ValueError, EOFError, SyntaxError) as exc:
+            raise ValueError(f"{where}: not a valid .npy entry ({exc})") from None
+        offset = f.tell()
+    if fortran:
+        raise ValueError(f"{where}: expected a C-order array, got Fortran order")
+    return shape, dtype, offset
+
+
+def _read_entry(zf, info, where, shape, dtype, check_shape=True) -> np.ndarray:
+    got_shape, got_dtype, offset = _read_header(zf, info, where)
+    if got_dtype != dtype or (check_shape and got_shape != shape) or (
+            not check_shape and (len(got_shape) != 1 or got_shape[0] > MAX_META_BYTES)):
+        raise ValueError(f"{where}: expected {np.dtype(dtype)} of shape {shape}, got "
+                         f"{got_dtype} of shape {got_shape}")
+    nbytes = int(np.prod(got_shape, dtype=object)) * np.dtype(dtype).itemsize
+    if info.file_size != offset + nbytes:
+        raise ValueError(f"{where}: the entry holds {info.file_size - offset} bytes of data, "
+                         f"its header says {nbytes}")
+    with zf.open(info) as f:
+        f.read(offset)
+        data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise ValueError(f"{where}: truncated ({len(data)} of {nbytes} bytes)")
+    return np.frombuffer(data, dtype=dtype).reshape(got_shape)
+
+
+def _read_checkpoint(opt, zf: zipfile.ZipFile, not_ours: str, params: bool):
+    """Check and read every entry: the metadata, then every array header, then the data."""
+    infos = zf.infolist()
+    by_name = {info.filename: info for info in infos}
+    if "meta.npy" not in by_name:
+        raise ValueError(f"{not_ours} (no meta.npy entry)")
+    if len(by_name) != len(infos):
+        raise ValueError(f"{not_ours} (an entry name appears twice)")
+    meta_bytes = _read_entry(zf, by_name["meta.npy"], "meta.npy", ("n",), np.uint8,
+                             check_shape=False)
+    try:
+        meta = json.loads(meta_bytes.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{not_ours} (meta.npy is not JSON: {exc})") from None
+    t, clip, groups = check_metadata(opt, meta, "meta")
+    expected = dict(_entries(opt))
+    unknown = sorted(set(by_name) - {f"{k}.npy" for k in expected} - {"meta.npy"})
+    if unknown:
+        raise ValueError(f"path: unknown entry {unknown[0]!r} (this optimizer has "
+                         f"{len(opt._arrays)} parameters and slots {list(opt._slots)})")
+    missing = [k for k in expected if f"{k}.npy" not in by_name]
+    if missing:
+        raise ValueError(f"path: missing entry '{missing[0]}.npy'")
+    for key, array in expected.items():  # every header before any data
+        shape, dtype, _ = _read_header(zf, by_name[f"{key}.npy"], f"{key}.npy")
+        if dtype != array.dtype or shape != array.shape:
+            raise ValueError(f"{key}.npy: expected {array.dtype} of shape {array.shape}, "
+                             f"got {dtype} of shape {shape}")
+    read = {key: _read_entry(zf, by_name[f"{key}.npy"], f"{key}.npy", array.shape, array.dtype)
+            for key, array in expected.items() if params or not key.startswith("param_")}
+    return t, clip, groups, read
+
+
+def load(opt, path: Any, *, params: bool = True) -> None:
+    from ._base import check_bool
+
+    params = check_bool(params, "params")
+    name = os.fspath(path)
+    not_ours = f"path: {name!r} is not a fastadam.{type(opt).__name__} checkpoint"
+    try:
+        zf = zipfile.ZipFile(name)
+    except zipfile.BadZipFile:
+        raise ValueError(f"{not_ours} (not a zip file)") from None
+    with zf:
+        try:
+            t, clip, groups, read = _read_checkpoint(opt, zf, not_ours, params)
+        except zipfile.BadZipFile as exc:  # a CRC mismatch: corrupted data
+            raise ValueError(f"path: corrupted entry ({exc})") from None
+    n = len(opt._arrays)
+    slots = {slot: [read[f"{slot}_{i}"] for i in range(n)] for slot in opt._slots}
+    saved_params = [read[f"param_{i}"] for i in range(n)] if params else None
+    _commit(opt, t, clip, groups, slots, saved_params)

@@ -1,0 +1,203 @@
+"""Hyper-parameter checks and coefficient folding, once per step, in float64, for every optimizer.
+
+Each ``*_coefficients`` function validates its optimizer's scalars (a clear error naming the
+argument), folds them with the step number into the coefficient object its kernels read
+(fastadam/_coeffs.pyx; the formulas are in include/fastadam/adam.h, adagrad.h, momentum.h), and
+returns it.  :func:`check_in_dtype` then checks the folded values in the precision the kernel
+computes in, once the arrays' dtype is known.  The functional steps (``_functional.py``), the
+sparse steps and the optimizer objects all fold through here, so a rule is written once.
+"""
+import math
+import numbers
+
+import numpy as np
+
+from .._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENTUM_NESTEROV,
+                       FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
+                       MomentumCoefficients)
+
+ADAM_CONVENTIONS = ("tf", "torch", "onnx")
+ADAGRAD_CONVENTIONS = ("torch", "onnx", "keras")
+MOMENTUM_CONVENTIONS = ("torch", "onnx")
+# Each library's default epsilon (used when eps=None).
+ADAGRAD_EPS = {"torch": 1e-10, "onnx": 1e-6, "keras": 1e-7}
+T_LIMIT = 2**63  # step numbers are int64 in the kernels and in checkpoints
+
+
+def finite_float(value, name):
+    """``value`` as a float; TypeError for a non-number, ValueError for inf or NaN."""
+    if type(value) is float:  # fast path: the common case skips the ABC checks below
+        if value - value == 0.0:  # false for inf and nan
+            return value
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name}: expected a finite number, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    return value
+
+
+def step_number(t, name="t"):
+    """``t`` as an int in [-2**63, 2**63); np.integer is accepted, bool and float are not."""
+    if type(t) is not int:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name}: expected an int step number, got {type(t).__name__}")
+        t = int(t)
+    if not -T_LIMIT <= t < T_LIMIT:
+        raise ValueError(f"{name}: expected a step number below 2**63, got {t}")
+    return t
+
+
+def _convention(convention, allowed):
+    if convention not in allowed:
+        raise ValueError(f"convention: expected one of {allowed}, got {convention!r}")
+    return convention
+
+
+def _grad_scale(grad_scale):
+    """(flags, divisor) of an optional loss-scaling factor."""
+    if grad_scale is None:
+        return 0, 1.0
+    grad_scale = finite_float(grad_scale, "grad_scale")
+    if grad_scale == 0.0:
+        raise ValueError("grad_scale: expected a non-zero number, got 0.0")
+    return FLAG_SCALE, grad_scale
+
+
+def _rate(value, name):
+    value = finite_float(value, name)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}: expected 0 <= {name} < 1, got {value}")
+    return value
+
+
+def check_adam_hyperparameters(lr, beta1, beta2, eps, convention, weight_decay, post_decay,
+                               grad_scale=None):
+    """Validate Adam's scalars (shared by the dense and sparse steps); returns them as floats."""
+    lr = finite_float(lr, "lr")
+    beta1 = _rate(beta1, "beta1")
+    beta2 = _rate(beta2, "beta2")
+    eps = finite_float(eps, "eps")
+    weight_decay = finite_float(weight_decay, "weight_decay")
+    post_decay = finite_float(post_decay, "post_decay")
+    if not eps > 0.0:
+        raise ValueError(f"eps: expected eps > 0, got {eps}")
+    _convention(convention, ADAM_CONVENTIONS)
+    if grad_scale is not None:
+        grad_scale = _grad_scale(grad_scale)[1]
+    return lr, beta1, beta2, eps, weight_decay, post_decay, grad_scale
+
+
+def adam_step_sizes(t, lr, beta1, beta2, convention):
+    """(alpha, denom_scale) of ``x -= alpha * m / (sqrt(v) * denom_scale + eps)`` at step t."""
+    t = step_number(t)
+    if convention == "onnx" and t <= 0:
+        return lr, 1.0
+    if t < 1:
+        raise ValueError(f"t: expected a step number >= 1 for convention {convention!r}, got {t}")
+    # beta**t underflows to 0 for large t, which is the exact limit: no overflow risk.
+    bc1 = 1.0 - beta1 ** t
+    bc2 = 1.0 - beta2 ** t
+    if convention == "torch":
+        return lr / bc1, 1.0 / math.sqrt(bc2)
+    return lr * math.sqrt(bc2) / bc1, 1.0
+
+
+def adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay=0.0,
+                      decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
+                      nesterov=False, maximize=False, grad_scale=None):
+    """The AdamCoefficients of step ``t`` (formula: include/fastadam/adam.h).  The arguments
+    may be passed by position (the functional steps do: it is the per-step hot path)."""
+    lr, beta1, beta2, eps, weight_decay, post_decay, _ = check_adam_hyperparameters(
+        lr, beta1, beta2, eps, convention, weight_decay, post_decay)
+    flags, divisor = _grad_scale(grad_scale)
+    alpha, denom_scale = adam_step_sizes(t, lr, beta1, beta2, convention)
+    l2, decay_mul = 0.0, 1.0
+    if weight_decay != 0.0:
+        if decoupled_weight_decay:
+            decay_mul = 1.0 - lr * weight_decay
+        else:
+            l2 = weight_decay
+            flags |= FLAG_L2
+    if amsgrad:
+        flags |= FLAG_AMSGRAD
+    if nesterov:
+        flags |= FLAG_NESTEROV
+    return AdamCoefficients(alpha=alpha, denom_scale=denom_scale, eps=eps, beta1=beta1,
+                            beta2=beta2, sign=-1.0 if maximize else 1.0, grad_scale=divisor,
+                            l2=l2, decay_mul=decay_mul, post_mul=1.0 - post_decay, flags=flags)
+
+
+def adagrad_coefficients(t, *, lr, lr_decay=0.0, eps=None, weight_decay=0.0, maximize=False,
+                         convention="torch", grad_scale=None):
+    """The AdagradCoefficients of step ``t`` (formula: include/fastadam/adagrad.h).
+
+    "onnx": ``r = lr / (1 + t * lr_decay)``, t >= 0; "torch": ``lr / (1 + (t - 1) * lr_decay)``,
+    t >= 1; "keras": ``lr`` (no decay), eps inside the square root.
+    """
+    _convention(convention, ADAGRAD_CONVENTIONS)
+    lr = finite_float(lr, "lr")
+    lr_decay = finite_float(lr_decay, "lr_decay")
+    eps = ADAGRAD_EPS[convention] if eps is None else finite_float(eps, "eps")
+    weight_decay = finite_float(weight_decay, "weight_decay")
+    t = step_number(t)
+    if lr_decay < 0.0:
+        raise ValueError(f"lr_decay: expected lr_decay >= 0, got {lr_decay}")
+    if eps < 0.0:
+        raise ValueError(f"eps: expected eps >= 0, got {eps}")
+    if convention == "keras" and lr_decay != 0.0:
+        raise ValueError("lr_decay: Keras's Adagrad has no lr_decay (use a schedule), got "
+                         f"{lr_decay}")
+    first = 0 if convention == "onnx" else 1
+    if t < first:
+        raise ValueError(f"t: expected a step number >= {first} for convention "
+                         f"{convention!r}, got {t}")
+    flags, divisor = _grad_scale(grad_scale)
+    rate = lr / (1.0 + (t - first) * lr_decay) if lr_decay else lr
+    if weight_decay != 0.0:
+        flags |= FLAG_L2
+    if convention == "keras":
+        flags |= FLAG_EPS_INSIDE
+    return AdagradCoefficients(lr=rate, eps=eps, sign=-1.0 if maximize else 1.0,
+                               grad_scale=divisor, l2=weight_decay, flags=flags)
+
+
+def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
+                          weight_decay=0.0, maximize=False, convention="torch", grad_scale=None):
+    """The MomentumCoefficients of step ``t`` (formula: include/fastadam/momentum.h).
+
+    "torch" (``torch.optim.SGD``): the first step (t == 1) sets v = g'; "onnx" (``Momentum``,
+    alpha = momentum, beta = 1 - dampening): t == 0 uses beta = 1.
+    """
+    _convention(convention, MOMENTUM_CONVENTIONS)
+    lr = finite_float(lr, "lr")
+    momentum = finite_float(momentum, "momentum")
+    dampening = finite_float(dampening, "dampening")
+    weight_decay = finite_float(weight_decay, "weight_decay")
+    t = step_number(t)
+    if convention == "torch":
+        if momentum < 0.0:
+            raise ValueError(f"momentum: expected momentum >= 0, got {momentum}")
+        if nesterov and (momentum <= 0.0 or dampening != 0.0):
+            raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
+                             f"(got momentum={momentum}, dampening={dampening})")
+        if t < 1:
+            raise ValueError(f"t: expected a step number >= 1 for convention 'torch', got {t}")
+        first = t == 1 or momentum == 0.0
+        a, b = (0.0, 1.0) if first else (momentum, 1.0 - dampening)
+    else:
+        if t < 0:
+            raise ValueError(f"t: expected a step number >= 0 for convention 'onnx', got {t}")
+        a, b = momentum, (1.0 - dampening if t > 0 else 1.0)
+    flags, divisor = _grad_scale(grad_scale)
+    if weight_decay != 0.0:
+        flags |= FLAG_L2
+    if nesterov:
+        flags |= FLAG_MOMENTUM_NESTEROV
+    return MomentumCoefficients(lr=lr, a=a, b=b, an=momentum, idle_rate=momentum,
+                                sign=-1.0 if maximize else 1.0, grad_scale=divisor,
+                                l2=weight_decay, flags=flags)

@@ -1,0 +1,29 @@
+/* fastadam/formulas.h -- every optimizer's element formula, instantiated for float (_f32) and
+ * double (_f64) compute types (see formula.h).  The includer provides sqrtf and sqrt. */
+#ifndef FASTADAM_FORMULAS_H
+#define FASTADAM_FORMULAS_H
+
+#define FA_CAT_(a, b) a##b
+#define FA_CAT(a, b) FA_CAT_(a, b)
+
+#define FA_C float
+#define FA_SQRT sqrtf
+#define FA_FN(name) FA_CAT(name, _f32)
+#include "fastadam/adam.h"
+#include "fastadam/adagrad.h"
+#include "fastadam/momentum.h"
+#undef FA_C
+#undef FA_SQRT
+#undef FA_FN
+
+#define FA_C double
+#define FA_SQRT sqrt
+#define FA_FN(name) FA_CAT(name, _f64)
+#include "fastadam/adam.h"
+#include "fastadam/adagrad.h"
+#include "fastadam/momentum.h"
+#undef FA_C
+#undef FA_SQRT
+#undef FA_FN
+
+#endif /* FASTADAM_FORMULAS_H */
