@@ -15,7 +15,10 @@ DTYPES = ["float32", "float64"]
 
 
 def _limit_threads():
-    """One thread for OpenMP/BLAS (threadpoolctl) and PyTorch; returns an undo callable."""
+    """One thread for OpenMP/BLAS (threadpoolctl) and PyTorch; returns an undo callable.
+
+    fastadam is imported first, so that its OpenMP runtime is loaded (and limited) too."""
+    import fastadam.autodiff  # noqa: F401
     undo = []
     try:
         from threadpoolctl import threadpool_limits
