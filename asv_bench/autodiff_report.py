@@ -1,17 +1,16 @@
-"""Side-by-side timings of fastadam.autodiff against PyTorch eager and HIPS autograd (issue 4).
+"""Side-by-side timings of fastadam.autodiff against PyTorch eager and HIPS autograd (issues 4, 12).
 
-Runs the four workloads of asv_bench/benchmarks/bench_autodiff.py in one process, 1 thread,
-float32 and float64, and prints median times and ratios (ratio = other / fastadam, so > 1 means
-fastadam is faster).  Also reports the tape's per-op overhead.  Usage, from the repository root
-after ``python setup.py build_ext --inplace``::
+Runs the four workloads of asv_bench/benchmarks/bench_autodiff.py in one process, 1 thread
+(threadpoolctl for BLAS/OpenMP, torch.set_num_threads), float32 and float64, and prints median
+times and ratios (ratio = other / fastadam, so > 1 means fastadam is faster).  Also reports the
+tape's per-op overhead, then checks the goals of issue 12 (float32, default settings).  Usage,
+from the repository root after ``python setup.py build_ext --inplace``::
 
-    python asv_bench/autodiff_report.py [--quick] [--keep-freed-memory]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/autodiff_report.py [--quick]
 
-Note: fresh multi-megabyte NumPy outputs (conv activations) page-fault when glibc has returned
-the freed memory to the OS; on a virtual machine that costs ~1 ms per 2 MB array and dominates
-the conv workload.  ``--keep-freed-memory`` calls the opt-in ``fastadam.keep_freed_memory()``
-first (glibc keeps freed blocks for reuse; it applies to every library in the process, the
-baselines too), which is what a training loop should do: run the report both ways.
+The engine needs no process-wide malloc setting any more (its buffer pool reuses activations
+across steps); ``--keep-freed-memory`` still calls the opt-in ``fastadam.keep_freed_memory()``
+first, for comparison (it applies to every library in the process, the baselines too).
 """
 import argparse
 import os
@@ -27,23 +26,32 @@ sys.path.insert(0, os.path.dirname(HERE))
 import bench_autodiff as B  # noqa: E402
 
 
-def median_time(step, budget):
-    """Median seconds per call over 7 repeats of an auto-sized loop (~budget/7 s each)."""
-    step()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < 0.02:
+def median_times(steps, budget, repeats=7):
+    """Median seconds per call of each step, timed interleaved: every repeat times each step in
+    turn (an auto-sized loop of ~budget/repeats s), so a change of machine load between repeats
+    hits all of them alike (this machine is shared)."""
+    numbers = []
+    for step in steps:
         step()
-        n += 1
-    per = (time.perf_counter() - t0) / n
-    number = max(1, int(budget / 7 / per))
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(number):
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 0.02:
             step()
-        times.append((time.perf_counter() - t) / number)
-    return float(np.median(times))
+            n += 1
+        per = (time.perf_counter() - t0) / n
+        numbers.append(max(1, int(budget / repeats / per)))
+    times = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, number, out in zip(steps, numbers, times):
+            t = time.perf_counter()
+            for _ in range(number):
+                step()
+            out.append((time.perf_counter() - t) / number)
+    return [float(np.median(t)) for t in times]
+
+
+def median_time(step, budget):
+    return median_times([step], budget)[0]
 
 
 def fmt(s):
@@ -54,8 +62,7 @@ def tape_overhead(dtype):
     import fastadam.autodiff as ad
     t = ad.Tensor(np.ones(3, dtype=dtype), requires_grad=True)
     a = np.ones(3, dtype=dtype)
-    rec = median_time(lambda: t * t, 0.3)
-    raw = median_time(lambda: a * a, 0.3)
+    rec, raw = median_times([lambda: t * t, lambda: a * a], 0.6, repeats=21)
     return rec - raw
 
 
@@ -78,33 +85,62 @@ def main():
         ("HVP of MLP loss", B.build_hvp, [32], ["torch", "autograd"]),
     ]
     print("fastadam.autodiff vs PyTorch eager / HIPS autograd / hand-written NumPy; 1 thread; "
-          "median per step; ratio = other / fastadam (> 1: fastadam faster)")
+          "median per step, timed interleaved; ratio = other / fastadam (> 1: fastadam faster)")
     header = f"{'workload':30s} {'dtype':7s} {'batch':>5s} {'fastadam':>12s}"
     for name in ("numpy", "torch", "autograd"):
         header += f" {name:>12s} {'ratio':>6s}"
     print(header)
+    torch_ratio = {}  # (workload, batch) -> torch / fastadam, float32
+    overhead = {}
     for title, build, batches, others in workloads:
         for dtype in (np.float32, np.float64):
             for batch in batches:
-                ours = median_time(build("fastadam", dtype, batch), budget)
+                steps = {"fastadam": build("fastadam", dtype, batch)}
+                for name in others:
+                    try:
+                        steps[name] = build(name, dtype, batch)
+                    except NotImplementedError:
+                        pass
+                measured = dict(zip(steps, median_times(list(steps.values()),
+                                                        budget * len(steps))))
+                ours = measured["fastadam"]
                 line = f"{title:30s} {np.dtype(dtype).name:7s} {batch:5d} {fmt(ours):>12s}"
                 for name in ("numpy", "torch", "autograd"):
                     if name not in others:
                         line += f" {'-':>12s} {'-':>6s}"
                         continue
-                    try:
-                        t = median_time(build(name, dtype, batch), budget)
-                    except NotImplementedError:
+                    if name not in measured:
                         line += f" {'n/a':>12s} {'-':>6s}"
                         continue
+                    t = measured[name]
                     line += f" {fmt(t):>12s} {t / ours:6.2f}"
+                    if name == "torch" and dtype is np.float32:
+                        torch_ratio[build.__name__, batch] = t / ours
                 print(line, flush=True)
         if build is B.build_logreg:
             for dtype in (np.float32, np.float64):
+                overhead[dtype] = tape_overhead(dtype)
                 print(f"  tape overhead per recorded op ({np.dtype(dtype).name}): "
-                      f"{tape_overhead(dtype) * 1e6:.2f} us (recorded 3-element multiply minus "
+                      f"{overhead[dtype] * 1e6:.2f} us (recorded 3-element multiply minus "
                       f"the bare NumPy multiply)")
     undo()
+    print("\nissue 12 goals (float32, torch / fastadam time; 1 thread both sides):")
+    goals = [
+        ("conv 32x3x32x32, 16 3x3: within 1.2x of PyTorch", torch_ratio.get(("build_conv", 32)),
+         1 / 1.2),
+        ("MLP batch 32: >= 1.3x faster", torch_ratio.get(("build_mlp", 32)), 1.3),
+        ("MLP batch 256: >= 1.3x faster", torch_ratio.get(("build_mlp", 256)), 1.3),
+        ("logistic regression batch 16: >= 3x faster", torch_ratio.get(("build_logreg", 16)), 3.0),
+        ("HVP of the MLP: within 1.1x of PyTorch", torch_ratio.get(("build_hvp", 32)), 1 / 1.1),
+    ]
+    for text, ratio, bar in goals:
+        if ratio is None:
+            print(f"  {text:52s} not measured (PyTorch missing)")
+            continue
+        print(f"  {text:52s} ratio {ratio:5.2f} (bar {bar:4.2f}): "
+              f"{'met' if ratio >= bar else 'MISSED'}")
+    ov = overhead[np.float32] * 1e6
+    print(f"  {'tape overhead per op: <= 1 us':52s} {ov:5.2f} us: {'met' if ov <= 1 else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -135,9 +135,21 @@ cdef void _binary(int op, bint f32, char *g, char *x, char *o, Py_ssize_t n) noe
             fa_ad_tanh_grad_f64(<double *>g, <double *>x, <double *>o, n)
 
 
-cdef cnp.ndarray _run_unary(int op, cnp.ndarray x):
+cdef cnp.ndarray _output(cnp.ndarray x, object out):
+    """A new array like x, or ``out`` once checked (writable, C-contiguous, x's dtype and size)."""
+    if out is None:
+        return cnp.PyArray_EMPTY(x.ndim, x.shape, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.ndarray o = out
+    if cnp.PyArray_TYPE(o) != cnp.PyArray_TYPE(x) or not cnp.PyArray_IS_C_CONTIGUOUS(o) or \
+            o.size != x.size or not o.flags.writeable:
+        raise ValueError("out: expected a writable C-contiguous array of the input's dtype "
+                         "and size")
+    return o
+
+
+cdef cnp.ndarray _run_unary(int op, cnp.ndarray x, object out=None):
     _check(x, "x")
-    cdef cnp.ndarray y = cnp.PyArray_EMPTY(x.ndim, x.shape, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.ndarray y = _output(x, out)
     cdef Py_ssize_t n = x.size, isz = x.itemsize, k, nchunks = (n + CHUNK - 1) // CHUNK
     cdef bint f32 = _is_f32(x)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
@@ -153,9 +165,9 @@ cdef cnp.ndarray _run_unary(int op, cnp.ndarray x):
     return y
 
 
-cdef cnp.ndarray _run_binary(int op, cnp.ndarray g, cnp.ndarray x):
+cdef cnp.ndarray _run_binary(int op, cnp.ndarray g, cnp.ndarray x, object out=None):
     _check_same(g, x)
-    cdef cnp.ndarray o = cnp.PyArray_EMPTY(x.ndim, x.shape, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.ndarray o = _output(x, out)
     cdef Py_ssize_t n = x.size, isz = x.itemsize, k, nchunks = (n + CHUNK - 1) // CHUNK
     cdef bint f32 = _is_f32(x)
     cdef char *pg = <char *>cnp.PyArray_DATA(g)
@@ -172,25 +184,28 @@ cdef cnp.ndarray _run_binary(int op, cnp.ndarray g, cnp.ndarray x):
     return o
 
 
-def relu(cnp.ndarray x):
-    """max(x, 0) (new array)."""
-    return _run_unary(0, x)
+# ``out``: every elementwise kernel writes into a new array, or into ``out`` when given (a
+# buffer the caller reuses across steps; same dtype and size as the input, C-contiguous).
+
+def relu(cnp.ndarray x, out=None):
+    """x < 0 ? 0 : x (NaN stays NaN)."""
+    return _run_unary(0, x, out)
 
 
-def sigmoid(cnp.ndarray x):
-    """Overflow-free logistic function (new array)."""
-    return _run_unary(1, x)
+def sigmoid(cnp.ndarray x, out=None):
+    """Overflow-free logistic function."""
+    return _run_unary(1, x, out)
 
 
-def relu_grad(cnp.ndarray g, cnp.ndarray x):
-    """x > 0 ? g : 0."""
-    return _run_binary(0, g, x)
+def relu_grad(cnp.ndarray g, cnp.ndarray x, out=None):
+    """x <= 0 ? 0 : g."""
+    return _run_binary(0, g, x, out)
 
 
-def relu_grad_scalar(double g, cnp.ndarray x):
-    """x > 0 ? g : 0 for a scalar g (new array of x's dtype)."""
+def relu_grad_scalar(double g, cnp.ndarray x, out=None):
+    """x <= 0 ? 0 : g for a scalar g (x's dtype)."""
     _check(x, "x")
-    cdef cnp.ndarray o = cnp.PyArray_EMPTY(x.ndim, x.shape, cnp.PyArray_TYPE(x), 0)
+    cdef cnp.ndarray o = _output(x, out)
     cdef Py_ssize_t n = x.size, isz = x.itemsize, k, nchunks = (n + CHUNK - 1) // CHUNK
     cdef bint f32 = _is_f32(x)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
@@ -209,14 +224,14 @@ def relu_grad_scalar(double g, cnp.ndarray x):
     return o
 
 
-def sigmoid_grad(cnp.ndarray g, cnp.ndarray s):
+def sigmoid_grad(cnp.ndarray g, cnp.ndarray s, out=None):
     """g * s * (1 - s)."""
-    return _run_binary(1, g, s)
+    return _run_binary(1, g, s, out)
 
 
-def tanh_grad(cnp.ndarray g, cnp.ndarray t):
+def tanh_grad(cnp.ndarray g, cnp.ndarray t, out=None):
     """g * (1 - t * t)."""
-    return _run_binary(2, g, t)
+    return _run_binary(2, g, t, out)
 
 
 def sum_rows(cnp.ndarray x):
@@ -357,8 +372,9 @@ def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_
 
 def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,
            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph,
-           Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho, Py_ssize_t wo):
-    """The adjoint of im2col: cols (N, C*kh*kw, ho*wo) -> x (N, C, H, W)."""
+           Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ho, Py_ssize_t wo,
+           cnp.ndarray out=None):
+    """The adjoint of im2col: cols (N, C*kh*kw, ho*wo) -> x (N, C, H, W) (new, or ``out``)."""
     _check(cols, "cols")
     if cols.ndim != 3 or cols.shape[0] != n or cols.shape[1] != c * kh * kw or \
             cols.shape[2] != ho * wo:
@@ -366,7 +382,17 @@ def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_
     cdef fa_conv_geom g = _geom(n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     cdef cnp.npy_intp dims[4]
     dims[0], dims[1], dims[2], dims[3] = n, c, h, w
-    cdef cnp.ndarray x = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(cols), 0)
+    cdef cnp.ndarray x
+    if out is None:
+        x = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(cols), 0)
+    else:
+        if cnp.PyArray_TYPE(out) != cnp.PyArray_TYPE(cols) or \
+                not cnp.PyArray_IS_C_CONTIGUOUS(out) or out.ndim != 4 or out.shape[0] != n or \
+                out.shape[1] != c or out.shape[2] != h or out.shape[3] != w or \
+                not out.flags.writeable:
+            raise ValueError("out: expected a writable C-contiguous array of cols' dtype and "
+                             f"shape ({n}, {c}, {h}, {w})")
+        x = out
     cdef bint f32 = _is_f32(cols)
     cdef char *px = <char *>cnp.PyArray_DATA(x)
     cdef char *pc = <char *>cnp.PyArray_DATA(cols)

@@ -1,8 +1,9 @@
 """Benchmarks of fastadam.autodiff: forward + backward of one training step, 1 thread.
 
-One class per workload of issue 4, parametrized over dtype x batch x implementation:
-``fastadam`` (this engine), ``numpy`` (a hand-written forward/backward), ``torch`` (PyTorch
-eager autograd) and ``autograd`` (HIPS autograd).  A missing library skips its parameter
+One class per workload of issues 4 and 12 (the goals are checked by asv_bench/autodiff_report.py),
+parametrized over dtype x batch x implementation: ``fastadam`` (this engine), ``numpy`` (a
+hand-written forward/backward), ``torch`` (PyTorch eager autograd) and ``autograd`` (HIPS
+autograd).  A missing library skips its parameter
 combination (``NotImplementedError`` in ``setup``).  Inputs are seeded; the ``build_*``
 functions return a zero-argument step closure so ``asv_bench/autodiff_report.py`` times the very
 same code side by side.
@@ -14,7 +15,10 @@ DTYPES = ["float32", "float64"]
 
 
 def _limit_threads():
-    """One thread for OpenMP/BLAS (threadpoolctl) and PyTorch; returns an undo callable."""
+    """One thread for OpenMP/BLAS (threadpoolctl) and PyTorch; returns an undo callable.
+
+    fastadam is imported first, so that its OpenMP runtime is loaded (and limited) too."""
+    import fastadam.autodiff  # noqa: F401
     undo = []
     try:
         from threadpoolctl import threadpool_limits

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..sparse._indexed_slices import IndexedSlices
 from . import _tensor
-from ._tensor import Tensor, _wrap
+from ._tensor import Tensor, _wrap, version_of
 
 
 # read-only scalar seeds (never written: accumulation only writes buffers it allocated)
@@ -92,35 +92,43 @@ def _check_versions(node):
     versions = node.versions
     for i, t in enumerate(node.inputs):
         v = 0 if versions is None else versions[i]
-        if t._version != v:
+        now = version_of(t)
+        if now != v:
             raise RuntimeError(
                 f"a tensor saved by '{node.prim.name}' (argument {i}) was modified in place "
-                f"(version {t._version}, recorded at version {v}); its gradient would be wrong")
-
+                f"(version {now}, recorded at version {v}); its gradient would be wrong")
 
 
 def _check_output_version(node, out):
-    if out._version != 0:
+    now = version_of(out)
+    if now != node.out_version:
         raise RuntimeError(
-            f"the output of '{node.prim.name}' was modified in place (version {out._version}, "
-            f"recorded at version 0); its gradient would be wrong")
+            f"the output of '{node.prim.name}' was modified in place (version {now}, "
+            f"recorded at version {node.out_version}); its gradient would be wrong")
+
+
+def _cast(gi, dtype):
+    """A cotangent in its input's dtype (NumPy promotes in the forward pass only)."""
+    if gi.__class__ is IndexedSlices:
+        return IndexedSlices(gi.values.astype(dtype), gi.indices, gi.dense_shape)
+    if gi._node is None:
+        return _wrap(gi.data.astype(dtype))
+    from ._ops import astype
+    return astype(gi, dtype=dtype)
 
 
 def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
     """The walk shared by ``gradient`` and ``backward``; returns {key: cotangent}."""
     ynode = y._node
-    ykey = ynode or y
+    ykey = y if ynode is None else ynode
     grads = {ykey: seed}
     if ynode is None or ykey in keys_x or ykey in keys_z:
         return grads
     stop = keys_x.keys() | keys_z if keys_z else keys_x
-    # 1. reachable nodes (explicit work list, no recursion)
+    # 1. reachable nodes (explicit work list, no recursion; the list grows while it is read)
     order = [ynode]
     seen = {ynode}
-    i = 0
-    while i < len(order):
-        node = order[i]
-        i += 1
+    for node in order:
         inputs = node.inputs
         if inputs is None:
             raise _freed_error(node)
@@ -137,7 +145,9 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
         idx = None
         i = 0
         for t in node.inputs:
-            k = t._node or t
+            k = t._node
+            if k is None:
+                k = t
             if k in keys_x or (k in wanted and k not in keys_z):
                 if idx is None:
                     idx = [i]
@@ -148,8 +158,9 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             wanted[node] = idx
     # 3. reverse walk
     owned = set()
-    previous = _tensor._grad_enabled
-    _tensor._grad_enabled = create_graph
+    mode = _tensor._mode  # this thread's grad mode: the walk records only under create_graph
+    previous = mode.enabled
+    mode.enabled = create_graph
     try:
         for node in reversed(order):
             idx = wanted.get(node)
@@ -159,18 +170,18 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
             if g is None:
                 continue
             inputs = node.inputs
-            versions = node.versions
-            if versions is None:
+            if node.versions is None:
                 for t in inputs:
-                    if t._version:
+                    if t._version or t._base is not None:
                         _check_versions(node)
+                        break
             else:
                 _check_versions(node)
             ref = node.out_ref
             ans = ref() if ref is not None else None
             if ans is None:
                 ans = node.output()
-            elif ans._version:
+            elif ans._version or ans._base is not None:
                 _check_versions(node)
                 _check_output_version(node, ans)
             if g.__class__ is IndexedSlices:
@@ -184,24 +195,38 @@ def _run(y, keys_x, keys_z, seed, create_graph, retain_graph):
                 gi = f(g, ans, *inputs, **params)
                 if gi is None:
                     continue
-                shape = gi.data.shape if gi.__class__ is Tensor else gi.shape
-                if shape != t.data.shape:
-                    raise RuntimeError(
-                        f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
-                        f"expected {t.data.shape}")
-                k = t._node or t
+                td = t.data
+                if gi.__class__ is Tensor:
+                    gd = gi.data
+                    if gd.shape != td.shape or gd.dtype != td.dtype:
+                        gi = _conform(gi, gd.shape, gd.dtype, td, prim, i)
+                else:
+                    gi = _conform(gi, gi.shape, gi.dtype, td, prim, i)
+                k = t._node
+                if k is None:
+                    k = t
                 if k in grads:
                     _accumulate(grads, owned, k, gi, create_graph)
                 else:
                     grads[k] = gi
     finally:
-        _tensor._grad_enabled = previous
+        mode.enabled = previous
     if not (retain_graph or create_graph):
         for node in order:
             node.inputs = None
             node.params = None
             node.out_data = None
     return grads
+
+
+def _conform(gi, shape, dtype, td, prim, i):
+    """Check a VJP's shape; cast it to its input's dtype (NumPy promotes in the forward only)."""
+    if shape != td.shape:
+        raise RuntimeError(f"VJP of '{prim.name}' for argument {i} returned shape {shape}, "
+                           f"expected {td.shape}")
+    if dtype != td.dtype and td.dtype.kind in "fc":
+        return _cast(gi, td.dtype)
+    return gi
 
 
 def _node_id(node):
@@ -252,15 +277,20 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
         raise TypeError("xs: expected a sequence of Tensors (wrap a single tensor in a list)")
     xs = list(xs)
     keys_x = {}
-    for i, x in enumerate(xs):
+    i = 0
+    for x in xs:
         if x is not None:
-            _check_x(x, f"xs[{i}]")
-            keys_x[_key(x)] = i
+            if x.__class__ is not Tensor or x.data.dtype.kind not in "fc":
+                _check_x(x, f"xs[{i}]")
+            n = x._node
+            keys_x[x if n is None else n] = i
+        i += 1
     keys_z = set()
-    for i, z in enumerate(zs):
-        if not isinstance(z, Tensor):
-            raise TypeError(f"zs[{i}]: expected a Tensor, got {type(z).__name__}")
-        keys_z.add(_key(z))
+    if zs:
+        for i, z in enumerate(zs):
+            if not isinstance(z, Tensor):
+                raise TypeError(f"zs[{i}]: expected a Tensor, got {type(z).__name__}")
+            keys_z.add(_key(z))
     seed = _as_seed(y, grad_output)
     grads = _run(y, keys_x, keys_z, seed, create_graph, retain_graph)
     out = []
@@ -268,7 +298,8 @@ def gradient(y, xs, zs=(), *, grad_output=None, create_graph=False, retain_graph
         if x is None:
             out.append(None)
             continue
-        g = grads.get(_key(x))
+        n = x._node
+        g = grads.get(x if n is None else n)
         if g.__class__ is Tensor and g._node is None and not g.data.flags.writeable:
             g = _wrap(np.array(g.data))  # a broadcast view or a read-only seed: materialize
         if g is None and not allow_unused:

@@ -1,8 +1,13 @@
 """Array kernels behind the hot primitives: compiled (fastadam._autodiff_kernels) for contiguous
 float32/float64 arrays, NumPy otherwise (other dtypes, strided views).
 
-Every function takes and returns ndarrays and allocates its output; none is recorded.
+Every function takes and returns ndarrays; none is recorded.  Large outputs come from ``empty``,
+a small per-thread buffer pool: a training loop builds the same graph every step, and a fresh
+multi-megabyte array page-faults once glibc has given the freed memory back to the OS (several
+times the cost of the kernel that fills it).  A pooled array is handed out again only when
+nothing but the pool refers to it (its reference count), so reuse is never visible.
 """
+import sys
 import threading
 
 import numpy as np
@@ -13,6 +18,70 @@ except ImportError:  # pragma: no cover - source tree without a build
     _C = None
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ---- buffer pool --------------------------------------------------------------------------
+
+POOL_MIN_BYTES = 256 * 1024        # smaller arrays come from np.empty (malloc reuses them well)
+POOL_BYTES = 64 * 1024 * 1024      # per thread, at most this much is kept
+
+_pool_state = threading.local()
+_refcount = sys.getrefcount
+
+
+def empty(shape, dtype):
+    """``np.empty(shape, dtype)``, reusing a pooled array nobody else refers to when large."""
+    dtype = np.dtype(dtype)
+    size = dtype.itemsize
+    for d in shape:
+        size *= d
+    if size < POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    pool = getattr(_pool_state, "pool", None)
+    if pool is None:
+        pool = _pool_state.pool = {}
+        _pool_state.nbytes = 0
+    key = (shape, dtype)
+    arrays = pool.get(key)
+    if arrays is None:
+        arrays = pool[key] = []
+    for a in arrays:
+        if _refcount(a) == 3:  # the list, the loop variable and the argument: free
+            return a
+    if _pool_state.nbytes + size > POOL_BYTES:
+        _evict(pool)
+        if _pool_state.nbytes + size > POOL_BYTES:
+            return np.empty(shape, dtype)
+    a = np.empty(shape, dtype)
+    arrays.append(a)
+    _pool_state.nbytes += size
+    return a
+
+
+def _evict(pool):
+    """Drop every free pooled array (the graph shape changed, or the pool is full)."""
+    for key in list(pool):
+        kept = []
+        for a in pool[key]:
+            if _refcount(a) > 3:  # more than the list, the loop variable and the argument
+                kept.append(a)
+            else:
+                _pool_state.nbytes -= a.nbytes
+        if kept:
+            pool[key] = kept
+        else:
+            del pool[key]
+
+
+def pool_bytes():
+    """Bytes held by the calling thread's buffer pool."""
+    return getattr(_pool_state, "nbytes", 0)
+
+
+def release_pool():
+    """Forget the calling thread's pool (arrays still in use stay valid)."""
+    _pool_state.pool = {}
+    _pool_state.nbytes = 0
 
 
 def _fast(*arrays):
@@ -47,35 +116,35 @@ def sum_to(x, shape):
 
 def relu(x):
     if _fast(x):
-        return _C.relu(x)
+        return _C.relu(x, empty(x.shape, x.dtype))
     return np.maximum(x, 0).astype(x.dtype, copy=False)
 
 
 def relu_grad(g, x):
     if g.shape == x.shape and _fast(g, x):
-        return _C.relu_grad(g, x)
+        return _C.relu_grad(g, x, empty(x.shape, x.dtype))
     if g.shape == x.shape and _C is not None and g.dtype == x.dtype and _fast(x) \
             and not np.any(g.strides):  # a broadcast scalar (e.g. the VJP of mean)
-        return _C.relu_grad_scalar(float(g.flat[0]), x)
-    return np.where(x > 0, g, 0).astype(np.result_type(g, x), copy=False)
+        return _C.relu_grad_scalar(float(g.flat[0]), x, empty(x.shape, x.dtype))
+    return np.where(x <= 0, 0, g).astype(np.result_type(g, x), copy=False)
 
 
 def sigmoid(x):
     if _fast(x):
-        return _C.sigmoid(x)
+        return _C.sigmoid(x, empty(x.shape, x.dtype))
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 def sigmoid_grad(g, s):
     if g.shape == s.shape and _fast(g, s):
-        return _C.sigmoid_grad(g, s)
+        return _C.sigmoid_grad(g, s, empty(s.shape, s.dtype))
     return g * s * (1 - s)
 
 
 def tanh_grad(g, t):
     if g.shape == t.shape and _fast(g, t):
-        return _C.tanh_grad(g, t)
+        return _C.tanh_grad(g, t, empty(t.shape, t.dtype))
     return g * (1 - t * t)
 
 
@@ -95,7 +164,8 @@ def softmax_cross_entropy(logits, labels):
         return np.asarray(_C.sce_forward(logits, labels),
                           dtype=logits.dtype)
     m = logits.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+    with np.errstate(invalid="ignore"):  # NaN/inf rows give NaN, silently, as the compiled path
+        lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
     picked = logits[np.arange(n), labels]
     return np.asarray(np.mean(lse - picked), dtype=logits.dtype)
 
@@ -106,8 +176,9 @@ def softmax_cross_entropy_grad(logits, labels, scale):
     if _fast(logits):
         return _C.sce_backward(logits, labels, float(scale))
     m = logits.max(axis=1, keepdims=True)
-    e = np.exp(logits - m)
-    p = e / e.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(logits - m)
+        p = e / e.sum(axis=1, keepdims=True)
     p[np.arange(n), labels] -= 1
     return (p * (scale / n)).astype(logits.dtype, copy=False)
 
@@ -125,11 +196,23 @@ def log_softmax(x, axis):
     return s
 
 
+# ---- im2col workspace: per thread, bounded ------------------------------------------------
+# A convolution unrolls its input in batch chunks of at most WORKSPACE_BYTES (at least one
+# sample) into this thread's workspace, which is kept between calls (a fresh multi-megabyte
+# array would page-fault on every step).  It never grows past WORKSPACE_BYTES per dtype: a single
+# sample larger than that gets a temporary array, freed after use.
+
+WORKSPACE_BYTES = 16 * 1024 * 1024
+
 _scratch = threading.local()
 
 
 def _workspace(size, dtype):
-    """A per-thread grow-only buffer of ``size`` elements (contents undefined)."""
+    """``size`` elements of scratch memory (contents undefined), valid until this thread's next
+    ``_workspace`` call of the same dtype."""
+    _scratch.tag = None  # whatever im2col the workspace held is being overwritten
+    if size * dtype.itemsize > WORKSPACE_BYTES:
+        return np.empty(size, dtype=dtype)
     key = "buf_" + dtype.char
     buf = getattr(_scratch, key, None)
     if buf is None or buf.size < size:
@@ -138,20 +221,37 @@ def _workspace(size, dtype):
     return buf[:size]
 
 
-def im2col(x, kh, kw, stride, padding, dilation, scratch=False):
-    """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
-    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x).
+def workspace_bytes():
+    """Bytes held by the calling thread's im2col workspaces."""
+    return sum(v.nbytes for k, v in vars(_scratch).items() if k.startswith("buf_"))
 
-    ``scratch=True``: write into this thread's workspace (valid until the next scratch call on
-    the same thread), for callers that consume the result at once (conv forward, weight grad)."""
+
+def release_workspace():
+    """Free the calling thread's im2col workspaces."""
+    _scratch.tag = None
+    for k in [k for k in vars(_scratch) if k.startswith("buf_")]:
+        delattr(_scratch, k)
+
+
+def batch_chunk(per_sample, dtype):
+    """How many samples of ``per_sample`` elements fit the workspace (at least 1)."""
+    nbytes = per_sample * np.dtype(dtype).itemsize
+    return max(1, WORKSPACE_BYTES // nbytes) if nbytes else 1 << 30
+
+
+def conv_output_size(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def im2col(x, kh, kw, stride, padding, dilation, out=None):
+    """x (N, C, H, W) -> cols (N, C*kh*kw, Ho*Wo): cols[n, (c, i, j), (p, q)] =
+    xpad[n, c, p*sh + i*dh, q*sw + j*dw] (zero outside x).  ``out``: where to write (contiguous
+    float32/float64 x only; otherwise a strided view of a padded copy is returned)."""
     n, c, h, w = x.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho = conv_output_size(h, kh, sh, ph, dh)
+    wo = conv_output_size(w, kw, sw, pw, dw)
     if _fast(x):
-        out = None
-        if scratch:
-            out = _workspace(n * c * kh * kw * ho * wo, x.dtype).reshape(n, c * kh * kw, ho * wo)
         return _C.im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, out), ho, wo
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     s = xp.strides
@@ -160,12 +260,50 @@ def im2col(x, kh, kw, stride, padding, dilation, scratch=False):
     return win.reshape(n, c * kh * kw, ho * wo), ho, wo
 
 
-def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
-    """The adjoint of im2col: scatter-add cols (N, C*kh*kw, Ho*Wo) back into (N, C, H, W)."""
+def im2col_chunks(x, kh, kw, stride, padding, dilation, reuse=False):
+    """Yield ``(n0, n1, cols)``: ``im2col(x[n0:n1])`` in this thread's bounded workspace (each
+    ``cols`` is overwritten by the next; consume it before asking for the next).
+
+    When the whole batch fits one chunk the workspace is tagged with x (the array object itself,
+    kept alive by the tag, and the geometry); ``reuse=True`` (the weight gradient, right after the
+    forward pass of the same convolution) skips the unrolling when the tag still matches: any
+    other workspace use clears it, and the engine has checked x's version counter (writes
+    through ``.data`` are not seen, as everywhere in the engine)."""
+    n, c, h, w = x.shape
+    if not _fast(x):
+        cols, _, _ = im2col(x, kh, kw, stride, padding, dilation)
+        yield 0, n, cols
+        return
+    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
+    per = c * kh * kw * ho * wo
+    step = batch_chunk(per, x.dtype)
+    if 0 < n <= step and n * per * x.dtype.itemsize <= WORKSPACE_BYTES:
+        geometry = (kh, kw, stride, padding, dilation)
+        tag = getattr(_scratch, "tag", None)
+        if reuse and tag is not None and tag[0] is x and tag[1] == geometry:
+            buf = getattr(_scratch, "buf_" + x.dtype.char)[:n * per]
+            yield 0, n, buf.reshape(n, c * kh * kw, ho * wo)
+            return
+        buf = _workspace(n * per, x.dtype).reshape(n, c * kh * kw, ho * wo)
+        im2col(x, kh, kw, stride, padding, dilation, buf)
+        _scratch.tag = (x, geometry)
+        yield 0, n, buf
+        return
+    for n0 in range(0, n, step):
+        n1 = min(n, n0 + step)
+        buf = _workspace((n1 - n0) * per, x.dtype).reshape(n1 - n0, c * kh * kw, ho * wo)
+        im2col(x[n0:n1], kh, kw, stride, padding, dilation, buf)
+        yield n0, n1, buf
+
+
+def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo, out=None):
+    """The adjoint of im2col: scatter-add cols (N, C*kh*kw, Ho*Wo) back into (N, C, H, W)
+    (written into ``out`` when given)."""
     n, c, h, w = x_shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    if _fast(cols):
-        return _C.col2im(cols, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    if _fast(cols) and (out is None or _fast(cols, out)):
+        return _C.col2im(cols, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, out)
     xp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype)
     v = cols.reshape(n, c, kh, kw, ho, wo)
     for i in range(kh):
@@ -173,4 +311,7 @@ def col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo):
             rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
             cols_ = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
             xp[:, :, rows, cols_] += v[:, :, i, j]
+    if out is not None:
+        out[...] = xp[:, :, ph:ph + h, pw:pw + w]
+        return out
     return np.ascontiguousarray(xp[:, :, ph:ph + h, pw:pw + w])

@@ -1,5 +1,6 @@
 """Operator overloading and methods of ``Tensor`` (attached here, after the primitives exist)."""
 from . import _engine, _ops
+from ._registry import binary_operator
 from ._tensor import Tensor, _wrap
 
 add, subtract, multiply, divide, power, matmul = (
@@ -12,17 +13,17 @@ def _data(v):
 
 def _attach():
     T = Tensor
-    T.__add__ = lambda a, b: add(a, b)
+    T.__add__ = binary_operator(add)
     T.__radd__ = lambda a, b: add(b, a)
-    T.__sub__ = lambda a, b: subtract(a, b)
+    T.__sub__ = binary_operator(subtract)
     T.__rsub__ = lambda a, b: subtract(b, a)
-    T.__mul__ = lambda a, b: multiply(a, b)
+    T.__mul__ = binary_operator(multiply)
     T.__rmul__ = lambda a, b: multiply(b, a)
-    T.__truediv__ = lambda a, b: divide(a, b)
+    T.__truediv__ = binary_operator(divide)
     T.__rtruediv__ = lambda a, b: divide(b, a)
     T.__pow__ = lambda a, b: power(a, b)
     T.__rpow__ = lambda a, b: power(b, a)
-    T.__matmul__ = lambda a, b: matmul(a, b)
+    T.__matmul__ = binary_operator(matmul)
     T.__rmatmul__ = lambda a, b: matmul(b, a)
     T.__neg__ = lambda a: _ops.negative(a)
     T.__pos__ = lambda a: a

@@ -1,7 +1,9 @@
 """Neural-network primitives: conv2d, softmax, log_softmax, softmax_cross_entropy, mse, take.
 
 conv2d is three bilinear primitives (the convolution and its two adjoints), each the VJP of the
-others, so every derivative order of a convolution is again a convolution.
+others, so every derivative order of a convolution is again a convolution.  They unroll (im2col)
+in batch chunks into a bounded per-thread workspace (``_kernels.WORKSPACE_BYTES``) and write
+their GEMMs straight into the output.
 """
 import numpy as np
 
@@ -34,9 +36,16 @@ def _wmat(w, groups):
 def _conv_forward(x, w, b, stride, padding, dilation, groups):
     n = x.shape[0]
     o, _, kh, kw = w.shape
-    cols, ho, wo = K.im2col(x, kh, kw, stride, padding, dilation, scratch=True)  # (N, R, L)
-    cols = cols.reshape(n, groups, -1, ho * wo)
-    y = np.matmul(_wmat(w, groups), cols).reshape(n, o, ho * wo)   # one GEMM per sample
+    ho = K.conv_output_size(x.shape[2], kh, stride[0], padding[0], dilation[0])
+    wo = K.conv_output_size(x.shape[3], kw, stride[1], padding[1], dilation[1])
+    L = ho * wo
+    y = K.empty((n, o, L), np.result_type(x, w))
+    wm = _wmat(w, groups)
+    for n0, n1, cols in K.im2col_chunks(x, kh, kw, stride, padding, dilation):  # (m, R, L)
+        m = n1 - n0
+        # one GEMM per sample and group, straight into the output
+        np.matmul(wm, cols.reshape(m, groups, -1, L),
+                  out=y[n0:n1].reshape(m, groups, o // groups, L))
     if b is not None:
         y += b.reshape(o, 1)
     return y.reshape(n, o, ho, wo)
@@ -57,9 +66,20 @@ def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     """The adjoint of conv2d in x: the gradient of <conv2d(x, w), g> with respect to x."""
     n, o, ho, wo = g.shape
     _, _, kh, kw = w.shape
-    g4 = g.reshape(n, groups, o // groups, ho * wo)
-    cols = np.matmul(_wmat(w, groups).transpose(0, 2, 1), g4).reshape(n, -1, ho * wo)
-    return K.col2im(cols, x_shape, kh, kw, stride, padding, dilation, ho, wo)
+    L = ho * wo
+    dtype = np.result_type(g, w)
+    gx = K.empty(tuple(x_shape), dtype)
+    g4 = g.reshape(n, groups, o // groups, L)
+    wt = _wmat(w, groups).transpose(0, 2, 1)
+    rows = wt.shape[0] * wt.shape[1]  # C*kh*kw
+    step = K.batch_chunk(rows * L, dtype)
+    for n0 in range(0, n, step):
+        m = min(n, n0 + step) - n0
+        cols = K._workspace(m * rows * L, dtype).reshape(m, groups, -1, L)
+        np.matmul(wt, g4[n0:n0 + m], out=cols)
+        K.col2im(cols.reshape(m, rows, L), (m,) + tuple(x_shape[1:]), kh, kw, stride, padding,
+                 dilation, ho, wo, out=gx[n0:n0 + m])
+    return gx
 
 
 @primitive
@@ -67,10 +87,14 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     """The adjoint of conv2d in w: the gradient of <conv2d(x, w), g> with respect to w."""
     n, o, ho, wo = g.shape
     _, _, kh, kw = w_shape
-    cols, _, _ = K.im2col(x, kh, kw, stride, padding, dilation, scratch=True)
-    cols = cols.reshape(n, groups, -1, ho * wo)
-    g4 = g.reshape(n, groups, o // groups, ho * wo)
-    return np.matmul(g4, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w_shape)
+    L = ho * wo
+    gw = np.zeros((groups, o // groups, w_shape[1] * kh * kw), dtype=np.result_type(x, g))
+    g4 = g.reshape(n, groups, o // groups, L)
+    for n0, n1, cols in K.im2col_chunks(x, kh, kw, stride, padding, dilation, reuse=True):
+        m = n1 - n0
+        part = np.matmul(g4[n0:n1], cols.reshape(m, groups, -1, L).transpose(0, 1, 3, 2))
+        gw += part.sum(axis=0)
+    return gw.reshape(w_shape)
 
 
 def _x_vjp(g, ans, x, w, *b, **p):
@@ -99,7 +123,8 @@ defvjp(_conv2d_weight_grad,
 def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (cross-correlation, as ONNX Conv and torch.nn.functional.conv2d), NCHW.
 
-    ``x``: (N, C, H, W); ``w``: (O, C / groups, kh, kw); ``b``: (O,) or None.
+    ``x``: (N, C, H, W) (N may be 0); ``w``: (O, C / groups, kh, kw); ``b``: (O,) or None.
+    The output size ``(H + 2 ph - dh (kh - 1) - 1) // sh + 1`` (and the same in W) must be >= 1.
     ``y[n, o, p, q] = b[o] + sum_{c, i, j} w[o, c, i, j] *
     xpad[n, g*C/G + c, p*sh + i*dh, q*sw + j*dw]``
     with ``g = o // (O / groups)`` and ``xpad`` x zero-padded by ``padding`` on each side.
@@ -119,6 +144,18 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
         raise ValueError("conv2d: expected stride >= 1, dilation >= 1 and padding >= 0, got "
                          f"{stride}, {dilation}, {padding}")
+    kh, kw = w.shape[2:]
+    if kh < 1 or kw < 1 or w.shape[0] < 1:
+        raise ValueError(f"w: expected at least one filter of at least 1x1, got shape {w.shape}")
+    h, wd = x.shape[2:]
+    ho = K.conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = K.conv_output_size(wd, kw, stride[1], padding[1], dilation[1])
+    if ho < 1 or wo < 1:
+        raise ValueError(
+            f"conv2d: output size {ho}x{wo} is less than 1x1: input {h}x{wd} with padding "
+            f"{padding} is smaller than the dilated kernel "
+            f"{dilation[0] * (kh - 1) + 1}x{dilation[1] * (kw - 1) + 1} (kernel {kh}x{kw}, "
+            f"dilation {dilation})")
     if b is None:
         return _conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
     b = as_tensor(b)
@@ -179,7 +216,7 @@ def _sce_grad(logits, labels):
 
 
 def _sce_vjp(g, ans, logits, labels):
-    if not _tensor._grad_enabled and g.data.ndim == 0:
+    if not _tensor._mode.enabled and g.data.ndim == 0:
         # first order: fold the scalar seed into the fused kernel (one pass, one allocation)
         return _wrap(K.softmax_cross_entropy_grad(logits.data, labels.data, float(g.data)))
     return multiply(g, _sce_grad(logits, labels))
@@ -261,7 +298,7 @@ def _take_grad(g, indices, shape):
 
 
 def _take_vjp(g, ans, table, indices):
-    if _tensor._grad_enabled:  # create_graph: a differentiable dense gradient
+    if _tensor._mode.enabled:  # create_graph: a differentiable dense gradient
         return _take_grad(g, indices, shape=table.shape)
     rows = g.data.reshape((-1,) + table.shape[1:])
     return IndexedSlices(rows, indices.data.reshape(-1), table.shape)
@@ -275,17 +312,21 @@ def take(table, indices):
     """Rows of ``table`` at integer ``indices`` (any shape): ``table[indices]`` along axis 0.
 
     The gradient with respect to ``table`` is a ``fastadam.IndexedSlices`` (``values`` = the
-    gradient rows, ``indices`` = ``indices.ravel()``, repeats allowed) rather than a dense table,
-    ready for a sparse optimizer step; ``.to_dense()`` gives the dense gradient.  With
-    ``create_graph=True`` the gradient is dense (so it can be differentiated again).
+    gradient rows, ``indices`` = ``indices.ravel()`` as intp, repeats allowed) rather than a
+    dense table, ready for a sparse optimizer step; ``.to_dense()`` gives the dense gradient.
+    With ``create_graph=True`` the gradient is dense (so it can be differentiated again).
     """
     table = as_tensor(table)
-    indices = as_tensor(indices)
-    if indices.dtype.kind not in "iu":
-        raise TypeError(f"indices: expected an integer array, got {indices.dtype}")
+    idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"indices: expected an integer array, got {idx.dtype}")
     if table.ndim < 1:
         raise ValueError("table: expected at least one dimension")
-    if indices.data.size and (indices.data.min() < 0 or indices.data.max() >= table.shape[0]):
+    if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
         raise IndexError(f"indices: values must lie in [0, {table.shape[0]}), got "
-                         f"[{indices.data.min()}, {indices.data.max()}]")
-    return _take(table, indices)
+                         f"[{idx.min()}, {idx.max()}]")
+    # normalised once (checked in range above, so the cast is exact): contiguous intp, which
+    # the IndexedSlices gradient carries on to sparse_step_inplace (int32/int64 only)
+    if idx.dtype != np.intp or not idx.flags.c_contiguous:
+        idx = np.ascontiguousarray(idx, dtype=np.intp)
+    return _take(table, _wrap(idx))

@@ -23,7 +23,7 @@ def sum_to(x, shape):
     return K.sum_to(x, shape)
 
 
-@primitive
+@primitive(view=True)
 def broadcast_to(x, shape):
     """``np.broadcast_to``: a read-only view (no copy; consumers never write into it)."""
     return np.broadcast_to(x, shape)
@@ -37,7 +37,7 @@ def unbroadcast(g, shape):
     """The cotangent of an operand of shape ``shape`` that was broadcast to ``g.shape``."""
     if g.data.shape == shape:
         return g
-    if not _tensor._grad_enabled:  # first order: skip the primitive wrapper
+    if not _tensor._mode.enabled:  # first order: skip the primitive wrapper
         return _wrap(np.asarray(K.sum_to(g.data, shape)))
     return sum_to(g, shape=shape)
 
@@ -47,34 +47,14 @@ def unbroadcast(g, shape):
 # ---------------------------------------------------------------------------------------------
 
 
-@primitive
-def add(a, b):
-    return a + b
-
-
-@primitive
-def subtract(a, b):
-    return a - b
-
-
-@primitive
-def multiply(a, b):
-    return a * b
-
-
-@primitive
-def divide(a, b):
-    return a / b
-
-
-@primitive
-def power(a, b):
-    return np.power(a, b)
-
-
-@primitive
-def negative(a):
-    return -a
+# NumPy's ufuncs are the primitives' functions themselves: no Python frame between the tape
+# and the C loop (the tape's own cost per operation is what the overhead goal measures)
+add = primitive(np.add, name="add")
+subtract = primitive(np.subtract, name="subtract")
+multiply = primitive(np.multiply, name="multiply")
+divide = primitive(np.divide, name="divide")
+power = primitive(np.power, name="power")
+negative = primitive(np.negative, name="negative")
 
 
 defvjp(add, lambda g, ans, a, b: unbroadcast(g, a.shape),
@@ -104,10 +84,7 @@ defvjp(power, _power_vjp_a, _power_vjp_b)
 # ---------------------------------------------------------------------------------------------
 
 
-@primitive
-def matmul(a, b):
-    """``a @ b`` with NumPy's rules (1-D operands, batch broadcasting); NumPy's BLAS."""
-    return np.matmul(a, b)
+matmul = primitive(np.matmul, name="matmul")  # ``a @ b``: NumPy's rules and BLAS
 
 
 def _mT(t):
@@ -120,7 +97,7 @@ def _mT(t):
 
 def _matmul_vjp_a(g, ans, a, b):
     if a.data.ndim == 2 and b.data.ndim == 2:
-        if not _tensor._grad_enabled:  # first order: one BLAS call, no wrappers
+        if not _tensor._mode.enabled:  # first order: one BLAS call, no wrappers
             return _wrap(np.matmul(g.data, b.data.T))
         return matmul(g, transpose(b))
     if b.ndim == 1:
@@ -135,7 +112,7 @@ def _matmul_vjp_a(g, ans, a, b):
 
 def _matmul_vjp_b(g, ans, a, b):
     if a.data.ndim == 2 and b.data.ndim == 2:
-        if not _tensor._grad_enabled:
+        if not _tensor._mode.enabled:
             return _wrap(np.matmul(a.data.T, g.data))
         return matmul(transpose(a), g)
     if a.ndim == 1:
@@ -171,40 +148,28 @@ def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
 # ---------------------------------------------------------------------------------------------
 
 
-@primitive
-def exp(x):
-    return np.exp(x)
+exp = primitive(np.exp, name="exp")
 
 
-@primitive
-def log(x):
-    return np.log(x)
+log = primitive(np.log, name="log")
 
 
-@primitive
-def sqrt(x):
-    return np.sqrt(x)
+sqrt = primitive(np.sqrt, name="sqrt")
 
 
-@primitive
-def abs(x):  # noqa: A001 - NumPy's name
-    return np.abs(x)
-
-
-@primitive
-def sign(x):
-    return np.sign(x)
+abs = primitive(np.abs, name="abs")  # noqa: A001 - NumPy's name
+sign = primitive(np.sign, name="sign")
 
 
 @primitive
 def relu(x):
-    """``max(x, 0)``; the derivative at 0 is taken as 0."""
+    """``max(x, 0)``; the derivative at 0 is taken as 0.  NaN stays NaN (as torch.relu)."""
     return K.relu(x)
 
 
 @primitive
 def relu_grad(g, x):
-    """``g * (x > 0)`` (the VJP of relu)."""
+    """``0 where x <= 0, else g`` (the VJP of relu; a NaN x passes g on, as in PyTorch)."""
     return K.relu_grad(g, x)
 
 
@@ -220,9 +185,7 @@ def sigmoid_grad(g, s):
     return K.sigmoid_grad(g, s)
 
 
-@primitive
-def tanh(x):
-    return np.tanh(x)
+tanh = primitive(np.tanh, name="tanh")
 
 
 @primitive
@@ -247,6 +210,15 @@ defvjp(tanh_grad, lambda h, ans, g, t: tanh_grad(h, t),
 
 
 @primitive
+def astype(x, dtype):
+    """``x.astype(dtype)`` (a copy); the gradient is cast back to ``x``'s dtype."""
+    return x.astype(dtype)
+
+
+defvjp(astype, lambda g, ans, x, dtype: astype(g, dtype=x.dtype))
+
+
+@primitive
 def where(cond, x, y):
     """``np.where(cond, x, y)``; ``cond`` is not differentiable."""
     return np.where(cond, x, y)
@@ -263,7 +235,8 @@ def _clip(x, lo, hi):
 
 
 def clip(x, lo=None, hi=None):
-    """``np.clip(x, lo, hi)`` (scalar bounds); the gradient is 1 inside ``[lo, hi]``, else 0."""
+    """``np.clip(x, lo, hi)`` (scalar bounds); the gradient is 1 inside ``[lo, hi]``, else 0.
+    NaN stays NaN and gets gradient 0 (as torch.clamp)."""
     return _clip(x, lo=lo, hi=hi)
 
 
@@ -329,8 +302,13 @@ def _mean_vjp(g, ans, x, axes, keepdims):
 
 
 def _max_vjp(g, ans, x, axes, keepdims):
-    top = np.max(x.data, axis=axes, keepdims=True)
-    mask = (x.data == top).astype(x.dtype)
+    xd = x.data
+    top = np.max(xd, axis=axes, keepdims=True)
+    hit = xd == top
+    nan_top = np.isnan(top)
+    if nan_top.any():  # NaN is the maximum (as np.max and torch.max): the NaNs share the gradient
+        hit |= np.isnan(xd) & nan_top
+    mask = hit.astype(x.dtype)
     mask /= mask.sum(axis=axes, keepdims=True)  # ties share the gradient equally
     return multiply(_expand(g, x, axes, keepdims), _wrap(mask))
 
@@ -353,7 +331,8 @@ def mean(x, axis=None, keepdims=False):
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    """Maximum over ``axis``; tied maxima share the gradient equally."""
+    """Maximum over ``axis``; tied maxima share the gradient equally.  NaN propagates: a slice
+    holding NaN has maximum NaN and its NaN entries share the gradient (as ``torch.max``)."""
     x = as_tensor(x)
     return _max(x, axes=_axes(axis, x.ndim), keepdims=bool(keepdims))
 
@@ -363,7 +342,7 @@ def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
 # ---------------------------------------------------------------------------------------------
 
 
-@primitive
+@primitive(view=True)
 def _reshape(x, shape):
     return np.reshape(x, shape)
 
@@ -378,7 +357,7 @@ def reshape(x, shape):
     return _reshape(x, shape=tuple(shape))
 
 
-@primitive
+@primitive(view=True)
 def _transpose(x, axes):
     return np.transpose(x, axes)
 
@@ -434,7 +413,7 @@ def _is_basic(index):
     return True
 
 
-@primitive
+@primitive(view=True)
 def _getitem(x, index):
     return x[index]
 

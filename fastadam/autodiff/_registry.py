@@ -23,8 +23,10 @@ from weakref import ref as _weakref
 import numpy as np
 
 from . import _tensor
-from ._tensor import Node, Tensor, _wrap
+from ._tensor import Node, Tensor, _mode, _wrap, mark_view, version_of
 
+_new = object.__new__
+_next_id = _tensor._node_ids.__next__  # the tape's one counter (Node() draws from it too)
 _ndarray = np.ndarray
 
 
@@ -34,36 +36,69 @@ def zero_vjp(g, ans, *args, **params):
 
 
 class Primitive:
-    """A differentiable function of ndarrays.  Call it with Tensors, ndarrays or scalars."""
+    """A differentiable function of ndarrays.  Call it with Tensors, ndarrays or scalars.
 
-    __slots__ = ("fun", "name", "vjps", "vjp_argnum", "__wrapped__", "__dict__")
+    ``view``: True for primitives whose output may be a view of their first argument (reshape,
+    transpose, basic indexing): such an output shares that argument's version counter.
+    """
 
-    def __init__(self, fun, name=None):
+    __slots__ = ("fun", "name", "vjps", "vjp_argnum", "view", "__wrapped__", "__dict__")
+
+    def __init__(self, fun, name=None, view=False):
         self.fun = fun
         self.name = name or fun.__name__
         self.vjps = {}
         self.vjp_argnum = None  # variadic primitives: one VJP taking the argument number
+        self.view = view
         self.__doc__ = fun.__doc__
         self.__wrapped__ = fun
 
     def __call__(self, *args, **params):
+        # the hot path of every recorded operation: kept flat on purpose
         need = False
-        vsum = 0
+        versioned = False
         for a in args:
             if a.__class__ is not Tensor:
                 return self._call_converting(args, params)
             if a.requires_grad:
                 need = True
-            vsum += a._version
-        out = self.fun(*[a.data for a in args], **params)
+            if a._version or a._base is not None:
+                versioned = True
+        n = len(args)
+        if n == 2:
+            out = self.fun(args[0].data, args[1].data, **params)
+        elif n == 1:
+            out = self.fun(args[0].data, **params)
+        else:
+            out = self.fun(*[a.data for a in args], **params)
         if out.__class__ is not _ndarray:  # NumPy returns scalars for 0-d results
             out = np.asarray(out)
-        if need and _tensor._grad_enabled:
-            node = Node(self, args, params, out, vsum)
-            t = _wrap(out, True, node)
+        if need and _mode.enabled:
+            # Node(...) and _wrap(...) inlined: two Python frames less per recorded operation
+            node = _new(Node)
+            node.prim = self
+            node.inputs = args
+            node.versions = tuple([version_of(a) for a in args]) if versioned else None
+            node.params = params
+            node.out_data = out
+            node.out_version = 0
+            node.id = _next_id()
+            t = _new(Tensor)
+            t.data = out
+            t.requires_grad = True
+            t.grad = None
+            t._node = node
+            t._version = 0
+            t._base = None
             node.out_ref = _weakref(t)
+            if self.view:
+                mark_view(t, args[0])
+                node.out_version = version_of(t)
             return t
-        return _wrap(out)
+        t = _wrap(out)
+        if self.view:
+            mark_view(t, args[0])
+        return t
 
     def _call_converting(self, args, params):
         """Slow path: some arguments are scalars, ndarrays or Tensor subclasses."""
@@ -79,12 +114,18 @@ class Primitive:
         if scalars:
             tensors = _scalars_to_tensors(tensors)
         out = np.asarray(self.fun(*[a.data for a in tensors], **params))
-        if _tensor._grad_enabled and any(a.requires_grad for a in tensors):
-            node = Node(self, tuple(tensors), params, out, 1)
+        if _mode.enabled and any(a.requires_grad for a in tensors):
+            node = Node(self, tuple(tensors), params, out, True)
             t = _wrap(out, True, node)
             node.out_ref = _weakref(t)
+            if self.view:
+                mark_view(t, tensors[0])
+                node.out_version = version_of(t)
             return t
-        return _wrap(out)
+        t = _wrap(out)
+        if self.view:
+            mark_view(t, tensors[0])
+        return t
 
     def vjp(self, argnum):
         """The VJP of argument ``argnum`` (NotImplementedError if none is registered)."""
@@ -101,11 +142,55 @@ class Primitive:
         return f"<primitive {self.name}>"
 
 
-def primitive(fun=None, *, name=None):
-    """Decorator turning a function of ndarrays into a recorded primitive."""
+def binary_operator(prim):
+    """``prim(a, b)`` as a Tensor operator method (``__add__`` ...), with the common case (two
+    tensors at version 0, not views) recorded inline: one Python frame per operation, the
+    tape's cost that the per-op overhead goal measures.  Anything else goes through ``prim``."""
+    fun = prim.fun
+    if prim.view:
+        raise ValueError("prim: view primitives are not operators")
+
+    def operator(a, b):
+        if b.__class__ is not Tensor or a.__class__ is not Tensor or a._version or b._version \
+                or a._base is not None or b._base is not None:
+            return prim(a, b)
+        out = fun(a.data, b.data)
+        if out.__class__ is not _ndarray:
+            out = np.asarray(out)
+        t = _new(Tensor)
+        t.data = out
+        t.grad = None
+        t._version = 0
+        t._base = None
+        if (a.requires_grad or b.requires_grad) and _mode.enabled:
+            node = _new(Node)
+            node.prim = prim
+            node.inputs = (a, b)
+            node.versions = None
+            node.params = {}
+            node.out_data = out
+            node.out_version = 0
+            node.id = _next_id()
+            t.requires_grad = True
+            t._node = node
+            node.out_ref = _weakref(t)
+        else:
+            t.requires_grad = False
+            t._node = None
+        return t
+
+    operator.__name__ = prim.name
+    return operator
+
+
+def primitive(fun=None, *, name=None, view=False):
+    """Decorator turning a function of ndarrays into a recorded primitive.
+
+    ``view=True``: the output may be a view of the first argument (it then shares that
+    argument's version counter, so in-place changes through either are detected)."""
     if fun is None:
-        return lambda f: Primitive(f, name)
-    return Primitive(fun, name)
+        return lambda f: Primitive(f, name, view)
+    return Primitive(fun, name, view)
 
 
 def defvjp(prim, *vjps, argnums=None):

@@ -12,26 +12,79 @@ Design (HIPS autograd's, with PyTorch's bookkeeping):
   version counter.  A node remembers the versions of what it saved and the backward walk refuses
   to use a tensor that changed since (PyTorch's rule).  Writes through the raw ``.data`` array
   are not seen: that is the escape hatch for optimizers, exactly like ``torch.Tensor.data``.
+* Views share one version counter: a tensor made by a view primitive (``reshape``,
+  ``transpose``, basic ``getitem``, ``broadcast_to``) or by ``detach()`` whose array is a view of
+  its input's array has ``_base`` set to the tensor that owns the counter, and reads and bumps
+  that one (``version_of``, ``bump_version``).  ``r = reshape(s); r += 1`` is therefore seen as
+  a change of ``s`` and the reverse.
+* The grad mode is per thread (``_mode``, a ``threading.local``), as in PyTorch: ``no_grad`` and
+  the backward walk (which records only under ``create_graph``) never change other threads'
+  mode.  A new thread starts with recording on.
 """
 import itertools
+import threading
 
 import numpy as np
 
-_grad_enabled = True
+
+class _GradMode(threading.local):
+    enabled = True  # class attribute: the value every new thread starts with
+
+
+_mode = _GradMode()
 _node_ids = itertools.count()
 
 
+def __getattr__(name):
+    # read-only compatibility: code written against the former module-global flag
+    if name == "_grad_enabled":
+        return _mode.enabled
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def is_grad_enabled():
-    """True when operations on tensors that require gradients are recorded."""
-    return _grad_enabled
+    """True when operations on tensors that require gradients are recorded (this thread)."""
+    return _mode.enabled
 
 
 def set_grad_enabled(mode):
-    """Turn recording on or off; returns the previous mode."""
-    global _grad_enabled
-    previous = _grad_enabled
-    _grad_enabled = bool(mode)
+    """Turn recording on or off for the calling thread; returns its previous mode."""
+    m = _mode
+    previous = m.enabled
+    m.enabled = bool(mode)
     return previous
+
+
+def version_of(t):
+    """The version counter of ``t`` (its base's when ``t`` is a view)."""
+    b = t._base
+    return t._version if b is None else b._version
+
+
+def bump_version(t):
+    b = t._base
+    if b is None:
+        t._version += 1
+    else:
+        b._version += 1
+
+
+def _root_array(a):
+    while True:
+        b = a.base
+        if not isinstance(b, np.ndarray):
+            return a
+        a = b
+
+
+def mark_view(out, of):
+    """Make Tensor ``out`` share the version counter of ``of`` when its array views of's array."""
+    data = out.data
+    if data.base is None:
+        return
+    if _root_array(data) is _root_array(of.data):
+        b = of._base
+        out._base = of if b is None else b
 
 
 class no_grad:
@@ -63,20 +116,23 @@ class Node:
     (None when all were 0);
     ``params``: keyword parameters (non-differentiable); ``out_data``: the output array;
     ``out_ref``: a weak reference to the output Tensor (no reference cycle); ``out_version``:
-    its version when recorded; ``id``: position on the tape.  ``inputs is None`` once freed.
+    its version when recorded (not 0 only for a view of a tensor changed before); ``id``:
+    position on the tape.  ``inputs is None`` once freed.
     """
 
-    __slots__ = ("prim", "inputs", "versions", "params", "out_data", "out_ref", "id")
+    __slots__ = ("prim", "inputs", "versions", "params", "out_data", "out_ref", "out_version",
+                 "id")
 
-    def __init__(self, prim, inputs, params, out_data, version_sum=1):
+    def __init__(self, prim, inputs, params, out_data, versioned=True):
         self.prim = prim
         self.inputs = inputs
         # versions only increase: when they are all 0 (the common case) store None, meaning
         # "every input was at version 0", instead of a tuple
-        self.versions = tuple([t._version for t in inputs]) if version_sum else None
+        self.versions = tuple([version_of(t) for t in inputs]) if versioned else None
         self.params = params
         self.out_data = out_data
         self.out_ref = None
+        self.out_version = 0
         self.id = next(_node_ids)
 
     def output(self):
@@ -100,6 +156,7 @@ def _wrap(data, requires_grad=False, node=None):
     t.grad = None
     t._node = node
     t._version = 0
+    t._base = None
     return t
 
 
@@ -129,10 +186,11 @@ class Tensor:
     non-differentiable boolean tensors (masks); ``==`` is identity (tensors are hashable, as the
     tape needs).  NumPy functions do not accept Tensors (``__array_ufunc__ = None``): use the
     functions of ``fastadam.autodiff``, or ``.data`` for the raw array.  The grad mode
-    (``no_grad``) is process-wide, not per thread.
+    (``no_grad``) is per thread.  Views (``reshape``, ``transpose``, basic indexing,
+    ``detach``) share their base's version counter.
     """
 
-    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "__weakref__")
+    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "_base", "__weakref__")
     __array_priority__ = 1000
     __array_ufunc__ = None  # ndarray <op> Tensor defers to Tensor's reflected operator
 
@@ -147,6 +205,7 @@ class Tensor:
         self.grad = None
         self._node = None
         self._version = 0
+        self._base = None
 
     # ---- array-like attributes ------------------------------------------------------------
     @property
@@ -189,8 +248,11 @@ class Tensor:
         return float(self.data)
 
     def detach(self):
-        """A new leaf sharing this tensor's data, not recorded."""
-        return _wrap(self.data)
+        """A new leaf sharing this tensor's data (and its version counter), not recorded."""
+        t = _wrap(self.data)
+        b = self._base
+        t._base = self if b is None else b
+        return t
 
     def requires_grad_(self, mode=True):
         if mode:
@@ -209,27 +271,27 @@ class Tensor:
     # ---- in-place updates: not recorded, bump the version counter --------------------------
     def __iadd__(self, other):
         self.data += other.data if isinstance(other, Tensor) else other
-        self._version += 1
+        bump_version(self)
         return self
 
     def __isub__(self, other):
         self.data -= other.data if isinstance(other, Tensor) else other
-        self._version += 1
+        bump_version(self)
         return self
 
     def __imul__(self, other):
         self.data *= other.data if isinstance(other, Tensor) else other
-        self._version += 1
+        bump_version(self)
         return self
 
     def __itruediv__(self, other):
         self.data /= other.data if isinstance(other, Tensor) else other
-        self._version += 1
+        bump_version(self)
         return self
 
     def __setitem__(self, index, value):
         self.data[index] = value.data if isinstance(value, Tensor) else value
-        self._version += 1
+        bump_version(self)
 
     def zero_grad(self):
         self.grad = None

@@ -17,17 +17,17 @@
 #define FA_AD_DEFINE(T, S, EXP, LOG)                                                            \
     FA_DISPATCH void fa_ad_relu_##S(const T *restrict x, T *restrict y, ptrdiff_t n)            \
     {                                                                                            \
-        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) y[k] = x[k] > (T)0 ? x[k] : (T)0;              \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) y[k] = x[k] < (T)0 ? (T)0 : x[k];              \
     }                                                                                            \
     FA_DISPATCH void fa_ad_relu_grad_##S(const T *restrict g, const T *restrict x,              \
                                          T *restrict out, ptrdiff_t n)                           \
     {                                                                                            \
-        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] > (T)0 ? g[k] : (T)0;            \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] <= (T)0 ? (T)0 : g[k];            \
     }                                                                                            \
     FA_DISPATCH void fa_ad_relu_grad_scalar_##S(T g, const T *restrict x, T *restrict out,      \
                                                 ptrdiff_t n)                                     \
     {                                                                                            \
-        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] > (T)0 ? g : (T)0;               \
+        FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] <= (T)0 ? (T)0 : g;               \
     }                                                                                            \
     FA_DISPATCH void fa_ad_sigmoid_##S(const T *restrict x, T *restrict y, ptrdiff_t n)         \
     {                                                                                            \

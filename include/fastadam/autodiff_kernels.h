@@ -9,8 +9,9 @@
  * No allocation, no globals, no I/O.  Thread safety: calls on disjoint outputs may run at once.
  *
  * Formulas (T = float or double):
- *   relu:          y = x > 0 ? x : 0
- *   relu_grad:     out = x > 0 ? g : 0          (relu_grad_scalar: the same with one scalar g)
+ *   relu:          y = x < 0 ? 0 : x            (NaN stays NaN, as torch.relu)
+ *   relu_grad:     out = x <= 0 ? 0 : g         (relu_grad_scalar: the same with one scalar g;
+ *                                               a NaN x passes g on, as PyTorch's backward)
  *   sigmoid:       e = exp(-|x|); y = x >= 0 ? 1 / (1 + e) : e / (1 + e)   (never overflows)
  *   sigmoid_grad:  out = g * s * (1 - s)
  *   tanh_grad:     out = g * (1 - t * t)
