@@ -8,6 +8,10 @@ imported here).  This module only re-exports the public names.
 """
 __version__ = "0.1.0"
 
+from ._omp_wait import load_core as _load_core
+
+_load_core()  # before anything loads libgomp: see fastadam/_omp_wait.py
+
 from ._config import keep_freed_memory
 from ._show_config import config, show_config
 from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace

@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from . import _config
+from . import _config, _omp_wait
 from ._threads import cpu_count, resolve_num_threads
 
 
@@ -22,6 +22,7 @@ def config():
         "openmp_runtime": None,
         "max_threads": resolve_num_threads(None),
         "cpu_count": cpu_count(),
+        "omp_wait_policy": _omp_wait.POLICY,
     }
     if info["openmp"]:
         info["openmp_runtime"] = _openmp_library()
