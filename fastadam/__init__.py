@@ -6,7 +6,7 @@ objects), ``fastadam.sparse`` (sparse gradients and the segment machinery), ``fa
 (the gradient engine), ``fastadam.bench`` (baselines, timers, the bandwidth yardstick; not
 imported here).  This module only re-exports the public names.
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 from ._omp_wait import load_core as _load_core
 

@@ -75,8 +75,11 @@ EOF
 step "fresh venv $WORK/venv: the repaired wheel + test deps"
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-# The wheel with its test extra (pytest, scipy, torch==2.13.0, onnx, scikit-learn, threadpoolctl,
+# The wheel with its test extra (pytest, scipy, onnx, scikit-learn, threadpoolctl,
 # autograd): the whole suite, comparisons with other libraries included, runs on the wheel.
+# torch first, pinned here only (the CPU build installs quickly on this project's CI; the
+# extras leave torch unpinned), so the comparison tests run on the wheel too.
+"$VPY" -m pip install -q torch==2.13.0
 "$VPY" -m pip install -q "$WHEEL[test]"
 
 # Run from a directory that holds neither the source tree nor its build, on a copy of the
