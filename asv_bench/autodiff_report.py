@@ -16,7 +16,6 @@ baselines too), which is what a training loop should do: run the report both way
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -25,25 +24,12 @@ sys.path.insert(0, os.path.join(HERE, "benchmarks"))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_autodiff as B  # noqa: E402
+from fastadam.bench import median_seconds  # noqa: E402
 
 
 def median_time(step, budget):
-    """Median seconds per call over 7 repeats of an auto-sized loop (~budget/7 s each)."""
-    step()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < 0.02:
-        step()
-        n += 1
-    per = (time.perf_counter() - t0) / n
-    number = max(1, int(budget / 7 / per))
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(number):
-            step()
-        times.append((time.perf_counter() - t) / number)
-    return float(np.median(times))
+    """Median seconds per call over 7 rounds of about budget/7 s each (fastadam.bench's timer)."""
+    return median_seconds(step, repeats=7, min_time=budget / 7)
 
 
 def fmt(s):
