@@ -114,3 +114,19 @@ def test_user_wait_policy_is_kept():
                                   text=True, check=True).stdout.splitlines()
     assert policy == "user: OMP_WAIT_POLICY=active"
     assert kept == "active"
+
+
+def test_lucky_parallel_probes_do_not_win_a_busy_machine(clock):
+    # A busy machine: N threads are sometimes quick, mostly slow (mean 2.3x serial).
+    chooser = AdaptiveThreads()
+    times = iter([0.5, 3.0, 3.0, 3.0] * 1000)
+    used = []
+
+    def step(n):
+        used.append(n)
+        clock.now += 1.0 if n == 1 else next(times)
+        return True
+
+    for _ in range(2000):
+        chooser.run(step, 10**6, 2)
+    assert used.count(2) / len(used) < 0.02
