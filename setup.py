@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 
@@ -119,4 +120,19 @@ def make_extensions():
     )
 
 
-setup(ext_modules=make_extensions())
+class build_py_with_cuda_source(build_py):
+    """Also copy the CUDA source and the headers it includes into the package
+    (fastadam/gpu/include/fastadam/...): the GPU path compiles them with NVRTC at run time, so a
+    wheel must carry them (a source checkout reads include/ directly)."""
+
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / "fastadam" / "gpu" / "include"
+        for src in sorted((HERE / "include" / "fastadam").rglob("*")):
+            if src.suffix in (".h", ".cu"):
+                dst = target / src.relative_to(HERE / "include")
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                self.copy_file(str(src), str(dst))
+
+
+setup(ext_modules=make_extensions(), cmdclass={"build_py": build_py_with_cuda_source})

@@ -28,6 +28,9 @@ def config():
     if info["openmp"]:
         info["openmp_runtime"] = _openmp_library(pools)
     info["blas"] = _blas_pools(pools)  # BLAS threads share the cores with fastadam's
+    from . import gpu
+
+    info["gpu"] = gpu.describe()  # CuPy, CUDA, devices (imports CuPy only if installed)
     return info
 
 

@@ -104,7 +104,9 @@ VPY="$WORK/venv/bin/python"
 # extras leave torch unpinned), so the comparison tests run on the wheel too.
 "$VPY" -m pip install -q torch==2.13.0 \
     || echo "note: no torch 2.13.0 for this Python; the comparison tests with torch skip"
-"$VPY" -m pip install -q "$WHEEL[test]"
+# gpu-compile (NVRTC): the CUDA source and headers the wheel ships compile to PTX
+# (tests/test_gpu_compile.py), so a wheel that lost them fails here.
+"$VPY" -m pip install -q "$WHEEL[test,gpu-compile]"
 
 # Run from a directory that holds neither the source tree nor its build, on a copy of the
 # tests, so that nothing but the installed package can be imported.

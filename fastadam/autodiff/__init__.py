@@ -12,6 +12,8 @@ from ._nn import conv2d, log_softmax, mse, softmax, softmax_cross_entropy, take
 from ._ops import (abs, add, broadcast_to, clip, concatenate, divide, exp, gemm, getitem, log,
                    matmul, max, mean, multiply, negative, power, relu, reshape, sigmoid, sign,
                    sqrt, subtract, sum, sum_to, tanh, transpose, unbroadcast, where)
+from ._ops_extra import (avg_pool2d, batch_norm, cast, gather, leaky_relu, max_pool2d, nll_loss,
+                         pad, take_along_axis)
 from ._registry import Primitive, defvjp, defvjp_argnum, primitive, zero_vjp
 from ._tensor import Tensor, is_grad_enabled, no_grad, set_grad_enabled
 
@@ -22,4 +24,7 @@ __all__ = [
     "multiply", "negative", "no_grad", "power", "primitive", "relu", "reshape", "set_grad_enabled",
     "sigmoid", "sign", "softmax", "softmax_cross_entropy", "sqrt", "subtract", "sum", "sum_to",
     "take", "tanh", "transpose", "unbroadcast", "where", "zero_vjp",
+    # _ops_extra (added for the ONNX front-end)
+    "avg_pool2d", "batch_norm", "cast", "gather", "leaky_relu", "max_pool2d", "nll_loss", "pad",
+    "take_along_axis",
 ]

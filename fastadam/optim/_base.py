@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
@@ -320,7 +321,7 @@ class Optimizer:
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
         skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
-        if type(grads) is np.ndarray and len(self._arrays) == 1:
+        if len(self._arrays) == 1 and (type(grads) is np.ndarray or is_device_array(grads)):
             grads = [grads]
         if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
                 and len(grads) == len(self._arrays)):

@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .. import _config, _dense
+from .. import gpu as _gpu
 from .._threads import adaptive_threads, resolve_num_threads
 from .._validation import check_step_arrays
 from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coefficients
@@ -36,8 +37,14 @@ def check_compute_dtype(coeffs, typenum, name="x"):
 def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     """Validate and run one dense step of the optimizer ``coeffs`` describes; ``slots`` are its
     state arguments as (name, array or list) pairs in slot order."""
+    if type(x) is not np.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
+        return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
     nt = resolve_num_threads(num_threads)
-    xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
+    try:
+        xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
+    except TypeError:
+        _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
+        raise
     check_compute_dtype(coeffs, typenum)
     skip = bool(skip_nonfinite)
     if num_threads is None and nt > 1:

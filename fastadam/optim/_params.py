@@ -13,6 +13,8 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from ..gpu import is_device_array
+from ..gpu._validation import address
 from ..sparse import IndexedSlices
 from ._clip import is_scipy_sparse
 
@@ -33,6 +35,9 @@ def tensor_type():
 def param_array(p: Any, name: str) -> np.ndarray:
     """The ndarray a parameter updates in place (a Tensor's ``.data``), checked."""
     a = p.data if isinstance(p, tensor_type()) else p
+    if type(a) is not np.ndarray and is_device_array(a):  # CuPy: fastadam/gpu
+        from ..gpu._validation import check_device_parameter
+        return check_device_parameter(a, name)
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray or a fastadam.autodiff.Tensor, "
                         f"got {type(p).__name__}")
@@ -50,7 +55,7 @@ def param_array(p: Any, name: str) -> np.ndarray:
 
 def check_no_shared_memory(arrays: List[np.ndarray], labels: List[str]) -> None:
     """No two arrays overlap (one sort of the address ranges: O(n log n))."""
-    spans = sorted((a.__array_interface__["data"][0], a.nbytes, i)
+    spans = sorted((address(a), a.nbytes, i)
                    for i, a in enumerate(arrays) if a.nbytes)
     for (lo1, n1, i), (lo2, _, j) in zip(spans, spans[1:]):
         if lo2 < lo1 + n1:
@@ -71,6 +76,9 @@ def check_gradient(g: Any, x: np.ndarray, name: str, pname: str) -> Tuple[str, A
     "sparse" (IndexedSlices or CSR)."""
     if isinstance(g, tensor_type()):
         g = g.data
+    if is_device_array(g) or (type(x) is not np.ndarray and is_device_array(x)):  # CuPy
+        from ..gpu._validation import check_device_gradient
+        return "dense", check_device_gradient(g, x, name, pname)
     if isinstance(g, np.ndarray):
         if g.dtype != x.dtype:
             raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of {pname}), "
@@ -140,7 +148,8 @@ def gather_gradients(grads: Any, params: List[Any], arrays: List[np.ndarray],
                                 f"({labels[i]}); step() without grads reads the .grad of "
                                 f"fastadam.autodiff.Tensor parameters")
         grads = [gradient_of_tensor(p) for p in params]
-    elif isinstance(grads, (np.ndarray, IndexedSlices, Tensor)) or is_scipy_sparse(grads):
+    elif (isinstance(grads, (np.ndarray, IndexedSlices, Tensor)) or is_scipy_sparse(grads)
+          or is_device_array(grads)):
         if n != 1:
             raise TypeError(f"grads: expected a list of {n} gradients (one per parameter), "
                             f"got a single {type(grads).__name__}")

@@ -13,6 +13,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from .. import _sparse
+from .. import gpu as _gpu
 from .._threads import resolve_num_threads
 from .._validation import check_array, check_disjoint, check_indices, check_rows
 from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
@@ -52,6 +53,8 @@ def segment_sum(indices: np.ndarray, values: np.ndarray, *,
     unique_indices : ndarray, shape (nseg,)
     sums : ndarray, shape (nseg,) + values.shape[1:], dtype of ``values``
     """
+    if _gpu.is_device_array(indices) or _gpu.is_device_array(values):  # CuPy: fastadam/gpu
+        return _gpu.segment_sum(indices, values)
     indices = check_indices(indices, "indices", None)
     if not isinstance(values, np.ndarray):
         raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
@@ -252,6 +255,17 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
     t = step_number(t)
     if mode == "catchup" and t < 1:
         raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
+    if _gpu.is_device_array(x):  # CuPy: fastadam/gpu
+        return _gpu.sparse_step(coeffs, x, grad, slots, t, mode, last_step)
+    try:
+        return _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads)
+    except TypeError:
+        grad_parts = [grad.indices, grad.values] if isinstance(grad, IndexedSlices) else grad
+        _gpu.explain_mix(slots + [("grad", grad_parts), ("last_step", last_step)])
+        raise
+
+
+def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
     nt = resolve_num_threads(num_threads)
 
     x = check_array(x, "x", -1, None, True)

@@ -6,6 +6,8 @@ indices may repeat (contributions add up) and need not be sorted.  Produced by
 """
 import numpy as np
 
+from ..gpu import is_device_array
+
 
 class IndexedSlices:
     """Rows ``values`` at ``indices`` of a tensor of shape ``dense_shape``.
@@ -20,8 +22,9 @@ class IndexedSlices:
     __slots__ = ("values", "indices", "dense_shape")
 
     def __init__(self, values, indices, dense_shape):
-        values = np.asarray(values)
-        indices = np.asarray(indices)
+        if not (is_device_array(values) and is_device_array(indices)):  # CuPy arrays stay
+            values = np.asarray(values)
+            indices = np.asarray(indices)
         dense_shape = tuple(int(d) for d in dense_shape)
         if indices.ndim != 1:
             raise ValueError(f"indices: expected a 1-D array, got shape {indices.shape}")

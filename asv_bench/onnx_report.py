@@ -1,0 +1,55 @@
+"""Side-by-side timings of one ONNX training step (issue 9): ``fastadam.onnx.TrainingSession.step``
+on an MLP model built by ``make_training_model`` (Gemm/Relu/Gemm, SoftmaxCrossEntropyLoss,
+Gradient, Adam), against the same step written by hand with ``fastadam.autodiff`` +
+``fastadam.Adam`` (what the graph interpretation costs) and against PyTorch eager
+(``torch.optim.Adam``, default implementation).  1 thread for everyone (threadpoolctl and
+``torch.set_num_threads``), float32, medians of interleaved rounds.  Usage, from the repository
+root after ``python setup.py build_ext --inplace``::
+
+    python asv_bench/onnx_report.py [--quick]
+
+Ratios: ``session / hand-written`` (the claim: at most 1.3) and ``torch / session`` (> 1 means
+the session is faster than PyTorch eager).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "benchmarks"))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import bench_onnx as B  # noqa: E402
+from fastadam.bench import median_seconds_interleaved  # noqa: E402
+
+
+def fmt(s):
+    return f"{s * 1e6:8.1f} us" if s < 1e-3 else f"{s * 1e3:8.3f} ms"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    args = parser.parse_args()
+    repeats, min_time = (5, 0.05) if args.quick else (21, 0.1)
+    undo = B.limit_threads()
+    try:
+        print("one training step (forward, loss, gradient, Adam update), float32, 1 thread")
+        print(f"{'model':28s} {'session':>11s} {'hand-written':>13s} {'torch eager':>12s} "
+              f"{'session/hand':>13s} {'torch/session':>14s}")
+        for label, sizes, batch in B.WORKLOADS:
+            steps = {impl: B.make_step(impl, sizes, batch) for impl in B.IMPLS}
+            B.check_same_training(sizes, batch)
+            t = median_seconds_interleaved(steps, repeats=repeats, min_time=min_time)
+            print(f"{label:28s} {fmt(t['session']):>11s} {fmt(t['autodiff']):>13s} "
+                  f"{fmt(t['torch']):>12s} {t['session'] / t['autodiff']:12.2f}x "
+                  f"{t['torch'] / t['session']:13.2f}x")
+    finally:
+        undo()
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

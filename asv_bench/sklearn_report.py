@@ -1,0 +1,122 @@
+"""Side-by-side report for fastadam.sklearn (issue 11), 1 thread, medians, as ratios.
+
+1. ``fastadam.sklearn.MLPClassifier``/``MLPRegressor`` vs scikit-learn's MLP (solver="adam"),
+   same architecture (100,), same epochs, same random_state: test accuracy / R^2 and fit time
+   (ratio = sklearn / fastadam: > 1 means fastadam is faster), in X's dtype (float64, as sklearn)
+   and with ``dtype="float32"``;
+2. scikit-learn's MLP inside ``accelerate_mlp()``: largest coefficient difference from the
+   stock fit and the fit-time ratio, on the problems of 1 and on a wide layer with small
+   batches (where the Adam update is a larger share of each step);
+3. ``SparseLinearClassifier`` vs ``SGDClassifier(loss="log_loss")`` and
+   ``LogisticRegression(solver="saga")``, same epochs, on hashed Zipf text (1e5 documents, 1e5
+   and 1e6 features): accuracy, fit time, and fastadam's time per epoch for both widths.
+
+The timed fits alternate between implementations (round-robin), so load from other processes
+hits all of them alike.  Usage, from the repository root after
+``python setup.py build_ext --inplace`` (unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for this
+command only, if your environment sets them)::
+
+    python asv_bench/sklearn_report.py [--quick] [--repeats N]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "benchmarks"))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import bench_sklearn as B  # noqa: E402
+
+
+def interleaved_medians(fits, repeats):
+    """{name: (median seconds, last model)}: each round fits every implementation once."""
+    times = {name: [] for name in fits}
+    models = {}
+    for _ in range(repeats):
+        for name, fit in fits.items():
+            t = time.perf_counter()
+            models[name] = fit()
+            times[name].append(time.perf_counter() - t)
+    return {name: (float(np.median(times[name])), models[name]) for name in fits}
+
+
+def max_coef_difference(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a.coefs_ + a.intercepts_,
+                                                          b.coefs_ + b.intercepts_))
+
+
+def mlp_section(epochs, repeats):
+    print(f"\n== MLP, hidden (100,), {epochs} epochs, 1 thread "
+          f"(ratio = sklearn time / other time) ==")
+    print(f"{'problem':14s} {'impl':20s} {'score':>8s} {'fit':>9s} {'ratio':>7s}")
+    for problem in B.MLP_PROBLEMS:
+        built = {impl: B.build_mlp(problem, impl, epochs=epochs) for impl in B.MLP_IMPLS}
+        res = interleaved_medians({impl: f for impl, (f, _) in built.items()}, repeats)
+        base = res["sklearn"][0]
+        for impl in B.MLP_IMPLS:
+            seconds, model = res[impl]
+            score = built[impl][1](model)
+            print(f"{problem:14s} {impl:20s} {score:8.4f} {seconds:8.3f}s {base / seconds:6.2f}x")
+        diff = max_coef_difference(res["sklearn"][1], res["sklearn_accelerated"][1])
+        print(f"{'':14s} accelerated vs stock: largest coefficient difference {diff:.3g}")
+
+
+def accelerate_section(repeats):
+    print("\n== scikit-learn's MLPClassifier, wide layer, small batches (784 -> 512 -> 10, "
+          "batch_size=32, 3 epochs), 1 thread ==")
+    res = interleaved_medians({"stock": B.build_accelerated_wide(False),
+                               "accelerate_mlp()": B.build_accelerated_wide(True)}, repeats)
+    diff = max_coef_difference(res["stock"][1], res["accelerate_mlp()"][1])
+    print(f"stock {res['stock'][0]:.3f}s, accelerated {res['accelerate_mlp()'][0]:.3f}s: "
+          f"{res['stock'][0] / res['accelerate_mlp()'][0]:.2f}x; largest coefficient "
+          f"difference {diff:.3g}")
+
+
+def sparse_section(n_docs, epochs, repeats):
+    print(f"\n== sparse text, {n_docs} documents, {epochs} epochs, 1 thread ==")
+    print(f"{'features':>9s} {'impl':10s} {'accuracy':>9s} {'fit':>9s} {'per epoch':>10s} "
+          f"{'nnz':>9s}")
+    per_epoch = {}
+    for n_features in (10**5, 10**6):
+        built = {impl: B.build_sparse(impl, n_docs, n_features, epochs=epochs)
+                 for impl in ("fastadam", "sgd", "saga")}
+        res = interleaved_medians({impl: b[0] for impl, b in built.items()}, repeats)
+        for impl, (seconds, model) in res.items():
+            score = built[impl][1](model)
+            n_iter = int(np.max(getattr(model, "n_iter_", epochs)))
+            print(f"{n_features:9d} {impl:10s} {score:9.4f} {seconds:8.3f}s "
+                  f"{seconds / n_iter * 1e3:8.1f}ms {built[impl][2]:9d}")
+        # one more epoch of the fitted model (partial_fit): the steady per-epoch cost, without
+        # the one-off allocation and first touch of the (n_features, n_classes) tables
+        model = res["fastadam"][1]
+        X_tr, y_tr = built["fastadam"][3]
+        epoch_times = []
+        for _ in range(max(3, repeats)):
+            t = time.perf_counter()
+            model.partial_fit(X_tr, y_tr)
+            epoch_times.append(time.perf_counter() - t)
+        per_epoch[n_features] = float(np.median(epoch_times))
+        print(f"{n_features:9d} fastadam one more epoch (partial_fit): "
+              f"{per_epoch[n_features] * 1e3:.1f}ms")
+    print(f"fastadam per-epoch time, 1e6 / 1e5 features: "
+          f"{per_epoch[10**6] / per_epoch[10**5]:.2f}x (10x the features)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    repeats = 1 if args.quick else args.repeats
+    with B._limit_threads():
+        mlp_section(epochs=5 if args.quick else 50, repeats=repeats)
+        accelerate_section(repeats)
+        sparse_section(n_docs=5000 if args.quick else 10**5, epochs=5, repeats=repeats)
+
+
+if __name__ == "__main__":
+    main()

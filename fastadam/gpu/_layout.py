@@ -1,0 +1,74 @@
+"""The bytes the GPU kernels read, laid out on the host (NumPy only, so CPU tests check them).
+
+A multi-tensor table (kernels.cu, fa_dense_step) is one uint8 buffer: the optimizer's
+coefficient struct in its first HEADER_BYTES bytes (the C struct of include/fastadam/adam.h,
+adagrad.h or momentum.h: field order of the header, C alignment), then one 64-byte entry per
+non-empty tensor: eight int64 = addresses of x, g, s0, s1, s2, element count, first block, unused.
+"""
+import numpy as np
+
+from .._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+
+HEADER_BYTES = 128  # FA_CUDA_HEADER in kernels.cu
+CHUNK = 4096        # FA_CUDA_CHUNK in kernels.cu: elements per block of the dense step
+ENTRY_WORDS = 8     # int64 words per table entry (fa_cuda_tensor)
+
+# The coefficient structs, field by field in declaration order (a CPU test checks these lists
+# against the headers).
+STRUCT_FIELDS = {
+    KIND_ADAM: ["alpha", "denom_scale", "eps", "beta1", "beta2", "sign", "grad_scale", "l2",
+                "decay_mul", "post_mul", "flags"],
+    KIND_ADAGRAD: ["lr", "eps", "sign", "grad_scale", "l2", "flags"],
+    KIND_MOMENTUM: ["lr", "a", "b", "an", "idle_rate", "sign", "grad_scale", "l2", "flags"],
+}
+STRUCT_DTYPES = {
+    kind: np.dtype([(f, np.int32 if f == "flags" else np.float64) for f in fields], align=True)
+    for kind, fields in STRUCT_FIELDS.items()
+}
+
+
+def coefficient_bytes(coeffs, out):
+    """Write the coefficient struct of ``coeffs`` at the start of the uint8 array ``out``."""
+    dt = STRUCT_DTYPES[coeffs.kind]
+    fields = coeffs.as_dict()
+    record = out[:dt.itemsize].view(dt)
+    for name in STRUCT_FIELDS[coeffs.kind]:
+        record[name] = fields[name]
+    return out
+
+
+def host_table(coeffs, sizes, pointers):
+    """(uint8 table, number of entries, number of blocks).  ``sizes``: element count of each
+    tensor; ``pointers``: one list of device addresses per column (x, g, then up to three state
+    slots), each as long as ``sizes``.  Empty tensors get no entry."""
+    keep = [i for i, n in enumerate(sizes) if n]
+    n = len(keep)
+    host = np.zeros(HEADER_BYTES + 8 * ENTRY_WORDS * n, dtype=np.uint8)
+    coefficient_bytes(coeffs, host)
+    tab = host[HEADER_BYTES:].view(np.int64).reshape(n, ENTRY_WORDS)
+    kept = np.array([sizes[i] for i in keep], dtype=np.int64)
+    blocks = (kept + CHUNK - 1) // CHUNK
+    for col, ptrs in enumerate(pointers[:5]):
+        tab[:, col] = [ptrs[i] for i in keep]
+    tab[:, 5] = kept
+    tab[:, 6] = np.cumsum(blocks) - blocks
+    return host, n, int(blocks.sum())
+
+
+def sort_segments(xp, indices):
+    """(perm, rows, offsets) of 1-D int64 indices, with the array module ``xp`` (NumPy or CuPy):
+    the stable order of the indices, the distinct indices in increasing order, and where each
+    one's run starts in that order, plus the end (the segment sum's contract in kernels.cu)."""
+    k = indices.shape[0]
+    # CuPy's argsort is always stable; NumPy's must be asked
+    perm = xp.argsort(indices, kind="stable") if xp is np else xp.argsort(indices)
+    perm = perm.astype(np.int64, copy=False)
+    ordered = indices[perm]
+    if k == 0:
+        return perm, ordered, xp.zeros(1, dtype=np.int64)
+    new = xp.empty(k, dtype=bool)
+    new[0] = True
+    xp.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    starts = xp.flatnonzero(new).astype(np.int64)
+    offsets = xp.concatenate([starts, xp.array([k], dtype=np.int64)])
+    return perm, ordered[starts], offsets

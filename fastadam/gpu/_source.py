@@ -1,0 +1,145 @@
+"""Where the CUDA source is and which kernel instantiations each module holds.
+
+No CuPy here: the module lists are shared by the GPU path (``_kernels.py`` compiles them with
+``cupy.RawModule``) and by the CPU-only test that compiles the same source to PTX with NVRTC
+(``nvrtc_ptx``), so a compile error is caught without a GPU.
+
+The source is ``include/fastadam/cuda/kernels.cu``; it includes the optimizers' formula headers
+(``include/fastadam/*.h``), so the include path is the directory holding ``fastadam/``: the
+repository's ``include/`` in a source checkout or an editable install, and the copy that
+setup.py puts in the package (``fastadam/gpu/include/``) in a wheel.
+"""
+from pathlib import Path
+
+from .._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+
+KINDS = {"adam": KIND_ADAM, "adagrad": KIND_ADAGRAD, "momentum": KIND_MOMENTUM}
+# Storage types of the kernels: float16 is held as its bits and computed in float32.
+STORAGE = {"float16": "unsigned short", "float32": "float", "float64": "double"}
+# Flag combinations each optimizer's dense kernel is instantiated for (all of its flag bits:
+# FA_L2 | FA_SCALE | the optimizer's own bits 4 and 8).
+DENSE_FLAGS = {KIND_ADAM: range(16), KIND_ADAGRAD: range(8), KIND_MOMENTUM: range(8)}
+# The sparse path never scales the gradient nor keeps v_max: FA_L2 and bit 4 at most.
+SPARSE_FLAGS = {KIND_ADAM: (0, 1), KIND_ADAGRAD: (0, 1, 4, 5), KIND_MOMENTUM: (0, 1, 4, 5)}
+
+
+def include_dir():
+    """The directory that holds ``fastadam/formulas.h`` and ``fastadam/cuda/kernels.cu``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "include", here.parents[1] / "include"):
+        if (candidate / "fastadam" / "cuda" / "kernels.cu").is_file():
+            return candidate
+    raise FileNotFoundError("fastadam.gpu: the CUDA source fastadam/cuda/kernels.cu was not "
+                            f"found under {here / 'include'} nor {here.parents[1] / 'include'}; "
+                            "reinstall fastadam")
+
+
+def source():
+    """The CUDA source text."""
+    return (include_dir() / "fastadam" / "cuda" / "kernels.cu").read_text()
+
+
+def dense_name(storage, kind, flags):
+    return f"fa_dense_step<{STORAGE[storage]}, {kind}, {flags}>"
+
+
+def nonfinite_name(storage):
+    return f"fa_nonfinite<{STORAGE[storage]}>"
+
+
+def segment_sum_name(storage):
+    return f"fa_segment_sum<{STORAGE[storage]}>"
+
+
+def sparse_rows_name(storage, kind, flags, catchup):
+    return f"fa_sparse_rows<{STORAGE[storage]}, {kind}, {flags}, {int(catchup)}>"
+
+
+def sparse_dense_name(storage, kind, flags):
+    return f"fa_sparse_dense<{STORAGE[storage]}, {kind}, {flags}>"
+
+
+def module_names(family, storage, kind=None):
+    """The name expressions of one compiled module.  Families: "dense" (a kind's multi-tensor
+    steps for every flag combination, and the non-finite reduction), "sparse" (a kind's lazy,
+    catch-up and dense-mode sparse steps) and "segment" (the segment sum)."""
+    if family == "dense":
+        return [dense_name(storage, kind, f) for f in DENSE_FLAGS[kind]] + [nonfinite_name(storage)]
+    if family == "sparse":
+        names = []
+        for f in SPARSE_FLAGS[kind]:
+            names += [sparse_rows_name(storage, kind, f, c) for c in (0, 1)]
+            names.append(sparse_dense_name(storage, kind, f))
+        return names
+    if family == "segment":
+        return [segment_sum_name(storage)]
+    raise ValueError(f"family: expected 'dense', 'sparse' or 'segment', got {family!r}")
+
+
+def all_modules():
+    """(family, storage, kind) of every module the GPU path can compile."""
+    mods = []
+    for storage in STORAGE:
+        for kind in KINDS.values():
+            mods.append(("dense", storage, kind))
+            if storage != "float16":  # the sparse kernels are float32/float64, as on the CPU
+                mods.append(("sparse", storage, kind))
+        if storage != "float16":
+            mods.append(("segment", storage, None))
+    return mods
+
+
+def compile_options():
+    """NVRTC options.  --fmad=false: no FMA contraction, as the C build's -ffp-contract=off, so
+    every operation of a formula rounds as on the CPU (NVRTC's division and sqrt are IEEE
+    round-to-nearest by default): float32/float64 results equal the CPU kernels' bit for bit."""
+    return ("-I" + str(include_dir()), "--fmad=false")  # the language standard: NVRTC's default
+
+
+def cupy_source():
+    """The source as given to cupy.RawModule: prefixed by a digest of every header it includes,
+    because CuPy's on-disk kernel cache is keyed by the source text and options only (a changed
+    formula header must not reuse a stale binary)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for header in sorted((include_dir() / "fastadam").rglob("*.h")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return f"// fastadam headers {digest.hexdigest()}\n" + source()
+
+
+def nvrtc_ptx(names, arch="compute_75"):
+    """Compile the source with NVRTC (cuda-bindings) for the virtual architecture ``arch`` and
+    return (ptx, {name expression: lowered name}).  No GPU needed.  Raises RuntimeError with
+    NVRTC's log on a compile error."""
+    from cuda.bindings import nvrtc
+
+    def check(result, what, prog=None):
+        err = result[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            log = ""
+            if prog is not None:
+                _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+                buf = b" " * size
+                nvrtc.nvrtcGetProgramLog(prog, buf)
+                log = buf.decode(errors="replace")
+            raise RuntimeError(f"NVRTC {what} failed ({err}):\n{log}")
+        return result[1:]
+
+    (prog,) = check(nvrtc.nvrtcCreateProgram(source().encode(), b"kernels.cu", 0, [], []),
+                    "create")
+    try:
+        for name in names:
+            check(nvrtc.nvrtcAddNameExpression(prog, name.encode()), "add name", prog)
+        opts = [o.encode() for o in compile_options()] + [f"--gpu-architecture={arch}".encode()]
+        check(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), "compile", prog)
+        (size,) = check(nvrtc.nvrtcGetPTXSize(prog), "PTX size", prog)
+        ptx = b" " * size
+        check(nvrtc.nvrtcGetPTX(prog, ptx), "PTX", prog)
+        lowered = {}
+        for name in names:
+            (low,) = check(nvrtc.nvrtcGetLoweredName(prog, name.encode()), "lowered name", prog)
+            lowered[name] = low.decode() if isinstance(low, bytes) else str(low)
+        return ptx.rstrip(b"\x00 ").decode(), lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)

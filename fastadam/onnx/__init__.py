@@ -1,0 +1,32 @@
+"""fastadam.onnx: a runtime that trains ONNX models, on fastadam's kernels and autodiff engine.
+
+Capabilities, one module each:
+
+- ``_training_ops``: the ``ai.onnx.preview.training`` operators Adam, Adagrad and Momentum as
+  functions (``adam``, ``adagrad``, ``momentum``), functional, through the fused kernels with
+  ``convention="onnx"``;
+- ``_core_ops`` / ``_nn_ops``: the core ``ai.onnx`` operators (opset 7 to the installed onnx's
+  newest, each in the form its opset defines) on ``fastadam.autodiff`` Tensors, so that every one
+  of them can be differentiated;
+- ``_graph``: compiling a node list (all static checks) and executing it, Gradient nodes included
+  (the semantics are in that module's docstring: a non-scalar ``y`` is differentiated as the sum
+  of its elements; Gradient of a Gradient gives higher derivatives);
+- ``_model``: ``run(model, feeds)``, model loading/checking, feed checks;
+- ``_session``: ``TrainingSession``, which executes ``ModelProto.training_info``
+  (``initialize``, ``step``, ``run``, ``model``, ``save``, ``fit``), updating the initializers
+  in place on the fused kernels;
+- ``_builder``: ``make_training_model``, which adds a loss, a Gradient node, an optimizer node
+  and the bindings to an inference model.
+
+Anything outside this (another domain, operator, opset or operator form) raises
+``UnsupportedOperatorError`` (a ``NotImplementedError``) naming the node, operator, domain and
+opset; nothing is approximated.  Needs the ``onnx`` package (``pip install fastadam[onnx]``).
+"""
+from ._builder import make_training_model
+from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError
+from ._model import run
+from ._session import TrainingSession
+from ._training_ops import adagrad, adam, momentum
+
+__all__ = ["TRAINING_DOMAIN", "TrainingSession", "UnsupportedOperatorError", "adagrad", "adam",
+           "make_training_model", "momentum", "run"]

@@ -1,0 +1,369 @@
+"""Core ``ai.onnx`` operators on fastadam.autodiff Tensors: arithmetic, matrix products, reductions,
+shapes, indexing, casts.  Neural-network operators (Conv, pooling, softmax, losses) are in
+``_nn_ops``.
+
+Every operator is a function ``f(inputs, attrs, opset) -> list of Tensors`` registered with
+``@register(op_type, since)``: ``inputs`` are Tensors (``None`` for an omitted optional input),
+``attrs`` the node's attributes as Python values, ``opset`` the model's ``ai.onnx`` version, which
+selects the operator's form (attribute or input for ``axes``, Softmax's 2-D coercion before opset
+13, ...).  Floating-point tensors go through recorded autodiff primitives (so a Gradient node can
+differentiate them); integer and boolean tensors (shapes, indices, masks) are plain NumPy.
+"""
+import numpy as np
+
+from .. import autodiff as ad
+from ..autodiff import Tensor
+
+class UnsupportedOperatorError(NotImplementedError):
+    """An operator, domain, opset or operator form that fastadam.onnx does not run."""
+
+
+# op_type -> (lowest supported opset, function)
+OPERATORS = {}
+
+
+def register(op_type, since=7):
+    def wrap(fun):
+        OPERATORS[op_type] = (since, fun)
+        return fun
+    return wrap
+
+
+def is_float(t):
+    return t.data.dtype.kind == "f"
+
+
+def const(array):
+    """A non-recorded Tensor around ``array``."""
+    return Tensor(np.asarray(array))
+
+
+def ints(t):
+    """An integer input tensor (axes, shape, ...) as a tuple of Python ints."""
+    return tuple(int(v) for v in np.asarray(t.data).reshape(-1))
+
+
+def same_dtype(op_type, *ts):
+    first = ts[0].data.dtype
+    for t in ts:
+        if t is not None and t.data.dtype != first:
+            break
+    else:
+        return
+    dts = {t.data.dtype for t in ts if t is not None}
+    if len(dts) > 1:
+        raise TypeError(f"inputs of {op_type} must have one dtype, got "
+                        f"{', '.join(sorted(str(d) for d in dts))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_divide(a, b):
+    if np.any(b == 0):
+        raise ValueError("integer division by zero")
+    q = np.abs(a) // np.abs(b)  # C semantics: truncate toward zero
+    return (np.sign(a) * np.sign(b) * q).astype(a.dtype)
+
+
+def _binary(op_type, ad_fun, np_fun):
+    @register(op_type)
+    def run(inputs, attrs, opset):
+        a, b = inputs
+        same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
+        if is_float(a):
+            return [ad_fun(a, b)]
+        return [const(np_fun(a.data, b.data))]
+    return run
+
+
+_binary("Add", ad.add, np.add)
+_binary("Sub", ad.subtract, np.subtract)
+_binary("Mul", ad.multiply, np.multiply)
+_binary("Div", ad.divide, _int_divide)
+
+
+@register("Pow")
+def pow_(inputs, attrs, opset):
+    x, y = inputs
+    np.broadcast_shapes(x.shape, y.shape)
+    if not is_float(x):
+        return [const(np.power(x.data, y.data).astype(x.data.dtype))]
+    if y.data.dtype != x.data.dtype:  # opset 12+: the exponent may have another type
+        y = ad.cast(y, x.data.dtype) if is_float(y) else const(y.data.astype(x.data.dtype))
+    return [ad.power(x, y)]
+
+
+def _unary(op_type, ad_fun, np_fun=None):
+    @register(op_type)
+    def run(inputs, attrs, opset):
+        x, = inputs
+        if is_float(x):
+            return [ad_fun(x)]
+        if np_fun is None:
+            raise TypeError(f"{op_type}: expected a floating-point input, got {x.data.dtype}")
+        return [const(np_fun(x.data))]
+    return run
+
+
+_unary("Neg", ad.negative, np.negative)
+_unary("Abs", ad.abs, np.abs)
+_unary("Relu", ad.relu, lambda a: np.maximum(a, 0))
+_unary("Sqrt", ad.sqrt)
+_unary("Exp", ad.exp)
+_unary("Log", ad.log)
+_unary("Sigmoid", ad.sigmoid)
+_unary("Tanh", ad.tanh)
+
+
+@register("LeakyRelu")
+def leaky_relu(inputs, attrs, opset):
+    return [ad.leaky_relu(inputs[0], attrs.get("alpha", 0.01))]
+
+
+@register("Where", since=9)
+def where(inputs, attrs, opset):
+    c, x, y = inputs
+    if c.data.dtype != np.bool_:
+        raise TypeError(f"condition: expected a bool tensor, got {c.data.dtype}")
+    same_dtype("Where", x, y)
+    np.broadcast_shapes(c.shape, x.shape, y.shape)
+    if is_float(x):
+        return [ad.where(c.data, x, y)]
+    return [const(np.where(c.data, x.data, y.data))]
+
+
+@register("Clip", since=6)
+def clip(inputs, attrs, opset):
+    x = inputs[0]
+    if opset < 11:
+        lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
+    else:
+        lo = inputs[1].data.item() if len(inputs) > 1 and inputs[1] is not None else None
+        hi = inputs[2].data.item() if len(inputs) > 2 and inputs[2] is not None else None
+    if is_float(x):
+        return [ad.clip(x, lo, hi)]
+    return [const(np.clip(x.data, lo, hi).astype(x.data.dtype))]
+
+
+# ---------------------------------------------------------------------------------------------
+# matrix products
+# ---------------------------------------------------------------------------------------------
+
+
+@register("MatMul")
+def matmul(inputs, attrs, opset):
+    a, b = inputs
+    same_dtype("MatMul", a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"MatMul: expected tensors of rank >= 1, got shapes {a.shape} and "
+                         f"{b.shape}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ValueError(f"MatMul: shapes {a.shape} and {b.shape} do not match ({ka} != {kb})")
+    return [ad.matmul(a, b)]
+
+
+@register("Gemm")
+def gemm(inputs, attrs, opset):
+    a, b = inputs[:2]
+    c = inputs[2] if len(inputs) > 2 else None
+    same_dtype("Gemm", a, b, c)
+    ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"Gemm: expected 2-D A and B, got shapes {a.shape} and {b.shape}")
+    ka = a.shape[0] if ta else a.shape[1]
+    kb = b.shape[1] if tb else b.shape[0]
+    if ka != kb:
+        raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {a.shape} and "
+                         f"B{' (transposed)' if tb else ''} has shape {b.shape}: {ka} != {kb}")
+    return [ad.gemm(a, b, c, alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
+                    trans_a=ta, trans_b=tb)]
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------
+
+
+def _reduce(op_type, ad_fun, np_fun, axes_input_since):
+    @register(op_type)
+    def run(inputs, attrs, opset):
+        x = inputs[0]
+        if opset >= axes_input_since:
+            axes = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ()
+        else:
+            axes = tuple(attrs.get("axes", ()))
+        keep = bool(attrs.get("keepdims", 1))
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = None
+        else:
+            for a in axes:
+                if not -x.ndim <= a < max(x.ndim, 1):
+                    raise ValueError(f"axes: {a} is out of range for a tensor of rank {x.ndim}")
+            axes = tuple(sorted({a % max(x.ndim, 1) for a in axes}))
+        if is_float(x):
+            return [ad_fun(x, axes, keep)]
+        return [const(np_fun(x.data, axis=axes, keepdims=keep))]
+    return run
+
+
+_reduce("ReduceSum", ad.sum, np.sum, 13)
+_reduce("ReduceMean", ad.mean, np.mean, 18)
+_reduce("ReduceMax", ad.max, np.max, 18)
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------------------------
+
+
+def _reshaped(x, shape):
+    return ad.reshape(x, shape) if is_float(x) else const(x.data.reshape(shape))
+
+
+@register("Reshape", since=5)
+def reshape(inputs, attrs, opset):
+    x, shape = inputs
+    shape = list(ints(shape))
+    if not attrs.get("allowzero", 0):
+        for i, d in enumerate(shape):
+            if d == 0:
+                if i >= x.ndim:
+                    raise ValueError(f"shape: a 0 at position {i} copies a dimension that the "
+                                     f"input of shape {x.shape} does not have")
+                shape[i] = x.shape[i]
+    try:  # reshaping a broadcast scalar checks the shape without touching the data
+        np.broadcast_to(0, x.shape).reshape(shape)
+    except ValueError:
+        raise ValueError(f"shape: cannot reshape a tensor of shape {x.shape} to "
+                         f"{tuple(shape)}") from None
+    return [_reshaped(x, tuple(shape))]
+
+
+@register("Flatten")
+def flatten(inputs, attrs, opset):
+    x, = inputs
+    axis = attrs.get("axis", 1)
+    if not -x.ndim <= axis <= x.ndim:
+        raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
+    axis %= x.ndim + 1
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return [_reshaped(x, (outer, int(np.prod(x.shape[axis:], dtype=np.int64))))]
+
+
+@register("Transpose")
+def transpose(inputs, attrs, opset):
+    x, = inputs
+    perm = tuple(attrs.get("perm", range(x.ndim - 1, -1, -1)))
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"perm: {perm} is not a permutation of the {x.ndim} axes")
+    return [ad.transpose(x, perm) if is_float(x) else const(x.data.transpose(perm))]
+
+
+def _axes_of(inputs, attrs, opset):
+    if opset >= 13:
+        return ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    return tuple(attrs["axes"]) if "axes" in attrs else None
+
+
+@register("Unsqueeze")
+def unsqueeze(inputs, attrs, opset):
+    x = inputs[0]
+    axes = _axes_of(inputs, attrs, opset)
+    if not axes:
+        raise ValueError("axes: Unsqueeze needs at least one axis")
+    rank = x.ndim + len(axes)
+    axes = sorted(a % rank if -rank <= a < rank else rank for a in axes)
+    if axes[-1] >= rank or len(set(axes)) != len(axes):
+        raise ValueError(f"axes: {axes} are out of range or repeated for output rank {rank}")
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return [_reshaped(x, tuple(shape))]
+
+
+@register("Squeeze")
+def squeeze(inputs, attrs, opset):
+    x = inputs[0]
+    axes = _axes_of(inputs, attrs, opset)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = {a % x.ndim if -x.ndim <= a < x.ndim else None for a in axes}
+    if None in axes or any(x.shape[a] != 1 for a in axes):
+        raise ValueError(f"axes: can only squeeze existing axes of size 1 of shape {x.shape}")
+    return [_reshaped(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
+
+
+@register("Concat", since=4)
+def concat(inputs, attrs, opset):
+    if "axis" not in attrs:
+        raise ValueError("axis: Concat needs the axis attribute")
+    same_dtype("Concat", *inputs)
+    axis = attrs["axis"]
+    nd = inputs[0].ndim
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis: {axis} is out of range for tensors of rank {nd}")
+    for t in inputs[1:]:
+        if t.ndim != nd or any(d != e for i, (d, e) in enumerate(zip(t.shape, inputs[0].shape))
+                               if i != axis % nd):
+            raise ValueError(f"Concat: shapes {inputs[0].shape} and {t.shape} differ outside "
+                             f"axis {axis}")
+    if is_float(inputs[0]):
+        return [ad.concatenate(inputs, axis=axis)]
+    return [const(np.concatenate([t.data for t in inputs], axis=axis))]
+
+
+@register("Shape")
+def shape(inputs, attrs, opset):
+    dims = np.array(inputs[0].shape, dtype=np.int64)
+    if opset >= 15:
+        dims = dims[attrs.get("start", 0):attrs.get("end", None)]
+    return [const(dims)]
+
+
+@register("Gather")
+def gather(inputs, attrs, opset):
+    x, idx = inputs
+    axis = attrs.get("axis", 0)
+    if is_float(x):
+        return [ad.gather(x, idx, axis=axis)]
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
+    n, i = x.shape[axis], idx.data
+    if i.dtype.kind not in "iu":
+        raise TypeError(f"indices: expected an integer array, got {i.dtype}")
+    if i.size and (i.min() < -n or i.max() >= n):
+        raise IndexError(f"indices: values must lie in [{-n}, {n}), got [{i.min()}, {i.max()}]")
+    return [const(np.take(x.data, np.where(i < 0, i + n, i), axis=axis))]
+
+
+@register("Identity")
+def identity(inputs, attrs, opset):
+    return [inputs[0]]
+
+
+@register("Cast", since=6)
+def cast(inputs, attrs, opset):
+    from onnx import helper
+    x, = inputs
+    to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if is_float(x) and to.kind == "f":
+        return [ad.cast(x, to)]
+    return [const(x.data.astype(to))]
+
+
+@register("Constant")
+def constant(inputs, attrs, opset):
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in attrs:
+            return [const(np.array(attrs[key], dtype=dtype))]
+    if "value" in attrs:
+        return [const(attrs["value"])]
+    raise UnsupportedOperatorError(f"Constant: only value, value_float(s) and value_int(s) are "
+                              f"supported, got {sorted(attrs)}")

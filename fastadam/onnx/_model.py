@@ -1,0 +1,129 @@
+"""Models: loading and checking a ``ModelProto``, checking feeds against the declared inputs, and
+``run(model, feeds)``, which executes a graph once (core, optimizer and Gradient nodes alike).
+"""
+import os
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..autodiff import Tensor
+from ._graph import Graph
+
+
+def load_model(model):
+    """``model`` (a ModelProto or a path) checked by ``onnx.checker``."""
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model: expected an onnx.ModelProto or a path, got "
+                        f"{type(model).__name__}")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise ValueError(f"model: onnx.checker rejects it: {first}") from None
+    return model
+
+
+def opsets(model):
+    return {o.domain: o.version for o in model.opset_import}
+
+
+def initializer_arrays(graph):
+    """Writable copies of the graph's initializers (sparse initializers are refused)."""
+    if len(graph.sparse_initializer):
+        raise NotImplementedError(f"graph '{graph.name}': sparse initializers are not supported")
+    return {t.name: np.array(numpy_helper.to_array(t)) for t in graph.initializer}
+
+
+def _declared(value_info):
+    """(dtype, shape with None for symbolic dimensions) of a tensor ValueInfoProto, or None."""
+    t = value_info.type
+    if t.WhichOneof("value") != "tensor_type":
+        return None
+    tt = t.tensor_type
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return dtype, shape
+
+
+class FeedChecker:
+    """Checks feeds against ``inputs`` (ValueInfoProtos): names, dtypes, shapes.
+
+    ``optional``: input names that have a default (initializers listed as inputs).  Calling it
+    returns the feeds as Tensors (no copies).
+    """
+
+    def __init__(self, inputs, optional=()):
+        self.declared = {vi.name: _declared(vi) for vi in inputs}
+        self.required = [n for n in self.declared if n not in optional]
+
+    def __call__(self, feeds):
+        if not isinstance(feeds, dict):
+            raise TypeError(f"feeds: expected a dict of input name -> array, got "
+                            f"{type(feeds).__name__}")
+        declared = self.declared
+        missing = [n for n in self.required if n not in feeds]
+        if missing:
+            raise ValueError(f"feeds: missing values for the inputs {missing}")
+        out = {}
+        for name, value in feeds.items():
+            if name not in declared:
+                raise ValueError(f"feeds: {sorted(set(feeds) - set(declared))} are not inputs "
+                                 f"of the graph (inputs: {sorted(declared)})")
+            a = value.data if isinstance(value, Tensor) else np.asarray(value)
+            d = declared[name]
+            if d is not None:
+                dtype, shape = d
+                if dtype is not None and a.dtype != dtype:
+                    raise TypeError(f"feeds['{name}']: expected dtype {dtype}, got {a.dtype}")
+                if shape is not None and (len(shape) != a.ndim or any(
+                        d is not None and d != s for d, s in zip(shape, a.shape))):
+                    shown = "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+                        ("," if len(shape) == 1 else "") + ")"
+                    raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
+            out[name] = Tensor(a)
+        return out
+
+
+def check_feeds(inputs, feeds, optional=()):
+    """``FeedChecker(inputs, optional)(feeds)``."""
+    return FeedChecker(inputs, optional)(feeds)
+
+
+def graph_known_names(*graphs):
+    names = set()
+    for g in graphs:
+        names.update(vi.name for vi in g.input)
+        names.update(t.name for t in g.initializer)
+    return names
+
+
+def run(model, feeds, output_names=None):
+    """Execute ``model``'s graph on ``feeds`` and return ``{output name: ndarray}``.
+
+    The graph may mix core ``ai.onnx`` operators with ``ai.onnx.preview.training`` Adam, Adagrad,
+    Momentum and Gradient nodes (see ``fastadam.onnx`` for the Gradient semantics).  Only the
+    nodes needed for ``output_names`` (default: the graph's outputs) run; any graph tensor may be
+    asked for.  Errors name the node; nothing in ``model`` is modified.
+    """
+    model = load_model(model)
+    graph = model.graph
+    inits = initializer_arrays(graph)
+    plan = Graph(graph.node, opsets(model), graph_known_names(graph))
+    env = {}
+    for name, a in inits.items():
+        plan.assign(env, name, Tensor(a))
+    for name, t in check_feeds(graph.input, feeds, optional=inits).items():
+        plan.assign(env, name, t)
+    if output_names is None:
+        output_names = [o.name for o in graph.output]
+    output_names = list(output_names)
+    for name in output_names:
+        if name not in plan.producer and name not in env:
+            raise ValueError(f"output_names: '{name}' is not a tensor of the graph")
+    plan.execute(env, plan.needed(output_names))
+    return {name: env[name].data for name in output_names}

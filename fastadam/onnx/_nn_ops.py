@@ -1,0 +1,151 @@
+"""Neural-network ``ai.onnx`` operators: Conv, MaxPool, AveragePool, GlobalAveragePool,
+BatchNormalization (inference form), Softmax, LogSoftmax, SoftmaxCrossEntropyLoss,
+NegativeLogLikelihoodLoss.  Same calling convention as ``_core_ops``.
+
+Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pads here; a
+``ceil_mode`` pool, a pool's ``Indices`` output and a training-mode BatchNormalization raise
+``NotImplementedError`` rather than giving another runtime's answer approximately.
+"""
+import numpy as np
+
+from .. import autodiff as ad
+from ._core_ops import UnsupportedOperatorError, register, same_dtype
+
+
+def _spatial(x, w_shape, attrs, what):
+    """(kernel, strides, dilations, pads as (top, left, bottom, right)) of a 2-D window op."""
+    if x.ndim != 4:
+        raise UnsupportedOperatorError(f"{what}: only 2-D (N, C, H, W) inputs are supported, got "
+                                  f"shape {x.shape}")
+    kernel = tuple(attrs.get("kernel_shape", w_shape))
+    strides = tuple(attrs.get("strides", (1, 1)))
+    dilations = tuple(attrs.get("dilations", (1, 1)))
+    if len(kernel) != 2:
+        raise ValueError(f"kernel_shape: expected 2 values, got {kernel}")
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad == "NOTSET":
+        pads = tuple(attrs.get("pads", (0, 0, 0, 0)))
+    elif auto_pad == "VALID":
+        pads = (0, 0, 0, 0)
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        pads = tuple(begin + end)
+    else:
+        raise ValueError(f"auto_pad: expected NOTSET, VALID, SAME_UPPER or SAME_LOWER, got "
+                         f"{auto_pad!r}")
+    return kernel, strides, dilations, pads
+
+
+@register("Conv")
+def conv(inputs, attrs, opset):
+    x, w = inputs[:2]
+    b = inputs[2] if len(inputs) > 2 else None
+    same_dtype("Conv", x, w, b)
+    if w.ndim != 4:
+        raise UnsupportedOperatorError(f"Conv: only 2-D convolutions are supported, got W of shape "
+                                  f"{w.shape}")
+    kernel, strides, dilations, pads = _spatial(x, w.shape[2:], attrs, "Conv")
+    if kernel != tuple(w.shape[2:]):
+        raise ValueError(f"kernel_shape: {kernel} differs from W's spatial shape {w.shape[2:]}")
+    t, lft, bot, r = pads
+    if (t, lft) != (bot, r):  # asymmetric: pad explicitly, then convolve without padding
+        x = ad.pad(x, ((0, 0), (0, 0), (t, bot), (lft, r)))
+        t = lft = 0
+    return [ad.conv2d(x, w, b, stride=strides, padding=(t, lft), dilation=dilations,
+                      groups=attrs.get("group", 1))]
+
+
+def _pool_checks(attrs, outputs, what):
+    if attrs.get("ceil_mode", 0):
+        raise UnsupportedOperatorError(f"{what}: ceil_mode=1 is not supported")
+    if outputs > 1:
+        raise UnsupportedOperatorError(f"{what}: the Indices output is not supported")
+
+
+@register("MaxPool", since=8)
+def max_pool(inputs, attrs, opset, n_outputs=1):
+    x, = inputs
+    _pool_checks(attrs, n_outputs, "MaxPool")
+    kernel, strides, dilations, pads = _spatial(x, None, attrs, "MaxPool")
+    return [ad.max_pool2d(x, kernel, strides, pads, dilations)]
+
+
+@register("AveragePool")
+def average_pool(inputs, attrs, opset):
+    x, = inputs
+    _pool_checks(attrs, 1, "AveragePool")
+    kernel, strides, dilations, pads = _spatial(x, None, attrs, "AveragePool")
+    return [ad.avg_pool2d(x, kernel, strides, pads, dilations,
+                          count_include_pad=attrs.get("count_include_pad", 0))]
+
+
+@register("GlobalAveragePool")
+def global_average_pool(inputs, attrs, opset):
+    x, = inputs
+    if x.ndim < 3:
+        raise ValueError(f"GlobalAveragePool: expected (N, C, d1, ...), got shape {x.shape}")
+    return [ad.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
+@register("BatchNormalization")
+def batch_normalization(inputs, attrs, opset):
+    x, scale, bias, mean, var = inputs
+    if attrs.get("training_mode", 0) or (opset < 9 and not attrs.get("spatial", 1)):
+        raise UnsupportedOperatorError("BatchNormalization: only the inference form "
+                                       "(training_mode=0, spatial=1) is supported")
+    c = x.shape[1] if x.ndim > 1 else None
+    for name, t in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
+        if t.shape != (c,):
+            raise ValueError(f"{name}: expected shape ({c},) (the channels of X), got {t.shape}")
+    return [ad.batch_norm(x, scale, bias, mean, var, epsilon=attrs.get("epsilon", 1e-5))]
+
+
+def _softmax(fun, name):
+    @register(name)
+    def run(inputs, attrs, opset):
+        x, = inputs
+        if opset >= 13:
+            axis = attrs.get("axis", -1)
+            if not -x.ndim <= axis < x.ndim:
+                raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
+            return [fun(x, axis=axis % x.ndim)]
+        axis = attrs.get("axis", 1)  # before opset 13: coerce to 2-D around axis
+        if not -x.ndim <= axis <= x.ndim:
+            raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
+        axis %= x.ndim + 1
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        y = fun(ad.reshape(x, (outer, -1)), axis=1)
+        return [ad.reshape(y, x.shape)]
+    return run
+
+
+_softmax(ad.softmax, "Softmax")
+_softmax(ad.log_softmax, "LogSoftmax")
+
+
+@register("NegativeLogLikelihoodLoss", since=12)
+def nll_loss(inputs, attrs, opset):
+    x, target = inputs[:2]
+    weight = inputs[2] if len(inputs) > 2 else None
+    return [ad.nll_loss(x, target, weight, reduction=attrs.get("reduction", "mean"),
+                        ignore_index=attrs.get("ignore_index"))]
+
+
+@register("SoftmaxCrossEntropyLoss", since=12)
+def softmax_cross_entropy_loss(inputs, attrs, opset, n_outputs=1):
+    scores, labels = inputs[:2]
+    weight = inputs[2] if len(inputs) > 2 else None
+    reduction = attrs.get("reduction", "mean")
+    ignore = attrs.get("ignore_index")
+    if scores.ndim == 2 and weight is None and ignore is None and reduction == "mean" \
+            and n_outputs == 1:
+        return [ad.softmax_cross_entropy(scores, labels)]  # fused kernel
+    log_prob = ad.log_softmax(scores, axis=1)
+    loss = ad.nll_loss(log_prob, labels, weight, reduction=reduction, ignore_index=ignore)
+    return [loss, log_prob][:n_outputs]

@@ -1,0 +1,368 @@
+"""``TrainingSession``: executes ``ModelProto.training_info`` as the ONNX spec defines it.
+
+State: the initializers of the inference graph and of every ``algorithm`` graph, as NumPy arrays
+owned by the session.  Each ``algorithm`` runs as the *combined graph* of the spec (the inference
+graph's inputs, initializers and nodes, then the algorithm's), compiled once.  After it ran,
+``update_binding`` assigns algorithm outputs to initializers.
+
+Optimizer nodes update in place.  An Adam/Adagrad/Momentum node each of whose outputs is bound
+back to the initializer it read (``X -> X_new``, ``V -> V_new``, ...), that no other node reads,
+runs last, directly on the session's arrays through the fused kernels: no copies of parameters or
+optimizer states per step.  Every other bound value is checked (dtype, shape) before the first
+in-place write, so a step that fails leaves every initializer as it was.
+"""
+import itertools
+import sys
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..autodiff import Tensor, no_grad
+from ._graph import Graph
+from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
+                     opsets)
+from ._training_ops import OPTIMIZERS
+
+
+def _bindings(entries, where, allowed_keys, allowed_values, values_what, taken):
+    out = []
+    for e in entries:
+        if e.key not in allowed_keys:
+            raise ValueError(f"{where}: key '{e.key}' names no initializer of the inference graph "
+                             f"or of this training_info's algorithm")
+        if e.value not in allowed_values:
+            raise ValueError(f"{where}: value '{e.value}' (bound to '{e.key}') is not an output "
+                             f"of {values_what}")
+        if e.key in taken:
+            raise ValueError(f"{where}: initializer '{e.key}' is bound more than once")
+        taken.add(e.key)
+        out.append((e.key, e.value))
+    return out
+
+
+def _mark_inplace(plan, updates, state):
+    """Flag the optimizer steps whose outputs all go straight back to the arrays they read."""
+    bound = {value: key for key, value in updates}
+    readers = {}
+    for step in plan.steps:
+        for n in step.inputs:
+            readers.setdefault(n, []).append(step.index)
+    candidates = []
+    for step in plan.steps:
+        if step.kind != "optimizer":
+            continue
+        _, _, per, written, _ = OPTIMIZERS[step.node.op_type]
+        n = (len(step.inputs) - 2) // per
+        names = set()
+        ok = True
+        for j, li in enumerate(written):
+            for i in range(n):
+                src, dst = step.inputs[2 + li * n + i], step.outputs[j * n + i]
+                # the new value must go only back to its source; readers of the old value (the
+                # forward pass, the Gradient node) all run before the deferred in-place update
+                ok &= bound.get(dst) == src and src in state and not readers.get(dst)
+                names.add(src)
+        if ok and len(names) == n * len(written):
+            candidates.append((step, names))
+    written_by = {}
+    for step, names in candidates:
+        for name in names:
+            written_by[name] = written_by.get(name, 0) + 1
+    for step, names in candidates:
+        others = [n for n in step.inputs if n not in names and n in written_by]
+        if not others and all(written_by[n] == 1 for n in names):
+            step.inplace = True
+
+
+class _Algorithm:
+    __slots__ = ("plan", "updates", "inputs", "init_names", "outputs", "init_plan",
+                 "init_bindings", "init_arrays", "init_outputs", "check_feeds", "schedules",
+                 "init_set", "input_names")
+
+
+def _own(a, private):
+    """The array a binding stores: ``a`` itself only when it is ``private`` (a fresh output of a
+    functional optimizer node); otherwise a copy, since it may alias a feed, a Constant's value
+    or another initializer, and the session later updates its initializers in place."""
+    if private and a.flags.writeable and a.flags.c_contiguous:
+        return a
+    return np.array(a, order="C")
+
+
+class TrainingSession:
+    """Train a ``ModelProto`` that carries ``training_info`` (for example one built by
+    ``make_training_model``).
+
+    ``initialize()`` runs the ``initialization`` graphs and their bindings; ``step(feeds)`` runs
+    every ``algorithm`` graph once and applies ``update_binding``; ``run(feeds)`` evaluates the
+    inference graph with the current initializers; ``model()`` / ``save(path)`` give the trained
+    model (initializers updated, ``training_info`` kept); ``fit(batches)`` loops ``step``.
+    """
+
+    def __init__(self, model):
+        model = load_model(model)
+        self._proto = model
+        graph = model.graph
+        ops = opsets(model)
+        self._state = initializer_arrays(graph)
+        main_inits = set(self._state)
+        self._inference = Graph(graph.node, ops, graph_known_names(graph))
+        self._graph_outputs = [o.name for o in graph.output]
+        self._algorithms = []
+        taken_update, taken_init = set(), set()
+        for k, info in enumerate(model.training_info):
+            alg = _Algorithm()
+            where = f"training_info[{k}]"
+            own = initializer_arrays(info.algorithm)
+            clash = sorted(set(own) & set(self._state))
+            if clash:
+                raise ValueError(f"{where}.algorithm: initializers {clash} are already defined")
+            self._state.update(own)
+            alg.init_names = sorted(main_inits | set(own))
+            alg.plan = Graph(list(graph.node) + list(info.algorithm.node), ops,
+                             graph_known_names(graph, info.algorithm))
+            alg.inputs = list(graph.input) + list(info.algorithm.input)
+            alg.outputs = [o.name for o in info.algorithm.output]
+            alg.updates = _bindings(info.update_binding, f"{where}.update_binding",
+                                    main_inits | set(own),
+                                    set(alg.outputs) | set(self._graph_outputs),
+                                    "the algorithm graph or the inference graph", taken_update)
+            _mark_inplace(alg.plan, alg.updates, self._state)
+            alg.check_feeds = FeedChecker(alg.inputs, alg.init_names)
+            alg.init_set = set(alg.init_names)
+            alg.input_names = {vi.name for vi in alg.inputs}
+            alg.schedules = {}
+            init = info.initialization
+            alg.init_plan = Graph(init.node, ops, graph_known_names(init))
+            alg.init_arrays = initializer_arrays(init)
+            alg.init_outputs = [o.name for o in init.output]
+            alg.init_bindings = _bindings(info.initialization_binding,
+                                          f"{where}.initialization_binding",
+                                          main_inits | set(own), set(alg.init_outputs),
+                                          "the initialization graph", taken_init)
+            self._algorithms.append(alg)
+        self._default_outputs = self.default_outputs()
+        self._tensors = {}
+        self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def initializers(self):
+        """The current initializers, ``{name: read-only view}`` (inference and algorithm)."""
+        out = {}
+        for name, a in self._state.items():
+            v = a.view()
+            v.flags.writeable = False
+            out[name] = v
+        return out
+
+    def _env(self, plan, names):
+        """Tensors around the state arrays (no copies); a tensor some Gradient differentiates
+        is a leaf that requires gradients.  The Tensors are cached while their array stays the
+        same object (in-place updates keep it; a rebinding replaces it)."""
+        state, leaves = self._state, plan.grad_names
+        cache = self._tensors.setdefault(id(plan), {})
+        env = {}
+        for n in names:
+            a = state[n]
+            t = cache.get(n)
+            if t is None or t.data is not a or t.grad is not None:
+                t = cache[n] = Tensor(a, requires_grad=n in leaves and a.dtype.kind == "f")
+            env[n] = t
+        return env
+
+    def _result(self, env, names):
+        state_ids = {id(a) for a in self._state.values()}
+        return {n: (env[n].data.copy() if id(env[n].data) in state_ids else env[n].data)
+                for n in names}
+
+    # -- the training_info graphs --------------------------------------------------------------
+
+    def initialize(self):
+        """Run each ``initialization`` graph; assign its outputs per ``initialization_binding``."""
+        for alg in self._algorithms:
+            if not alg.init_bindings:
+                continue
+            env = {n: Tensor(a) for n, a in alg.init_arrays.items()}
+            with no_grad():
+                alg.init_plan.execute(env, alg.init_plan.needed([v for _, v in alg.init_bindings]))
+            for key, value in alg.init_bindings:
+                self._state[key] = _own(env[value].data, False)
+
+    def default_outputs(self):
+        """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
+        out = []
+        for alg in self._algorithms:
+            bound = {v for _, v in alg.updates}
+            out += [n for n in alg.outputs if n not in bound]
+        return out
+
+    def step(self, feeds, output_names=None):
+        """One training step: every ``algorithm`` graph in order, each followed by its
+        ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
+        algorithm outputs bound to no initializer, e.g. the loss)."""
+        if not self._algorithms:
+            raise ValueError("model: it has no training_info, so there is nothing to step")
+        if not isinstance(feeds, dict):
+            raise TypeError(f"feeds: expected a dict of input name -> array, got "
+                            f"{type(feeds).__name__}")
+        wanted = self._default_outputs if output_names is None else list(output_names)
+        declared = self._declared_inputs
+        for name in feeds:
+            if name not in declared:
+                raise ValueError(f"feeds: {sorted(set(feeds) - declared)} are inputs of no "
+                                 f"algorithm graph")
+        results = {}
+        for alg in self._algorithms:
+            mine = {n: v for n, v in feeds.items() if n in alg.input_names}
+            results.update(self._step_one(alg, mine, wanted))
+        if len(results) != len(wanted):
+            missing = [n for n in wanted if n not in results]
+            raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
+        return results
+
+    def _schedule(self, alg, wanted):
+        """What a step with these outputs runs, compiled once per set of outputs."""
+        key = tuple(wanted)
+        sched = alg.schedules.get(key)
+        if sched is None:
+            plan = alg.plan
+            wanted = [n for n in wanted if n in plan.producer or n in alg.init_set]
+            order = plan.needed([v for _, v in alg.updates] + list(wanted))
+            first = [k for k in order if not plan.steps[k].inplace]
+            last = [k for k in order if plan.steps[k].inplace]
+            used = {n for k in order for n in plan.steps[k].inputs}
+            used.update(wanted)
+            used.update(v for _, v in alg.updates)
+            states = [n for n in alg.init_names if n in used]
+
+            def by_inplace(name):
+                k = plan.producer.get(name)
+                return k is not None and plan.steps[k].inplace
+
+            def private(name):
+                k = plan.producer.get(name)
+                return k is not None and plan.steps[k].kind == "optimizer"
+
+            copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
+            fresh = [n for n in wanted if by_inplace(n)]
+            sched = alg.schedules[key] = (wanted, first, last, states, copied, fresh)
+        return sched
+
+    def _step_one(self, alg, feeds, wanted):
+        plan = alg.plan
+        wanted, first, last, states, copied, fresh = self._schedule(alg, wanted)
+        checked = alg.check_feeds(feeds)
+        env = self._env(plan, states)
+        for name, t in checked.items():
+            plan.assign(env, name, t)
+        plan.execute(env, first)
+        pending = []
+        state_ids = {id(a) for a in self._state.values()}
+        for key, value, is_private in copied:
+            new = env[value].data
+            old = self._state[key]
+            if new.dtype != old.dtype or new.shape != old.shape:
+                raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
+                                 f"{new.shape}, but initializer '{key}' has {old.dtype} and "
+                                 f"{old.shape}")
+            pending.append((key, _own(new, is_private)))
+        result = {n: (env[n].data.copy() if id(env[n].data) in state_ids else env[n].data)
+                  for n in wanted}
+        plan.execute(env, last)  # the in-place optimizer updates, once nothing can fail
+        for key, new in pending:
+            self._state[key] = new
+        for n in fresh:  # outputs of in-place updates: report the new values
+            result[n] = env[n].data.copy()
+        return result
+
+    def run(self, feeds, output_names=None):
+        """Evaluate the inference graph with the current initializers."""
+        plan = self._inference
+        inits = [t.name for t in self._proto.graph.initializer]
+        env = self._env(plan, inits)
+        for name, t in check_feeds(self._proto.graph.input, feeds, optional=inits).items():
+            plan.assign(env, name, t)
+        names = self._graph_outputs if output_names is None else list(output_names)
+        for n in names:
+            if n not in plan.producer and n not in env:
+                raise ValueError(f"output_names: '{n}' is not a tensor of the inference graph")
+        with no_grad():
+            plan.execute(env, plan.needed(names))
+        return self._result(env, names)
+
+    def fit(self, batches, steps=None, progress=True, keep=None):
+        """Call ``step`` on each feed dict of ``batches`` (at most ``steps`` of them).
+
+        Returns ``{name: stacked values per step}`` for the outputs in ``keep`` (default: those
+        ``step`` returns by default).  ``progress`` shows a bar (tqdm when installed, else a
+        line on stderr).
+        """
+        keep = self.default_outputs() if keep is None else list(keep)
+        total = steps
+        if total is None and hasattr(batches, "__len__"):
+            total = len(batches)
+        it = iter(batches) if steps is None else itertools.islice(batches, steps)
+        bar = None
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=total, desc="fit")
+            except ImportError:
+                bar = _LineProgress(total)
+        kept = {n: [] for n in keep}
+        try:
+            for feeds in it:
+                out = self.step(feeds, keep)
+                for n in keep:
+                    kept[n].append(out[n])
+                if bar is not None:
+                    bar.update(1)
+                    if keep and np.size(out[keep[0]]) == 1:
+                        bar.set_postfix({keep[0]: float(np.asarray(out[keep[0]]).reshape(()))})
+        finally:
+            if bar is not None:
+                bar.close()
+        return {n: np.stack(v) if v else np.empty(0) for n, v in kept.items()}
+
+    # -- the model -----------------------------------------------------------------------------
+
+    def model(self):
+        """A copy of the model with the current initializers (``training_info`` kept)."""
+        out = onnx.ModelProto()
+        out.CopyFrom(self._proto)
+        graphs = [out.graph] + [info.algorithm for info in out.training_info]
+        for g in graphs:
+            for t in g.initializer:
+                t.CopyFrom(numpy_helper.from_array(self._state[t.name], t.name))
+        return out
+
+    def save(self, path):
+        """Write ``model()`` to ``path``."""
+        onnx.save(self.model(), path)
+
+
+class _LineProgress:
+    """A minimal progress line on stderr when tqdm is not installed."""
+
+    def __init__(self, total):
+        self.total, self.n, self.post = total, 0, ""
+
+    def _show(self):
+        of = f"/{self.total}" if self.total else ""
+        sys.stderr.write(f"\rfit: step {self.n}{of} {self.post}")
+        sys.stderr.flush()
+
+    def update(self, k):
+        self.n += k
+        if self.n == 1 or self.n % 10 == 0:
+            self._show()
+
+    def set_postfix(self, values):
+        self.post = " ".join(f"{k}={v:.4g}" for k, v in values.items())
+
+    def close(self):
+        self._show()
+        sys.stderr.write("\n")

@@ -1,0 +1,166 @@
+"""scikit-learn's own MLP on the fused step: a drop-in ``AdamOptimizer`` and ``accelerate_mlp()``.
+
+scikit-learn's ``MLPClassifier``/``MLPRegressor(solver="adam")`` build a private
+``sklearn.neural_network._stochastic_optimizers.AdamOptimizer(params, learning_rate_init, beta_1,
+beta_2, epsilon)`` and call ``update_params(params, grads)`` once per mini-batch, where ``params``
+is ``coefs_ + intercepts_`` (arrays updated in place) and ``grads`` the matching gradients; its
+update is Adam in the TensorFlow convention (epsilon outside the bias correction), written as a
+dozen NumPy temporaries per array.  ``AdamOptimizer`` below keeps that contract and those
+attributes (``t``, ``ms``, ``vs``, ``learning_rate``) and does the update with one
+``fastadam.step_inplace(..., convention="tf")`` call for every array, in the same floating-point
+order, so the coefficients are those scikit-learn computes.
+
+The MLP looks its optimizer up as the module global ``AdamOptimizer`` of
+``sklearn.neural_network._multilayer_perceptron``; ``accelerate_mlp()`` swaps that global for the
+duration of a ``with`` block.  Both are private to scikit-learn, so ``check_sklearn_contract()``
+verifies them (names, constructor signature, methods) when the block is entered and when an
+``AdamOptimizer`` is built, and raises ``RuntimeError`` naming what changed instead of training
+with a different optimizer than asked (importing ``fastadam.sklearn`` never fails on it).
+"""
+import contextlib
+import inspect
+import threading
+
+import numpy as np
+
+import fastadam
+
+from . import _compat  # noqa: F401  (clear ImportError without scikit-learn)
+
+try:  # private modules: their absence must not break ``import fastadam.sklearn``
+    from sklearn.neural_network import _multilayer_perceptron as _sk_mlp
+    from sklearn.neural_network import _stochastic_optimizers as _sk_opt
+except ImportError:  # pragma: no cover - a scikit-learn that reorganised its MLP
+    _sk_mlp = _sk_opt = None
+
+_EXPECTED_INIT = ["self", "params", "learning_rate_init", "beta_1", "beta_2", "epsilon"]
+_CONTRACT_HINT = ("fastadam.sklearn relies on scikit-learn's private MLP optimizer contract, which "
+                  "this scikit-learn version changed; use the stock estimator or "
+                  "fastadam.sklearn.MLPClassifier/MLPRegressor")
+
+
+def check_sklearn_contract():
+    """Raise ``RuntimeError`` if the installed scikit-learn no longer has the private optimizer
+    contract ``AdamOptimizer`` and ``accelerate_mlp()`` rely on; return None otherwise."""
+    if _sk_opt is None or _sk_mlp is None:
+        raise RuntimeError(f"{_CONTRACT_HINT}: sklearn.neural_network._stochastic_optimizers or "
+                           "._multilayer_perceptron cannot be imported")
+    problems = []
+    base = getattr(_sk_opt, "AdamOptimizer", None)
+    if not isinstance(base, type):
+        problems.append("sklearn.neural_network._stochastic_optimizers.AdamOptimizer is missing")
+    else:
+        params = list(inspect.signature(base.__init__).parameters)
+        if params != _EXPECTED_INIT:
+            problems.append(f"AdamOptimizer.__init__ takes {params}, expected {_EXPECTED_INIT}")
+        for name in ("update_params", "iteration_ends", "trigger_stopping", "_get_updates"):
+            if not callable(getattr(base, name, None)):
+                problems.append(f"AdamOptimizer.{name} is missing")
+    if not isinstance(getattr(_sk_mlp, "AdamOptimizer", None), type):
+        problems.append("sklearn.neural_network._multilayer_perceptron no longer looks up "
+                        "AdamOptimizer as a module global")
+    if not callable(getattr(getattr(_sk_mlp, "BaseMultilayerPerceptron", None),
+                            "_fit_stochastic", None)):
+        problems.append("BaseMultilayerPerceptron._fit_stochastic is missing")
+    if problems:
+        raise RuntimeError(f"{_CONTRACT_HINT}: " + "; ".join(problems))
+
+
+# subclass scikit-learn's optimizer when it exists; if the contract is broken, the class still
+# defines (so the estimators of this package stay importable) and refuses to be built
+_BASE = getattr(_sk_opt, "AdamOptimizer", None)
+_BASE = _BASE if isinstance(_BASE, type) else object
+
+
+class AdamOptimizer(_BASE):
+    """scikit-learn's MLP ``AdamOptimizer`` with the update done by one fused, threaded call.
+
+    Same constructor, attributes and methods as
+    ``sklearn.neural_network._stochastic_optimizers.AdamOptimizer`` (it is a subclass), so the MLP
+    uses it unchanged.  ``update_params(params, grads)`` applies, per array and in place::
+
+        t += 1
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g**2
+        learning_rate = learning_rate_init * sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        param -= learning_rate * m / (sqrt(v) + epsilon)
+
+    that is ``fastadam.step_inplace(params, grads, ms, vs, t, convention="tf")``.  ``ms`` and
+    ``vs`` are updated in place (scikit-learn rebinds new lists each step).  ``num_threads`` is
+    passed to the step; results do not depend on it.
+    """
+
+    def __init__(self, params, learning_rate_init=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 num_threads=None):
+        check_sklearn_contract()
+        super().__init__(params, learning_rate_init, beta_1, beta_2, epsilon)
+        # C-contiguous moments whatever the parameters' layout (zeros_like keeps Fortran order)
+        self.ms = [np.zeros(np.shape(p), dtype=np.asarray(p).dtype) for p in params]
+        self.vs = [np.zeros(np.shape(p), dtype=np.asarray(p).dtype) for p in params]
+        self.num_threads = num_threads
+
+    def update_params(self, params, grads):
+        """Apply one Adam step to ``params`` (updated in place) with ``grads``."""
+        params = list(params)
+        grads = list(grads)
+        if len(params) != len(self.ms) or len(grads) != len(params):
+            raise RuntimeError(
+                f"{_CONTRACT_HINT}: update_params got {len(params)} params and {len(grads)} grads "
+                f"for an optimizer built for {len(self.ms)} arrays")
+        # the MLP's gradients are fresh BLAS/NumPy results; a non-contiguous one (sparse X) is
+        # read only, so a contiguous copy of it is harmless
+        grads = [g if isinstance(g, np.ndarray) and g.flags.c_contiguous and g.dtype == p.dtype
+                 else np.ascontiguousarray(g, dtype=p.dtype) for p, g in zip(params, grads)]
+        t = self.t + 1
+        fastadam.step_inplace(params, grads, self.ms, self.vs, t, lr=self.learning_rate_init,
+                              beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon,
+                              convention="tf", num_threads=self.num_threads)
+        self.t = t
+        self.learning_rate = (self.learning_rate_init * np.sqrt(1 - self.beta_2 ** t)
+                              / (1 - self.beta_1 ** t))
+
+    def _get_updates(self, grads):
+        raise NotImplementedError("fastadam.sklearn.AdamOptimizer updates in place: call "
+                                  "update_params(params, grads)")
+
+    def __setstate__(self, state):
+        state.setdefault("num_threads", None)
+        self.__dict__.update(state)
+
+
+_PATCH_LOCK = threading.RLock()
+_PATCH_DEPTH = 0
+_ORIGINAL = None
+
+
+@contextlib.contextmanager
+def accelerate_mlp():
+    """Make scikit-learn's ``MLPClassifier``/``MLPRegressor(solver="adam")`` use
+    :class:`AdamOptimizer` inside the ``with`` block::
+
+        with fastadam.sklearn.accelerate_mlp():
+            clf = MLPClassifier(solver="adam", random_state=0).fit(X, y)
+
+    ``fit``, ``partial_fit``, ``warm_start`` and ``early_stopping`` work as usual and give the
+    coefficients scikit-learn computes.  A model fitted inside keeps its fastadam optimizer, so
+    later ``partial_fit`` calls outside the block stay accelerated.  The swap is process-wide
+    (other threads' MLP fits inside the block are accelerated too) and does not reach worker
+    processes (``GridSearchCV(n_jobs=2)``): enter the block inside the worker, or use
+    ``fastadam.sklearn.MLPClassifier``.  Blocks nest.  Raises ``RuntimeError`` if the installed
+    scikit-learn changed the private contract this relies on.
+    """
+    global _PATCH_DEPTH, _ORIGINAL
+    check_sklearn_contract()
+    with _PATCH_LOCK:
+        if _PATCH_DEPTH == 0:
+            _ORIGINAL = _sk_mlp.AdamOptimizer
+            _sk_mlp.AdamOptimizer = AdamOptimizer
+        _PATCH_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_DEPTH -= 1
+            if _PATCH_DEPTH == 0:
+                _sk_mlp.AdamOptimizer = _ORIGINAL
+                _ORIGINAL = None

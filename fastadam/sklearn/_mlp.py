@@ -1,0 +1,448 @@
+"""``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained by ``fastadam.autodiff``
+and the fused Adam step.
+
+The network, its initialisation (Glorot uniform), the outputs (one logistic unit for two
+classes, softmax for more, identity for regression), the loss scaling (``alpha / sum(w_batch)``
+L2 on the weights, not the intercepts), the random draws (initialisation, per-epoch shuffle,
+early-stopping split, in scikit-learn's order) and the stopping rules (``tol``,
+``n_iter_no_change``, ``early_stopping``) follow scikit-learn's MLP, so in float64 a fit follows
+the same trajectory as ``sklearn.neural_network.MLPClassifier(solver="adam")`` up to rounding.
+What differs is how a step is computed:
+
+- each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
+  ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
+- a mini-batch records one fused ``dense`` node per layer (``_layers``) on the autodiff tape,
+  ends in a fused, sample-weighted loss primitive (``_losses``) and gets every gradient from
+  one ``gradient`` call;
+- the update is two ``fastadam.step_inplace(..., convention="tf")`` calls (weights with the L2
+  term folded in as ``weight_decay``, intercepts without) over the whole parameter list.
+
+Reproducibility: the random draws come from ``random_state`` only, the Adam step is
+bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
+inner dimension only through ``X.T @ delta``, so a fit with a fixed ``random_state`` repeats bit
+for bit (``tests/test_sklearn_mlp.py`` checks it for 1 and 2 threads).
+"""
+import numbers
+import warnings
+
+import numpy as np
+from scipy.special import expit, log_expit
+
+import fastadam
+from fastadam import autodiff as ad
+
+from ._compat import validate_data
+from ._layers import ACTIVATIONS, activation_inplace, dense
+from ._losses import (weighted_binary_cross_entropy, weighted_half_squared_error,
+                      weighted_softmax_cross_entropy)
+from ._progress import EpochProgress
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+
+
+
+class _BaseMLP(BaseEstimator):
+    _parameter_constraints = {
+        "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None, closed="left")],
+        "activation": [StrOptions(set(ACTIVATIONS))],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
+        "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "beta_1": [Interval(numbers.Real, 0, 1, closed="left")],
+        "beta_2": [Interval(numbers.Real, 0, 1, closed="left")],
+        "epsilon": [Interval(numbers.Real, 0, None, closed="neither")],
+        "dtype": [None, StrOptions({"float32", "float64"})],
+        "num_threads": [None, numbers.Integral],
+    }
+
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *, alpha=1e-4,
+                 batch_size="auto", learning_rate_init=1e-3, max_iter=200, tol=1e-4,
+                 n_iter_no_change=10, early_stopping=False, validation_fraction=0.1,
+                 shuffle=True, random_state=None, warm_start=False, verbose=False, beta_1=0.9,
+                 beta_2=0.999, epsilon=1e-8, dtype=None, num_threads=None):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate_init = learning_rate_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.dtype = dtype
+        self.num_threads = num_threads
+
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss, _validation_score -------------
+
+    def _hidden_sizes(self):
+        sizes = self.hidden_layer_sizes
+        sizes = [sizes] if isinstance(sizes, numbers.Integral) else list(sizes)
+        if not sizes or any(not isinstance(s, numbers.Integral) or s <= 0 for s in sizes):
+            raise ValueError(f"hidden_layer_sizes must be positive integers, got {sizes}.")
+        return [int(s) for s in sizes]
+
+    def _initialize(self, layer_units, rng):
+        """Glorot-uniform weights and intercepts, fresh Adam state and curves."""
+        dtype = self._train_dtype
+        factor = 2.0 if self.activation == "logistic" else 6.0
+        self.coefs_, self.intercepts_ = [], []
+        for fan_in, fan_out in zip(layer_units[:-1], layer_units[1:]):
+            bound = np.sqrt(factor / (fan_in + fan_out))
+            self.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(dtype))
+            self.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(dtype))
+        self.n_layers_ = len(layer_units)
+        self.n_outputs_ = layer_units[-1]
+        self.n_iter_ = 0
+        self.t_ = 0
+        self.loss_curve_ = []
+        self._no_improvement_count = 0
+        self._reset_optimizer()
+        if self.early_stopping:
+            self.validation_scores_ = []
+            self.best_validation_score_ = -np.inf
+            self.best_loss_ = None
+        else:
+            self.validation_scores_ = None
+            self.best_validation_score_ = None
+            self.best_loss_ = np.inf
+
+    def _reset_optimizer(self):
+        self._adam_t = 0
+        self._adam_m = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
+        self._adam_v = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
+
+    def _forward_numpy(self, X):
+        """Output-layer values (before the output function) without recording anything."""
+        h = X
+        last = len(self.coefs_) - 1
+        for i, (w, b) in enumerate(zip(self.coefs_, self.intercepts_)):
+            h = h @ w
+            h += b
+            if i != last:
+                activation_inplace(self.activation, h)
+        return h
+
+    def _batch_step(self, Xb, targets, weights, penalty_scale):
+        """Forward, backward and one Adam step on one mini-batch; returns its loss (float)."""
+        params = [ad.Tensor(p, requires_grad=True) for p in self.coefs_ + self.intercepts_]
+        n = len(self.coefs_)
+        h = ad.Tensor(Xb)
+        for i in range(n):
+            h = dense(h, params[i], params[n + i], self.activation if i != n - 1 else "identity")
+        loss = self._loss(h, targets, weights)
+        grads = [g.data for g in ad.gradient(loss, params)]
+        value = float(loss.data)
+        if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
+            value += 0.5 * self.alpha * penalty_scale * sum(
+                float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
+        self._adam_t += 1
+        common = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
+                      eps=self.epsilon, convention="tf", num_threads=self.num_threads)
+        fastadam.step_inplace(self.coefs_, grads[:n], self._adam_m[:n], self._adam_v[:n],
+                              self._adam_t, weight_decay=self.alpha * penalty_scale, **common)
+        fastadam.step_inplace(self.intercepts_, grads[n:], self._adam_m[n:], self._adam_v[n:],
+                              self._adam_t, **common)
+        return value
+
+    def _fit(self, X, y, sample_weight, incremental, classes=None):
+        first_pass = not hasattr(self, "coefs_") or (not self.warm_start and not incremental)
+        if first_pass:
+            self._train_dtype = self._resolve_dtype(X)
+        dtype = self._train_dtype
+        X, y = validate_data(self, X, y, reset=first_pass, dtype=dtype, order="C",
+                             multi_output=not isinstance(self, ClassifierMixin),
+                             y_numeric=not isinstance(self, ClassifierMixin))
+        targets = self._encode_targets(y, first_pass, incremental, classes)
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, X, dtype=dtype)
+        if self.early_stopping and incremental:
+            raise ValueError("partial_fit does not support early_stopping=True")
+        rng = check_random_state(self.random_state)
+        if first_pass:
+            self._initialize([X.shape[1]] + self._hidden_sizes() + [self._n_outputs(targets)], rng)
+        elif not incremental:
+            self._reset_optimizer()  # warm_start: keep the weights, restart Adam as sklearn does
+        if self.early_stopping:
+            self._best_coefs = [c.copy() for c in self.coefs_]
+            self._best_intercepts = [b.copy() for b in self.intercepts_]
+            X, X_val, targets, t_val, sample_weight, sw_val = self._split(
+                X, targets, sample_weight, rng)
+        n_samples = X.shape[0]
+        batch_size = (min(200, n_samples) if self.batch_size == "auto"
+                      else int(min(max(self.batch_size, 1), n_samples)))
+        if self.batch_size != "auto" and self.batch_size > n_samples:
+            warnings.warn("Got `batch_size` less than 1 or larger than sample size. It is going "
+                          "to be clipped")
+        epochs = 1 if incremental else self.max_iter
+        if not incremental:
+            self.n_iter_ = 0
+        progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
+        stop_message = None
+        order = np.arange(n_samples)
+        try:
+            for _ in range(epochs):
+                if self.shuffle:  # scikit-learn's draw: shuffle the previous epoch's order
+                    perm = np.arange(n_samples)
+                    rng.shuffle(perm)
+                    order = order[perm]
+                Xe = X[order] if self.shuffle else X
+                te = targets[order] if self.shuffle else targets
+                swe = (sample_weight[order] if self.shuffle and sample_weight is not None
+                       else sample_weight)
+                total = 0.0
+                for start in range(0, n_samples, batch_size):
+                    stop = min(start + batch_size, n_samples)
+                    if swe is None:
+                        w_sum = float(stop - start)
+                        weights = np.full(stop - start, 1.0 / w_sum, dtype=dtype)
+                    else:
+                        w_sum = float(swe[start:stop].sum(dtype=np.float64))
+                        weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
+                    batch_loss = self._batch_step(Xe[start:stop], te[start:stop], weights,
+                                                  1.0 / w_sum)
+                    total += batch_loss * (stop - start)
+                self.n_iter_ += 1
+                self.t_ += n_samples
+                self.loss_ = total / n_samples
+                self.loss_curve_.append(self.loss_)
+                val = None
+                if self.early_stopping:
+                    val = self._validation_score(X_val, t_val, sw_val)
+                self._update_no_improvement(val)
+                progress.update(self.n_iter_, self.loss_, val)
+                if not np.isfinite(self.loss_):
+                    break
+                if self._no_improvement_count > self.n_iter_no_change:
+                    what = "Validation score" if self.early_stopping else "Training loss"
+                    stop_message = (f"{what} did not improve more than tol={self.tol:f} for "
+                                    f"{self.n_iter_no_change} consecutive epochs. Stopping.")
+                    break
+                if not incremental and self.n_iter_ == self.max_iter:
+                    warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
+                                  f"reached and the optimization hasn't converged yet.",
+                                  ConvergenceWarning)
+        finally:
+            progress.close(stop_message)
+        if self.early_stopping:
+            self.coefs_ = self._best_coefs
+            self.intercepts_ = self._best_intercepts
+        if not all(np.isfinite(p).all() for p in self.coefs_ + self.intercepts_):
+            raise ValueError("Solver produced non-finite parameter weights. The input data may "
+                             "contain large values and need to be preprocessed.")
+        return self
+
+    def _split(self, X, targets, sample_weight, rng):
+        stratify = None
+        if isinstance(self, ClassifierMixin):
+            # as scikit-learn's MLP (which stratifies only single-column, i.e. binary, targets),
+            # so that both draw the same validation split from the same random_state
+            stratify = targets if len(self.classes_) == 2 else None
+        arrays = [X, targets] + ([sample_weight] if sample_weight is not None else [])
+        parts = train_test_split(*arrays, random_state=rng, stratify=stratify,
+                                 test_size=self.validation_fraction)
+        X_tr, X_val, t_tr, t_val = parts[:4]
+        sw_tr, sw_val = (parts[4], parts[5]) if sample_weight is not None else (None, None)
+        if X_val.shape[0] < 2:
+            raise ValueError("The validation set is too small. Increase 'validation_fraction' "
+                             "or the size of your dataset.")
+        return X_tr, X_val, t_tr, t_val, sw_tr, sw_val
+
+    def _update_no_improvement(self, val):
+        if self.early_stopping:
+            self.validation_scores_.append(val)
+            if val < self.best_validation_score_ + self.tol:
+                self._no_improvement_count += 1
+            else:
+                self._no_improvement_count = 0
+            if val > self.best_validation_score_:
+                self.best_validation_score_ = val
+                self._best_coefs = [c.copy() for c in self.coefs_]
+                self._best_intercepts = [b.copy() for b in self.intercepts_]
+        else:
+            if self.loss_curve_[-1] > self.best_loss_ - self.tol:
+                self._no_improvement_count += 1
+            else:
+                self._no_improvement_count = 0
+            self.best_loss_ = min(self.best_loss_, self.loss_curve_[-1])
+
+    def _resolve_dtype(self, X):
+        """``dtype``, or, when None, X's own float32/float64 (float64 for anything else), as
+        scikit-learn's MLP does."""
+        if self.dtype is not None:
+            return np.dtype(self.dtype)
+        return np.dtype(np.float32) if getattr(X, "dtype", None) == np.float32 else np.dtype(np.float64)
+
+    def _check_X(self, X):
+        check_is_fitted(self)
+        return validate_data(self, X, reset=False, dtype=self._train_dtype, order="C")
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the network to ``X`` (n_samples, n_features) and ``y``; ``sample_weight``
+        (n_samples,) weights each sample's loss.  Returns self."""
+        self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=False)
+
+
+class MLPClassifier(ClassifierMixin, _BaseMLP):
+    """Multi-layer perceptron classifier (log-loss) trained with fastadam.
+
+    Parameters and attributes are those of ``sklearn.neural_network.MLPClassifier(solver=
+    "adam")``: ``hidden_layer_sizes``, ``activation``, ``alpha`` (L2 on the weights),
+    ``batch_size``, ``learning_rate_init``, ``max_iter`` (epochs), ``tol``, ``n_iter_no_change``,
+    ``early_stopping``, ``validation_fraction``, ``shuffle``, ``random_state``, ``warm_start``,
+    ``verbose`` (a tqdm progress bar with the loss when tqdm is installed, else one line per
+    epoch), ``beta_1``, ``beta_2``, ``epsilon``; plus ``dtype`` (None: X's float32/float64 as
+    scikit-learn does; "float32" trains and predicts in float32, about twice as fast) and
+    ``num_threads`` (the Adam step's threads; results do not depend on it).  As in
+    scikit-learn, two classes use one logistic output and more classes a softmax.
+
+    Attributes: ``classes_``, ``coefs_``, ``intercepts_``, ``loss_``, ``loss_curve_``,
+    ``n_iter_``, ``t_``, ``best_loss_``, ``validation_scores_``, ``best_validation_score_``,
+    ``n_features_in_``, ``n_layers_``, ``n_outputs_``.
+    """
+
+    def _encode_targets(self, y, first_pass, incremental, classes):
+        check_classification_targets(y)
+        if first_pass:
+            if incremental:
+                if classes is None:
+                    raise ValueError("classes must be passed on the first call to partial_fit.")
+                self.classes_ = np.unique(classes)
+            else:
+                self.classes_ = np.unique(y)
+            if len(self.classes_) < 2:
+                raise ValueError("This solver needs samples of at least 2 classes in the data, "
+                                 f"but the data contains only one class: {self.classes_[0]!r}")
+        elif classes is not None and not np.array_equal(self.classes_, np.unique(classes)):
+            raise ValueError(f"`classes={list(classes)!r}` is not the same as on last call to "
+                             f"partial_fit, was: {list(self.classes_)!r}")
+        unseen = np.setdiff1d(np.unique(y), self.classes_)
+        if unseen.size:
+            raise ValueError(f"Expected only labels in classes_ = {list(self.classes_)!r} but "
+                             f"got {list(unseen)!r}")
+        labels = np.searchsorted(self.classes_, y).astype(np.intp)
+        if len(self.classes_) == 2:  # one logistic output: 0/1 targets of shape (n, 1)
+            return labels.astype(self._train_dtype).reshape(-1, 1)
+        return labels
+
+    def _n_outputs(self, targets):
+        return 1 if len(self.classes_) == 2 else len(self.classes_)
+
+    def _loss(self, z, targets, weights):
+        if len(self.classes_) == 2:
+            return weighted_binary_cross_entropy(z, targets, weights)
+        return weighted_softmax_cross_entropy(z, targets, weights)
+
+    @staticmethod
+    def _best_index(z):
+        return (z[:, 0] > 0).astype(np.intp) if z.shape[1] == 1 else z.argmax(axis=1)
+
+    def _validation_score(self, X, targets, sample_weight):
+        labels = targets[:, 0].astype(np.intp) if targets.ndim == 2 else targets
+        pred = self._best_index(self._forward_numpy(X))
+        return float(accuracy_score(labels, pred, sample_weight=sample_weight))
+
+    def partial_fit(self, X, y, sample_weight=None, classes=None):
+        """One epoch over ``(X, y)`` continuing from the current state; ``classes`` (every label
+        that can ever appear) is required on the first call.  Returns self."""
+        if not hasattr(self, "coefs_"):
+            self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=True, classes=classes)
+
+    def _logits(self, X):
+        return self._forward_numpy(self._check_X(X))
+
+    def decision_function(self, X):
+        """The output layer's values (logits), shape (n_samples, n_classes); for two classes
+        the single logit, shape (n_samples,) (positive means ``classes_[1]``)."""
+        z = self._logits(X)
+        return z[:, 0] if z.shape[1] == 1 else z
+
+    def predict_proba(self, X):
+        """Class probabilities, shape (n_samples, n_classes): the softmax of the logits, or
+        ``[1 - sigmoid(z), sigmoid(z)]`` for two classes."""
+        z = self._logits(X)
+        if z.shape[1] == 1:
+            p = expit(z)
+            return np.hstack([1 - p, p])
+        z -= z.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
+        return z
+
+    def predict_log_proba(self, X):
+        """Logarithm of ``predict_proba``."""
+        z = self._logits(X)
+        if z.shape[1] == 1:
+            return np.hstack([log_expit(-z), log_expit(z)])
+        z -= z.max(axis=1, keepdims=True)
+        z -= np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return z
+
+    def predict(self, X):
+        """The most probable class of each row."""
+        best = self._best_index(self._logits(X))
+        return self.classes_[best]
+
+
+class MLPRegressor(RegressorMixin, _BaseMLP):
+    """Multi-layer perceptron regressor (identity output, half squared error) trained with
+    fastadam; parameters and attributes as in :class:`MLPClassifier` (without ``classes_``).
+    ``y`` may have one or several columns."""
+
+    def _encode_targets(self, y, first_pass, incremental, classes):
+        y2 = y.reshape(-1, 1) if y.ndim == 1 else y
+        if first_pass:
+            self._y_ndim = y.ndim
+        elif y2.shape[1] != self.n_outputs_:
+            raise ValueError(f"y: expected {self.n_outputs_} target columns as in the previous "
+                             f"fit, got {y2.shape[1]}")
+        return np.ascontiguousarray(y2, dtype=self._train_dtype)
+
+    def _n_outputs(self, targets):
+        return targets.shape[1]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _loss(self, p, targets, weights):
+        return weighted_half_squared_error(p, targets, weights)
+
+    def _validation_score(self, X, targets, sample_weight):
+        return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over ``(X, y)`` continuing from the current state.  Returns self."""
+        if not hasattr(self, "coefs_"):
+            self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=True)
+
+    def predict(self, X):
+        """Predicted targets, shape (n_samples,) or (n_samples, n_outputs) as ``y`` was."""
+        pred = self._forward_numpy(self._check_X(X))
+        return pred.ravel() if self._y_ndim == 1 else pred

@@ -1,0 +1,172 @@
+// tests/gpu_emulation.cpp -- include/fastadam/cuda/kernels.cu compiled as C++ for the host, so
+// that a machine without a GPU can run the GPU kernels (tests/test_gpu_emulation.py).
+//
+// The CUDA keywords become nothing, blockIdx/threadIdx/blockDim/gridDim are globals, and a
+// launch runs its blocks one after another and each block's threads one after another.  That is
+// a faithful schedule for these kernels when (a) __syncthreads_or is only used with one thread
+// per block (the non-finite reduction is launched with blockDim 1 here) and (b) a block of
+// fa_sparse_rows handles one segment (grid >= nseg): thread 0 then writes the block's shared
+// `idle` before the other threads read it.  What it cannot show: races, the real launch limits,
+// NVRTC itself (test_gpu_compile.py compiles the same source with NVRTC).
+//
+// Built by the test with: g++ -std=c++17 -O1 -ffp-contract=off -shared -fPIC -I include
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#define FA_CUDA_HOST_EMULATION 1
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct fa_emu_dim3 { unsigned x = 0, y = 0, z = 0; };
+static fa_emu_dim3 blockIdx, threadIdx, blockDim, gridDim;
+static inline void __syncthreads() {}
+static inline int __syncthreads_or(int p) { return p; }  // one thread per block only
+static inline int atomicOr(int *a, int v) { const int old = *a; *a |= v; return old; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
+
+#include "fastadam/cuda/kernels.cu"
+
+template <typename F> static void launch(long long grid, unsigned block, F body)
+{
+    gridDim.x = (unsigned)grid;
+    blockDim.x = block;
+    for (long long b = 0; b < grid; b++) {
+        blockIdx.x = (unsigned)b;
+        for (unsigned t = 0; t < block; t++) {
+            threadIdx.x = t;
+            body();
+        }
+    }
+}
+
+// The arguments of one launch, so that the dispatch below stays short.
+struct DenseArgs {
+    const unsigned char *table;
+    int n;
+    long long nblocks;
+    const int *skip;
+    int check;
+    unsigned threads;
+};
+struct SparseArgs {
+    int mode; /* 0 lazy (rows_or_seg = rows), 1 dense (= seg_of_row), 2 catchup (= rows) */
+    const unsigned char *coeffs;
+    void *x, *st0, *st1;
+    long long row_size, n_rows;
+    const void *values;
+    const long long *perm, *offsets, *rows_or_seg;
+    long long nseg;
+    long long *last_step;
+    long long t;
+    unsigned threads;
+};
+
+// Runtime (storage, kind, flags) -> the template instantiation, by a fold over the flag values.
+template <typename S, int KIND, int F> static void dense_one(const DenseArgs &a)
+{
+    launch(a.nblocks, a.threads,
+           [&] { fa_dense_step<S, KIND, F>(a.table, a.n, a.skip, a.check); });
+}
+
+template <typename S, int KIND, int... F>
+static void dense_flags(int flags, std::integer_sequence<int, F...>, const DenseArgs &a)
+{
+    ((flags == F ? dense_one<S, KIND, F>(a) : void()), ...);
+}
+
+template <typename S> static void dense_kind(int kind, int flags, const DenseArgs &a)
+{
+    const auto all = std::make_integer_sequence<int, 16>();
+    if (kind == FA_OPT_ADAM) dense_flags<S, FA_OPT_ADAM>(flags, all, a);
+    if (kind == FA_OPT_ADAGRAD) dense_flags<S, FA_OPT_ADAGRAD>(flags, all, a);
+    if (kind == FA_OPT_MOMENTUM) dense_flags<S, FA_OPT_MOMENTUM>(flags, all, a);
+}
+
+template <typename S, int KIND, int F> static void sparse_one(const SparseArgs &a)
+{
+    S *x = (S *)a.x, *s0 = (S *)a.st0, *s1 = (S *)a.st1;
+    const S *v = (const S *)a.values;
+    if (a.mode == 0)
+        launch(a.nseg, a.threads, [&] {
+            fa_sparse_rows<S, KIND, F, 0>(a.coeffs, x, s0, s1, a.row_size, v, a.perm, a.offsets,
+                                          a.rows_or_seg, a.nseg, a.last_step, a.t);
+        });
+    if (a.mode == 2)
+        launch(a.nseg, a.threads, [&] {
+            fa_sparse_rows<S, KIND, F, 1>(a.coeffs, x, s0, s1, a.row_size, v, a.perm, a.offsets,
+                                          a.rows_or_seg, a.nseg, a.last_step, a.t);
+        });
+    if (a.mode == 1)
+        launch(a.n_rows, a.threads, [&] {
+            fa_sparse_dense<S, KIND, F>(a.coeffs, x, s0, s1, a.row_size, a.n_rows, v, a.perm,
+                                        a.offsets, a.rows_or_seg);
+        });
+}
+
+template <typename S, int KIND, int... F>
+static void sparse_flags(int flags, std::integer_sequence<int, F...>, const SparseArgs &a)
+{
+    ((flags == F ? sparse_one<S, KIND, F>(a) : void()), ...);
+}
+
+template <typename S> static void sparse_kind(int kind, int flags, const SparseArgs &a)
+{
+    const auto fl = std::integer_sequence<int, 0, 1, 4, 5>();
+    if (kind == FA_OPT_ADAM) sparse_flags<S, FA_OPT_ADAM>(flags, fl, a);
+    if (kind == FA_OPT_ADAGRAD) sparse_flags<S, FA_OPT_ADAGRAD>(flags, fl, a);
+    if (kind == FA_OPT_MOMENTUM) sparse_flags<S, FA_OPT_MOMENTUM>(flags, fl, a);
+}
+
+extern "C" {
+
+// storage: 0 float16, 1 float32, 2 float64 (as fastadam/gpu/_source.STORAGE's order)
+void emu_dense_step(int storage, int kind, int flags, const unsigned char *table, int n,
+                    long long nblocks, const int *skip, int check, unsigned threads)
+{
+    const DenseArgs a = {table, n, nblocks, skip, check, threads};
+    if (storage == 0) dense_kind<unsigned short>(kind, flags, a);
+    if (storage == 1) dense_kind<float>(kind, flags, a);
+    if (storage == 2) dense_kind<double>(kind, flags, a);
+}
+
+void emu_nonfinite(int storage, const unsigned char *table, int n, long long nblocks,
+                   double gscale, int *flag)
+{
+    if (storage == 0)
+        launch(nblocks, 1, [&] { fa_nonfinite<unsigned short>(table, n, gscale, flag); });
+    if (storage == 1) launch(nblocks, 1, [&] { fa_nonfinite<float>(table, n, gscale, flag); });
+    if (storage == 2) launch(nblocks, 1, [&] { fa_nonfinite<double>(table, n, gscale, flag); });
+}
+
+void emu_segment_sum(int storage, const void *values, long long row_size, const long long *perm,
+                     const long long *offsets, long long nseg, void *out, unsigned threads)
+{
+    if (storage == 1)
+        launch(nseg, threads, [&] {
+            fa_segment_sum<float>((const float *)values, row_size, perm, offsets, nseg,
+                                  (float *)out);
+        });
+    if (storage == 2)
+        launch(nseg, threads, [&] {
+            fa_segment_sum<double>((const double *)values, row_size, perm, offsets, nseg,
+                                   (double *)out);
+        });
+}
+
+void emu_sparse(int storage, int kind, int flags, int mode, const unsigned char *coeffs,
+                void *x, void *st0, void *st1, long long row_size, long long n_rows,
+                const void *values, const long long *perm, const long long *offsets,
+                const long long *rows_or_seg, long long nseg, long long *last_step, long long t,
+                unsigned threads)
+{
+    const SparseArgs a = {mode,   coeffs,  x,           st0,  st1,       row_size, n_rows, values,
+                          perm,   offsets, rows_or_seg, nseg, last_step, t,        threads};
+    if (storage == 1) sparse_kind<float>(kind, flags, a);
+    if (storage == 2) sparse_kind<double>(kind, flags, a);
+}
+
+}  // extern "C"

@@ -1,0 +1,187 @@
+"""The GPU path without a GPU: the CUDA source compiles to PTX with NVRTC for every kernel
+instantiation (float16/float32/float64, every optimizer, every flag set), the bytes laid out for
+the kernels match the C headers, and the dispatch errors that need no device.
+
+The NVRTC tests need the ``gpu-compile`` extra (cuda-bindings, nvidia-cuda-nvrtc) and skip
+without it; the GPU tests proper are in test_gpu.py (marked ``gpu``).
+"""
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastadam
+from fastadam.gpu import _layout, _source
+from fastadam.optim._coefficients import (adagrad_coefficients, adam_coefficients,
+                                          momentum_coefficients)
+
+MODULES = _source.all_modules()
+
+
+def module_id(mod):
+    family, storage, kind = mod
+    return f"{family}-{storage}" + ("" if kind is None else f"-kind{kind}")
+
+
+@pytest.mark.parametrize("module", MODULES, ids=module_id)
+def test_every_instantiation_compiles_to_ptx(module):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs the gpu-compile extra (NVRTC)")
+    names = _source.module_names(*module)
+    ptx, lowered = _source.nvrtc_ptx(names)
+    assert set(lowered) == set(names)
+    for name, low in lowered.items():
+        # every instantiation is a kernel entry point of the PTX, under its mangled name
+        assert re.search(r"\.entry\s+" + re.escape(low) + r"\s*\(", ptx), name
+    # float16 is computed in float32: its kernels convert with cvt, and never hold a double
+    # compute type (no .f64 arithmetic beyond the coefficient struct's conversions)
+    if module[1] == "float16":
+        assert "cvt.f32.f16" in ptx and "cvt.rn.f16.f32" in ptx
+
+
+def test_a_compile_error_is_reported_with_the_log(monkeypatch):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs the gpu-compile extra (NVRTC)")
+    monkeypatch.setattr(_source, "source", lambda: "__global__ void k() { undefined_name(); }")
+    with pytest.raises(RuntimeError, match="undefined_name"):
+        _source.nvrtc_ptx(["k"])
+
+
+def test_the_cuda_source_includes_the_formula_headers_and_writes_no_formula():
+    text = _source.source()
+    assert '#include "fastadam/formulas.h"' in text
+    # each formula's defining expressions live only in the headers
+    for fragment in ("omb1", "omb2", "FA_SQRT(", "k->b1 *", "k->lr *"):
+        assert fragment not in text, fragment
+
+
+def test_constants_match_the_cuda_source():
+    text = _source.source()
+    defines = dict(re.findall(r"#define (FA_CUDA_\w+|FA_CATCHUP_EXACT) (\d+)", text))
+    assert int(defines["FA_CUDA_HEADER"]) == _layout.HEADER_BYTES
+    assert int(defines["FA_CUDA_CHUNK"]) == _layout.CHUNK
+    sparse_h = (_source.include_dir() / "fastadam" / "sparse.h").read_text()
+    cpu = re.search(r"#define FA_CATCHUP_EXACT (\d+)", sparse_h).group(1)
+    assert defines["FA_CATCHUP_EXACT"] == cpu
+    entry = re.search(r"typedef struct \{(.*?)\} fa_cuda_tensor;", text, re.S).group(1)
+    fields = re.findall(r"fa_i64 ([\w, ]+);", entry)
+    assert sum(len(f.split(",")) for f in fields) == _layout.ENTRY_WORDS
+
+
+@pytest.mark.parametrize("header,struct,kind", [
+    ("adam.h", "fa_adam_coeffs", "adam"), ("adagrad.h", "fa_adagrad_coeffs", "adagrad"),
+    ("momentum.h", "fa_momentum_coeffs", "momentum")])
+def test_struct_layout_follows_the_header(header, struct, kind):
+    text = (_source.include_dir() / "fastadam" / header).read_text()
+    body = re.search(r"typedef struct \{(.*?)\} " + struct + ";", text, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = []
+    for ctype, names in re.findall(r"(double|int)\s+([\w\s,]+);", body):
+        fields += [(n.strip(), ctype) for n in names.split(",")]
+    kind_id = _source.KINDS[kind]
+    assert [n for n, _ in fields] == _layout.STRUCT_FIELDS[kind_id]
+    dt = _layout.STRUCT_DTYPES[kind_id]
+    # C layout: doubles at 8-byte offsets in order, the int right after, size a multiple of 8
+    for i, (name, ctype) in enumerate(fields):
+        assert dt.fields[name][1] == 8 * i
+        assert dt.fields[name][0] == (np.dtype(np.float64) if ctype == "double"
+                                      else np.dtype(np.int32))
+    assert dt.itemsize % 8 == 0 and dt.itemsize <= _layout.HEADER_BYTES
+
+
+@pytest.mark.parametrize("coeffs", [
+    adam_coefficients(3, 1e-3, 0.9, 0.999, 1e-8, "torch", 0.1, False, 0.0, True, True, True,
+                      128.0),
+    adagrad_coefficients(2, lr=0.1, lr_decay=0.01, eps=1e-6, weight_decay=0.2, maximize=True,
+                         convention="torch", grad_scale=4.0),
+    momentum_coefficients(5, lr=0.1, momentum=0.8, dampening=0.1, nesterov=False,
+                          weight_decay=0.01, maximize=False, convention="onnx")],
+    ids=["adam", "adagrad", "momentum"])
+def test_host_table_layout(coeffs):
+    sizes = [5, 0, _layout.CHUNK, _layout.CHUNK + 1, 1]
+    ptrs = [[1000 * (c + 1) + i for i in range(len(sizes))] for c in range(4)]
+    host, n, nblocks = _layout.host_table(coeffs, sizes, ptrs)
+    assert n == 4 and nblocks == 1 + 1 + 2 + 1
+    record = host[:_layout.STRUCT_DTYPES[coeffs.kind].itemsize].view(
+        _layout.STRUCT_DTYPES[coeffs.kind])[0]
+    for name, value in coeffs.as_dict().items():
+        assert record[name] == value, name
+    tab = host[_layout.HEADER_BYTES:].view(np.int64).reshape(n, _layout.ENTRY_WORDS)
+    kept = [0, 2, 3, 4]  # the empty tensor has no entry
+    np.testing.assert_array_equal(tab[:, 0], [ptrs[0][i] for i in kept])
+    np.testing.assert_array_equal(tab[:, 3], [ptrs[3][i] for i in kept])
+    np.testing.assert_array_equal(tab[:, 4], 0)  # no fifth column given
+    np.testing.assert_array_equal(tab[:, 5], [5, _layout.CHUNK, _layout.CHUNK + 1, 1])
+    np.testing.assert_array_equal(tab[:, 6], [0, 1, 2, 4])
+
+
+def test_import_fastadam_does_not_import_cupy():
+    code = ("import sys, numpy as np, fastadam; x = np.ones(4, np.float32); "
+            "fastadam.step_inplace(x, x.copy(), np.zeros(4, np.float32), "
+            "np.zeros(4, np.float32), 1, convention='torch'); "
+            "print('cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(fastadam.__file__).resolve().parents[1], check=True)
+    assert out.stdout.strip() == "False"
+
+
+class FakeDeviceArray:
+    """Looks like a CUDA array to the dispatch (a __cuda_array_interface__), is not CuPy."""
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False),
+                                "version": 3}
+
+
+def _dense_args():
+    return [np.ones(4, np.float32), np.ones(4, np.float32), np.zeros(4, np.float32),
+            np.zeros(4, np.float32)]
+
+
+@pytest.mark.parametrize("position,name", [(1, "g"), (2, "m"), (3, "v")])
+def test_device_array_beside_numpy_x_is_a_clear_error(position, name):
+    args = _dense_args()
+    before = [a.copy() for a in args]
+    args[position] = FakeDeviceArray()
+    with pytest.raises(TypeError, match=rf"^{name}: a GPU array \(FakeDeviceArray\) in a call "
+                                        rf"whose x is a numpy.ndarray"):
+        fastadam.step_inplace(*args, 1, convention="torch")
+    for a, b in zip(args, before):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_device_array_in_a_list_is_named_with_its_index():
+    x, g, m, v = ([a] for a in _dense_args())
+    v = [FakeDeviceArray()]
+    with pytest.raises(TypeError, match=r"^v\[0\]: a GPU array"):
+        fastadam.step_inplace(x, g, m, v, 1, convention="torch")
+
+
+def test_sparse_values_on_the_device_beside_numpy_x():
+    x = np.zeros((4, 2))
+    with pytest.raises(TypeError, match=r"^grad\[1\]: a GPU array"):
+        fastadam.sparse_step_inplace(x, (np.array([1]), FakeDeviceArray()), np.zeros((4, 2)),
+                                     np.zeros((4, 2)), 1)
+    np.testing.assert_array_equal(x, 0)
+
+
+def test_device_array_without_cupy_says_cupy_is_missing():
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: the 'not installed' error cannot happen")
+    with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not "
+                                        r"installed"):
+        fastadam.momentum_step_inplace(FakeDeviceArray(), *_dense_args()[1:3], 1)
+    with pytest.raises(TypeError, match=r"^indices: a CUDA array was passed but CuPy is not"):
+        fastadam.segment_sum(FakeDeviceArray(), np.zeros(2))
+    with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not"):
+        fastadam.sparse_step_inplace(FakeDeviceArray(), (np.array([0]), np.zeros((1,))),
+                                     np.zeros(1), np.zeros(1), 1)
+
+
+def test_show_config_reports_the_gpu_path():
+    line = fastadam.config()["gpu"]
+    if importlib.util.find_spec("cupy") is None:
+        assert line.startswith("not available (CuPy not installed")
+    else:
+        assert line.startswith("CuPy ") or line.startswith("not available (CuPy is installed")

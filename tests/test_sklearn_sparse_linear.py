@@ -1,0 +1,147 @@
+"""fastadam.sklearn.SparseLinearClassifier: CSR batches touch only their features.
+
+References: the dense path on the same data (the sparse gradient summed by the lazy step must
+equal ``X.T @ dz``), rows that no batch touches staying bit-for-bit unchanged, scikit-learn's
+LogisticRegression for accuracy, and NumPy for predict_proba."""
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+import scipy.sparse as sp  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+
+from fastadam.sklearn import SparseLinearClassifier  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def _text_like(rng, n_docs=600, n_features=5000, words_per_doc=20, k=3):
+    """Zipf-distributed word ids; each class prefers its own block of words."""
+    y = rng.integers(0, k, n_docs)
+    words = (rng.zipf(1.3, (n_docs, words_per_doc)) - 1) % n_features
+    words[:, : words_per_doc // 2] = (words[:, : words_per_doc // 2] * k + y[:, None]) % n_features
+    rows = np.repeat(np.arange(n_docs), words_per_doc)
+    X = sp.csr_matrix((np.ones(rows.size), (rows, words.ravel())), shape=(n_docs, n_features))
+    X.sum_duplicates()
+    return X, y
+
+
+def test_sparse_gradient_equals_dense_path_when_every_feature_is_touched(rng):
+    X = rng.uniform(0.5, 1.5, (64, 10))  # no zeros: every batch touches every feature
+    y = rng.integers(0, 3, 64)
+    kw = dict(random_state=0, max_iter=3, batch_size=16, alpha=1e-3, shuffle=False, tol=0)
+    dense = SparseLinearClassifier(**kw).fit(X, y)
+    sparse = SparseLinearClassifier(**kw).fit(sp.csr_matrix(X), y)
+    np.testing.assert_allclose(sparse.coef_, dense.coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=1e-10, atol=1e-12)
+
+
+def test_untouched_features_stay_exactly_unchanged(rng):
+    X, y = _text_like(rng, n_features=2000)
+    X = X[:, :1500]
+    X = sp.hstack([X, sp.csr_matrix((X.shape[0], 500))]).tocsr()  # features 1500.. never occur
+    m = SparseLinearClassifier(random_state=0, max_iter=2, alpha=1e-3).fit(X, y)
+    assert np.all(m.coef_[:, 1500:] == 0)
+    assert np.all(m._m_w[1500:] == 0) and np.all(m._v_w[1500:] == 0)
+    assert np.any(m.coef_[:, :1500] != 0)
+
+
+@pytest.fixture(scope="module")
+def text_problem():
+    X, y = _text_like(np.random.default_rng(3), n_features=1000)
+    ref = LogisticRegression(max_iter=300).fit(X[:400], y[:400]).score(X[400:], y[400:])
+    return X, y, ref
+
+
+@pytest.mark.parametrize("loss", ["log_loss", "hinge"])
+@pytest.mark.parametrize("mode", ["lazy", "catchup"])
+def test_accuracy_close_to_logistic_regression(text_problem, loss, mode):
+    X, y, ref = text_problem
+    Xte, yte = X[400:], y[400:]
+    ours = SparseLinearClassifier(loss=loss, mode=mode, random_state=0, max_iter=15).fit(
+        X[:400], y[:400]).score(Xte, yte)
+    assert ours >= ref - 0.05
+
+
+def test_million_features_float32(rng):
+    X, y = _text_like(rng, n_docs=300, n_features=10**6)
+    X = X.astype(np.float32)
+    m = SparseLinearClassifier(random_state=0, max_iter=3).fit(X, y)
+    assert m.coef_.shape == (3, 10**6) and m.coef_.dtype == np.float32
+    assert m.score(X, y) > 0.8
+
+
+def test_predict_proba_is_softmax_and_hinge_has_none(rng):
+    X, y = _text_like(rng, n_docs=200, n_features=300)
+    m = SparseLinearClassifier(random_state=0, max_iter=3).fit(X, y)
+    z = np.asarray(X @ m.coef_.T) + m.intercept_
+    p = np.exp(z - z.max(1, keepdims=True))
+    np.testing.assert_allclose(m.predict_proba(X), p / p.sum(1, keepdims=True), rtol=1e-12)
+    hinge = SparseLinearClassifier(loss="hinge", max_iter=2).fit(X, y)
+    assert not hasattr(hinge, "predict_proba")
+
+
+def test_partial_fit_equals_fit_and_pickles(rng):
+    X, y = _text_like(rng, n_docs=200, n_features=300)
+    full = SparseLinearClassifier(random_state=0, max_iter=3, shuffle=False, tol=0).fit(X, y)
+    inc = SparseLinearClassifier(random_state=0, shuffle=False)
+    for _ in range(3):
+        inc.partial_fit(X, y, classes=[0, 1, 2])
+    np.testing.assert_array_equal(inc.coef_, full.coef_)
+    again = pickle.loads(pickle.dumps(inc))
+    again.partial_fit(X, y)
+    inc.partial_fit(X, y)
+    np.testing.assert_array_equal(again.coef_, inc.coef_)
+
+
+def test_same_result_for_any_thread_count(rng):
+    X, y = _text_like(rng, n_docs=400, n_features=3000)
+    a = SparseLinearClassifier(random_state=0, max_iter=2, num_threads=1).fit(X, y)
+    b = SparseLinearClassifier(random_state=0, max_iter=2, num_threads=2).fit(X, y)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+
+
+def test_fit_leaves_the_callers_matrix_alone(rng):
+    X, y = _text_like(rng, n_docs=100, n_features=300)
+    X = X[:, rng.permutation(300)]  # column permutation leaves the indices unsorted
+    X.has_sorted_indices = False
+    before = (X.data.copy(), X.indices.copy(), X.indptr.copy())
+    SparseLinearClassifier(random_state=0, max_iter=2).fit(X, y)
+    for a, b in zip(before, (X.data, X.indices, X.indptr)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_partial_fit_needs_classes_first(rng):
+    X, y = _text_like(rng, n_docs=50, n_features=100)
+    with pytest.raises(ValueError, match="classes must be passed on the first call"):
+        SparseLinearClassifier().partial_fit(X, y)
+
+
+def test_unseen_labels_are_rejected(rng):
+    X, y = _text_like(rng, n_docs=50, n_features=100)
+    m = SparseLinearClassifier().partial_fit(X, y, classes=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"Expected only labels in classes_"):
+        m.partial_fit(X, y + 3)
+
+
+def test_changed_classes_are_rejected(rng):
+    X, y = _text_like(rng, n_docs=50, n_features=100)
+    m = SparseLinearClassifier().partial_fit(X, y, classes=[0, 1, 2])
+    with pytest.raises(ValueError, match="is not the same as on last call to partial_fit"):
+        m.partial_fit(X, y, classes=[0, 1])
+
+
+def test_one_class_is_rejected(rng):
+    X, _ = _text_like(rng, n_docs=50, n_features=100)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        SparseLinearClassifier().fit(X, np.zeros(50))
+
+
+def test_wrong_feature_count_is_rejected(rng):
+    X, y = _text_like(rng, n_docs=50, n_features=100)
+    m = SparseLinearClassifier(max_iter=1).fit(X, y)
+    with pytest.raises(ValueError, match="X has 99 features, but SparseLinearClassifier is "
+                                         "expecting 100 features"):
+        m.predict(X[:, :99])
