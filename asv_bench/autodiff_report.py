@@ -15,7 +15,6 @@ first, for comparison (it applies to every library in the process, the baselines
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -24,30 +23,15 @@ sys.path.insert(0, os.path.join(HERE, "benchmarks"))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_autodiff as B  # noqa: E402
+from fastadam.bench import median_seconds_interleaved  # noqa: E402
 
 
 def median_times(steps, budget, repeats=7):
-    """Median seconds per call of each step, timed interleaved: every repeat times each step in
-    turn (an auto-sized loop of ~budget/repeats s), so a change of machine load between repeats
-    hits all of them alike (this machine is shared)."""
-    numbers = []
-    for step in steps:
-        step()
-        t0 = time.perf_counter()
-        n = 0
-        while time.perf_counter() - t0 < 0.02:
-            step()
-            n += 1
-        per = (time.perf_counter() - t0) / n
-        numbers.append(max(1, int(budget / repeats / per)))
-    times = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, number, out in zip(steps, numbers, times):
-            t = time.perf_counter()
-            for _ in range(number):
-                step()
-            out.append((time.perf_counter() - t) / number)
-    return [float(np.median(t)) for t in times]
+    """Median seconds per call of each step, timed interleaved (fastadam.bench's timer): every
+    repeat times each step in turn, so a change of machine load hits all of them alike."""
+    r = median_seconds_interleaved(dict(enumerate(steps)), repeats=repeats,
+                                   min_time=budget / repeats)
+    return [r[i] for i in range(len(steps))]
 
 
 def median_time(step, budget):

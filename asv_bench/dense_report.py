@@ -11,13 +11,11 @@ Prints medians and ratios for:
 Timings alternate between the contenders, so a noisy neighbour hurts them alike.
 """
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import fastadam
-from fastadam.bench import stream_rw_f32
+from fastadam.bench import median_seconds_interleaved, stream_rw_f32
 
 try:
     import torch
@@ -25,28 +23,9 @@ except ImportError:  # the report still runs, without the PyTorch column
     torch = None
 
 
-def median_time(fn, repeat, inner=1):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
-
-
 def interleaved(fns, repeat, inner=1):
-    """Median time of each function, measured round-robin."""
-    samples = {name: [] for name in fns}
-    for fn in fns.values():  # warm up (page faults, lazy init)
-        fn()
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / inner)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    """Median time of each function, measured round-robin (fastadam.bench's one timer)."""
+    return median_seconds_interleaved(fns, repeats=repeat, inner=inner)
 
 
 class DenseCase:

@@ -8,6 +8,13 @@ REPO="$(dirname "$HERE")"
 PYTHON="${PYTHON:-python3}"
 SECONDS=0
 
+if ! "$PYTHON" -c "import asv" 2>/dev/null; then
+    echo "asv is not installed in $("$PYTHON" -c 'import sys; print(sys.prefix)'):" >&2
+    echo "    pip install -e '$REPO[bench]'    (asv, matplotlib, torch>=2, scipy, autograd)" >&2
+    echo "or just asv:  pip install 'asv>=0.6'" >&2
+    exit 2
+fi
+
 # The in-place build (the CI test step has usually made it already; this is incremental).
 if ! (cd /tmp && PYTHONPATH="$REPO" "$PYTHON" -c "import fastadam.bench._yardstick" 2>/dev/null); then
     echo "building fastadam in place"

@@ -18,13 +18,13 @@ columns of one row are timed round-robin so that their ratios survive a slow spe
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))
 
 import fastadam  # noqa: E402
+from fastadam.bench import median_seconds_interleaved  # noqa: E402
 from bench_sparse import (N_ROWS, ROW, TorchSparseAdam, draw_indices, make_table,  # noqa: E402
                           numpy_segment_sum, numpy_sparse_adam)
 
@@ -35,18 +35,11 @@ except ImportError:  # the report still runs, without the torch columns
 
 
 def median_times(fns, repeat, warmup=1):
-    """Median seconds of each function, timed round-robin (fn1, fn2, ..., fn1, fn2, ...) so that
-    a slow spell of a shared machine hits every column alike and the ratios stay meaningful."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, bucket in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - t0)
-    return [float(np.median(b)) for b in times]
+    """Median seconds of each function, one call per round, timed round-robin (fn1, fn2, ...,
+    fn1, fn2, ...) so that a slow spell of a shared machine hits every column alike."""
+    medians = median_seconds_interleaved(dict(enumerate(fns)), repeats=repeat, inner=1,
+                                         warmup=warmup)
+    return [medians[k] for k in range(len(fns))]
 
 
 def ms(seconds):

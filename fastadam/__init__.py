@@ -6,7 +6,11 @@ objects), ``fastadam.sparse`` (sparse gradients and the segment machinery), ``fa
 (the gradient engine), ``fastadam.bench`` (baselines, timers, the bandwidth yardstick; not
 imported here).  This module only re-exports the public names.
 """
-__version__ = "0.1.0"
+from ._version import __version__
+
+from ._omp_wait import load_core as _load_core
+
+_load_core()  # before anything loads libgomp: see fastadam/_omp_wait.py
 
 from ._config import keep_freed_memory
 from ._show_config import config, show_config

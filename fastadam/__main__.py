@@ -1,10 +1,14 @@
-"""``python -m fastadam``: a short demo on built-in data, then a quick self-benchmark.
+"""``python -m fastadam``: a short demo on built-in data, a self-benchmark, the build's facts.
 
-    python -m fastadam            demo + quick benchmark table (and plot if matplotlib is there)
-    python -m fastadam demo       the demo only
-    python -m fastadam bench ...  the benchmark (see ``python -m fastadam bench --help``)
-    python -m fastadam config     build and runtime facts (SIMD path, OpenMP, threads)
+    python -m fastadam                 demo, then the quick benchmark
+    python -m fastadam demo            the demo only
+    python -m fastadam bench [...]     fastadam vs NumPy vs PyTorch, table and plot
+    python -m fastadam config          build and runtime facts (SIMD path, OpenMP, threads)
+    python -m fastadam --version
+
+Every command takes ``--help``.
 """
+import argparse
 import sys
 import time
 
@@ -32,12 +36,12 @@ def numpy_adam_step(w, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
     w -= np.float32(lr_t) * m / (np.sqrt(v) + np.float32(eps))
 
 
-def demo(epochs=30, batch=256, lr=0.05):
+def demo(epochs=30, batch=256, lr=0.05, num_threads=None):
     X, y, w_true = make_data()
     print(f"demo: least squares on built-in data, X {X.shape}, minibatch {batch}, lr {lr}")
     w = np.zeros(X.shape[1], np.float32)
     b = np.zeros(1, np.float32)
-    opt = fastadam.Adam([w, b], lr=lr)
+    opt = fastadam.Adam([w, b], lr=lr, convention="tf", eps=1e-8, num_threads=num_threads)
     w_np, b_np = w.copy(), b.copy()
     state_np = [np.zeros_like(w), np.zeros_like(w), np.zeros_like(b), np.zeros_like(b)]
     t_np = 0
@@ -68,27 +72,59 @@ def demo(epochs=30, batch=256, lr=0.05):
     return err
 
 
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and not argv[0].startswith("-") else None
-    if command == "config":
-        fastadam.show_config()
-        return 0
-    if command in (None, "demo"):
-        fastadam.show_config()
-        print()
-        t0 = time.perf_counter()
-        demo()
-        print(f"  ({time.perf_counter() - t0:.2f} s)\n")
-        if command == "demo":
-            return 0
-        argv = ["--quick"] + argv
-    elif command != "bench":
-        print(__doc__)
-        return 2
-    from . import bench as _bench
+def build_parser():
+    from .bench import _report
 
-    return _bench.main(argv) or 0
+    parser = argparse.ArgumentParser(
+        prog="python -m fastadam",
+        description="fastadam: fused, exact, multi-threaded optimizer steps for NumPy. Without "
+                    "a command: the demo, then the quick benchmark.")
+    parser.add_argument("--version", action="version", version=f"fastadam {fastadam.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,config}")
+    demo_p = sub.add_parser("demo", help="least squares on built-in data, fastadam beside a "
+                                         "plain NumPy Adam", description=demo.__doc__)
+    demo_p.add_argument("--quick", action="store_true", help="10 epochs instead of 30")
+    demo_p.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="num_threads of the optimizer (default: fastadam's choice)")
+    bench_p = sub.add_parser("bench", help="time the dense Adam step against NumPy and PyTorch; "
+                                           "table and plot")
+    _report.add_arguments(bench_p)
+    config_p = sub.add_parser("config", help="build and runtime facts")
+    config_p.add_argument("--out", metavar="JSON", default=None,
+                          help="also write the facts to this JSON file")
+    # Without a command: the demo, then the quick benchmark, with the benchmark's options.
+    _report.add_arguments(parser)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.command == "config":
+        fastadam.show_config()
+        if args.out:
+            import json
+
+            with open(args.out, "w") as f:
+                json.dump(fastadam.config(), f, indent=1, default=str)
+            print(f"written to {args.out}")
+        return 0
+    if args.command == "bench":
+        from .bench import _report
+
+        return _report.run(args)
+    fastadam.show_config()
+    print()
+    start = time.perf_counter()
+    if args.command == "demo":
+        demo(epochs=10 if args.quick else 30, num_threads=args.threads)
+        print(f"  ({time.perf_counter() - start:.2f} s)")
+        return 0
+    demo(epochs=10 if args.quick else 30)
+    print(f"  ({time.perf_counter() - start:.2f} s)\n")
+    from .bench import _report
+
+    args.quick = True  # the self-benchmark after the demo is always the quick one
+    return _report.run(args)
 
 
 if __name__ == "__main__":

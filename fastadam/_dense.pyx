@@ -30,8 +30,10 @@ cdef extern from "fastadam/dense.h":
 # because starting a parallel region costs more than updating a small tensor.
 cdef enum:
     CHUNK = 32768
-    PARALLEL_MIN = 131072
+    _PARALLEL_MIN = 131072
     MAX_SLOTS = 3
+
+PARALLEL_MIN = _PARALLEL_MIN  # for fastadam/_threads.py's adaptive choice
 
 
 cdef struct Chunk:
@@ -107,8 +109,8 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
             chunks[k].n = step
             start += step
             k += 1
-    if total < PARALLEL_MIN or nt > nchunks:
-        nt = 1 if total < PARALLEL_MIN else <int>nchunks
+    if total < _PARALLEL_MIN or nt > nchunks:
+        nt = 1 if total < _PARALLEL_MIN else <int>nchunks
     try:
         with nogil:
             if skip_nonfinite:

@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from . import _config
+from . import _config, _omp_wait
 from ._threads import cpu_count, resolve_num_threads
 
 
@@ -22,27 +22,48 @@ def config():
         "openmp_runtime": None,
         "max_threads": resolve_num_threads(None),
         "cpu_count": cpu_count(),
+        "omp_wait_policy": _omp_wait.POLICY,
     }
+    pools = _thread_pools()
     if info["openmp"]:
-        info["openmp_runtime"] = _openmp_library()
+        info["openmp_runtime"] = _openmp_library(pools)
+    info["blas"] = _blas_pools(pools)  # BLAS threads share the cores with fastadam's
     from . import gpu
 
     info["gpu"] = gpu.describe()  # CuPy, CUDA, devices (imports CuPy only if installed)
     return info
 
 
-def _openmp_library():
-    """Path of the OpenMP runtime loaded in this process (libgomp, bundled or system)."""
+def _thread_pools():
+    """threadpoolctl's view of the loaded thread pools (OpenMP runtimes, BLAS), or None."""
     from . import _dense  # noqa: F401  (loads the OpenMP runtime)
 
     try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libgomp" in line or "libomp" in line or "libiomp" in line:
-                    return line.split()[-1]
-    except OSError:
-        pass
-    return "unknown"
+        import threadpoolctl
+    except ImportError:
+        return None
+    return threadpoolctl.threadpool_info()
+
+
+def _openmp_library(pools):
+    """Path of fastadam's OpenMP runtime: the wheel's bundled copy (under fastadam.libs), else
+    one outside any other package's folder (the system libgomp of a source build)."""
+    if pools is None:
+        return "unknown (pip install threadpoolctl to see it)"
+    paths = [p["filepath"] for p in pools if p.get("user_api") == "openmp"]
+    for test in (lambda q: "fastadam" in q, lambda q: "site-packages" not in q, lambda q: True):
+        found = [q for q in paths if test(q)]
+        if found:
+            return found[0]
+    return "none loaded"
+
+
+def _blas_pools(pools):
+    if pools is None:
+        return "unknown (pip install threadpoolctl to see it)"
+    blas = [f"{p['internal_api']} {p.get('threading_layer', '')} {p['num_threads']} threads"
+            for p in pools if p.get("user_api") == "blas"]
+    return "; ".join(" ".join(b.split()) for b in blas) or "none loaded"
 
 
 def show_config():

@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import warnings
+from time import perf_counter as _perf_counter
 
 from ._config import omp_max_threads
 
@@ -108,3 +109,86 @@ def resolve_num_threads(num_threads):
     if num_threads < 0:
         return max(max_threads + num_threads + 1, 1)
     return min(num_threads, MAX_THREADS_PER_CPU * cpus)
+
+
+class AdaptiveThreads:
+    """The default thread count of a dense step, chosen by measuring the cores actually free.
+
+    With ``num_threads=None`` a step large enough for a parallel region may still be slower on
+    N threads than on one: on a shared or oversubscribed machine (other processes, BLAS threads
+    that have just run) the extra workers wait for a core.  For each size class (a power of two
+    of elements) this keeps a running estimate of seconds per element on 1 and on N threads and
+    runs N threads only when they are clearly faster (estimate below ``MARGIN`` times the serial
+    one: a busy machine makes parallel times bimodal, and a lucky one must not win).  Now and
+    then it runs the other count once (a probe), which moves the other's estimate halfway to the
+    new time, so the speed-up comes back when cores free up.  The probe interval starts at
+    ``PROBE_MIN`` steps of the class and doubles after each probe that does not change the
+    choice, up to ``PROBE_MAX``, so on a persistently busy machine probes cost under 1% of steps;
+    when the running estimate alone changes the choice, the next probe comes soon again.
+    Results do not depend on the thread count (every element is computed by the same kernel
+    whatever the split), so the choice shows only in the time.
+    """
+    PROBE_MIN = 16
+    PROBE_MAX = 1024
+    WEIGHT = 0.25        # weight of the newest measurement in the running estimate
+    PROBE_WEIGHT = 0.5   # weight of a probe's measurement
+    MARGIN = 0.85        # N threads run when their estimate is below MARGIN x the serial one
+
+    def __init__(self):
+        self.classes = {}  # size class -> [steps until probe, interval, serial, parallel]
+        self.steps = self.parallel_steps = 0  # counters, for benchmarks
+
+    def reset(self):
+        self.classes.clear()
+        self.steps = self.parallel_steps = 0
+
+    def choice(self, total):
+        """1 or "parallel": what the next step of ``total`` elements runs (None: not known)."""
+        state = self.classes.get(total.bit_length())
+        if state is None or state[2] is None or state[3] is None:
+            return None
+        return "parallel" if state[3] < self.MARGIN * state[2] else 1
+
+    def run(self, step, total, nt):
+        """Run ``step(num_threads)`` over ``total`` elements with 1 or ``nt`` threads."""
+        state = self.classes.get(total.bit_length())
+        if state is None:
+            state = self.classes[total.bit_length()] = [self.PROBE_MIN, self.PROBE_MIN,
+                                                          None, None]
+        serial, parallel = state[2], state[3]
+        probe = False
+        if serial is None:
+            use = 1
+        elif parallel is None:
+            use = nt
+        else:
+            use = nt if parallel < self.MARGIN * serial else 1
+            state[0] -= 1
+            if state[0] <= 0:
+                probe = True
+                use = 1 if use == nt else nt
+        self.steps += 1
+        self.parallel_steps += use != 1
+        t0 = _perf_counter()
+        result = step(use)
+        per_elem = (_perf_counter() - t0) / total
+        slot = 2 if use == 1 else 3
+        old = state[slot]
+        if old is None:
+            state[slot] = per_elem
+        else:
+            state[slot] = old + (self.PROBE_WEIGHT if probe else self.WEIGHT) * (per_elem - old)
+        now_parallel = state[2] is not None and state[3] is not None and \
+            state[3] < self.MARGIN * state[2]
+        if probe:
+            won = now_parallel == (use != 1)  # the probe changed the choice
+            state[1] = self.PROBE_MIN if won else min(2 * state[1], self.PROBE_MAX)
+            state[0] = state[1]
+        elif serial is not None and parallel is not None and now_parallel != (use != 1):
+            # The incumbent's own times moved the choice (a busy spell, or its end): the other
+            # count's estimate may be as stale, so measure it again soon.
+            state[1] = state[0] = self.PROBE_MIN
+        return result
+
+
+adaptive_threads = AdaptiveThreads()

@@ -41,7 +41,7 @@ rm -f "$REPO"/dist/fastadam-*.tar.gz
 SDIST="$(ls "$REPO"/dist/fastadam-*.tar.gz)"
 echo "$SDIST"
 SDIST_FILES="$(tar tzf "$SDIST")"
-for f in include/fastadam/common.h include/fastadam/dense.h setup.py pyproject.toml tests/reference.py; do
+for f in include/fastadam/common.h include/fastadam/dense.h setup.py pyproject.toml tests/reference.py LICENSE; do
     grep -q "/$f\$" <<< "$SDIST_FILES" || { echo "FAIL: sdist lacks $f"; exit 1; }
 done
 
@@ -71,12 +71,39 @@ print("bundled:", ", ".join(libs) or "nothing")
 if not any("libgomp" in n for n in libs):
     sys.exit("FAIL: libgomp is not bundled in fastadam.libs/")
 EOF
+check_wheel_contents() {  # LICENSE, metadata (version, no exact torch pin), stripped extensions
+    "$WORK/tools/bin/python" - "$1" <<'EOF'
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+names = z.namelist()
+if not any(re.search(r"\.dist-info/(licenses/)?LICENSE$", n) for n in names):
+    sys.exit("FAIL: the wheel has no LICENSE")
+meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+version = re.search(r"^Version: (.+)$", meta, re.M).group(1)
+src = z.read("fastadam/_version.py").decode()
+if f'"{version}"' not in src:
+    sys.exit(f"FAIL: metadata version {version} is not fastadam/_version.py's")
+if re.search(r"^Requires-Dist: torch\s*==", meta, re.M):
+    sys.exit("FAIL: the metadata pins torch exactly")
+sos = [n for n in names if n.endswith(".so")]
+debug = [n for n in sos if b".debug_info" in z.read(n)]
+if debug:
+    sys.exit(f"FAIL: extensions with debug info: {debug}")
+print(f"wheel contents OK: LICENSE, version {version}, {len(sos)} stripped extensions, "
+      f"{sum(z.getinfo(n).file_size for n in sos) / 1e6:.2f} MB of .so")
+EOF
+}
+check_wheel_contents "$WHEEL"
 
 step "fresh venv $WORK/venv: the repaired wheel + test deps"
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-# The wheel with its test extra (pytest, scipy, torch==2.13.0, onnx, scikit-learn, threadpoolctl,
+# The wheel with its test extra (pytest, scipy, onnx, scikit-learn, threadpoolctl,
 # autograd): the whole suite, comparisons with other libraries included, runs on the wheel.
+# torch first, pinned here only (the CPU build installs quickly on this project's CI; the
+# extras leave torch unpinned), so the comparison tests run on the wheel too.
+"$VPY" -m pip install -q torch==2.13.0 \
+    || echo "note: no torch 2.13.0 for this Python; the comparison tests with torch skip"
 # gpu-compile (NVRTC): the CUDA source and headers the wheel ships compile to PTX
 # (tests/test_gpu_compile.py), so a wheel that lost them fails here.
 "$VPY" -m pip install -q "$WHEEL[test,gpu-compile]"

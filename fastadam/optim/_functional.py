@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _config, _dense
 from .. import gpu as _gpu
-from .._threads import resolve_num_threads
+from .._threads import adaptive_threads, resolve_num_threads
 from .._validation import check_step_arrays
 from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coefficients
 
@@ -46,7 +46,14 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
         _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
         raise
     check_compute_dtype(coeffs, typenum)
-    return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, bool(skip_nonfinite), nt)
+    skip = bool(skip_nonfinite)
+    if num_threads is None and nt > 1:
+        total = sum(a.size for a in xs)
+        if total >= _dense.PARALLEL_MIN:  # below it the driver runs serially anyway
+            return adaptive_threads.run(
+                lambda n: _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, n),
+                total, nt)
+    return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
 
 
 def step_inplace(x: Arrays, g: Arrays, m: Arrays, v: Arrays, t: int, *, lr: float = 1e-3,

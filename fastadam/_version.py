@@ -1,0 +1,2 @@
+"""The version of fastadam: the one place it is written (pyproject.toml reads it from here)."""
+__version__ = "0.1.0"
