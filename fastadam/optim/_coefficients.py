@@ -78,15 +78,21 @@ def _rate(value, name):
 def check_adam_hyperparameters(lr, beta1, beta2, eps, convention, weight_decay, post_decay,
                                grad_scale=None):
     """Validate Adam's scalars (shared by the dense and sparse steps); returns them as floats."""
+    # the per-step hot path: the range checks are inlined rather than calls to _rate
     lr = finite_float(lr, "lr")
-    beta1 = _rate(beta1, "beta1")
-    beta2 = _rate(beta2, "beta2")
+    beta1 = finite_float(beta1, "beta1")
+    beta2 = finite_float(beta2, "beta2")
     eps = finite_float(eps, "eps")
     weight_decay = finite_float(weight_decay, "weight_decay")
     post_decay = finite_float(post_decay, "post_decay")
+    if not 0.0 <= beta1 < 1.0:
+        raise ValueError(f"beta1: expected 0 <= beta1 < 1, got {beta1}")
+    if not 0.0 <= beta2 < 1.0:
+        raise ValueError(f"beta2: expected 0 <= beta2 < 1, got {beta2}")
     if not eps > 0.0:
         raise ValueError(f"eps: expected eps > 0, got {eps}")
-    _convention(convention, ADAM_CONVENTIONS)
+    if convention not in ADAM_CONVENTIONS:
+        _convention(convention, ADAM_CONVENTIONS)
     if grad_scale is not None:
         grad_scale = _grad_scale(grad_scale)[1]
     return lr, beta1, beta2, eps, weight_decay, post_decay, grad_scale
@@ -114,7 +120,7 @@ def adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay=0.0,
     may be passed by position (the functional steps do: it is the per-step hot path)."""
     lr, beta1, beta2, eps, weight_decay, post_decay, _ = check_adam_hyperparameters(
         lr, beta1, beta2, eps, convention, weight_decay, post_decay)
-    flags, divisor = _grad_scale(grad_scale)
+    flags, divisor = (0, 1.0) if grad_scale is None else _grad_scale(grad_scale)
     alpha, denom_scale = adam_step_sizes(t, lr, beta1, beta2, convention)
     l2, decay_mul = 0.0, 1.0
     if weight_decay != 0.0:

@@ -45,7 +45,8 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     except TypeError:
         _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
         raise
-    check_compute_dtype(coeffs, typenum)
+    if typenum != _DOUBLE:
+        check_compute_dtype(coeffs, typenum)
     skip = bool(skip_nonfinite)
     if num_threads is None and nt > 1:
         total = sum(a.size for a in xs)
