@@ -4,6 +4,7 @@ References: scikit-learn's own MLP (same random_state: its Glorot draws, shuffle
 loss scaling and early-stopping split are reproduced, so float64 coefficients agree to
 rounding), finite differences for the fused dense-layer and loss primitives, and NumPy for
 predict_proba."""
+import inspect
 import io
 import pickle
 import warnings
@@ -41,6 +42,12 @@ def _max_diff(a, b):
                                                    b.coefs_ + b.intercepts_))
 
 
+SKLEARN_MLP_SAMPLE_WEIGHT = "sample_weight" in inspect.signature(SkMLPClassifier.fit).parameters
+needs_sklearn_mlp_sample_weight = pytest.mark.skipif(
+    not SKLEARN_MLP_SAMPLE_WEIGHT, reason="scikit-learn's MLP takes sample_weight from 1.7 on")
+
+
+@needs_sklearn_mlp_sample_weight
 @pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
 @pytest.mark.parametrize("n_classes", [2, 3])
 def test_classifier_equals_sklearn_mlp(rng, activation, n_classes):
