@@ -132,3 +132,23 @@ def test_float16_is_rejected_by_a_build_without_float16(monkeypatch):
         fastadam.adagrad_step_inplace(x, x.copy(), np.zeros_like(x), 1)
     np.testing.assert_array_equal(x, 1)
     assert "float16_kernels" in fastadam.config()
+
+
+def test_a_multi_dtype_optimizer_step_is_all_or_nothing():
+    """Two dtypes take two compiled calls; an eps that float32 cannot hold must fail before the
+    float64 call writes anything."""
+    p64, p32 = np.ones(5), np.ones(5, np.float32)
+    opt = fastadam.Adam([p64, p32], lr=0.1, eps=1e-50)
+    with pytest.raises(ValueError, match="eps: 1e-50 rounds to 0 in float32"):
+        opt.step([np.ones(5), np.ones(5, np.float32)])
+    np.testing.assert_array_equal(p64, 1.0)
+    np.testing.assert_array_equal(p32, 1.0)
+    assert opt.t == 0
+    # the same with a sparse gradient beside the dense one
+    table = np.ones((4, 3), np.float32)
+    opt = fastadam.Adagrad([p64, table], lr=0.1, eps=1e-60)
+    with pytest.raises(ValueError, match="eps: 1e-60 rounds to 0 in float32"):
+        opt.step([np.ones(5), fastadam.IndexedSlices(np.ones((1, 3), np.float32),
+                                                     np.array([2]), (4, 3))])
+    np.testing.assert_array_equal(p64, 1.0)
+    np.testing.assert_array_equal(table, 1.0)

@@ -371,6 +371,8 @@ class Optimizer:
                     scale /= factor
             skip_nonfinite = False  # checked above
 
+        if len(dense_calls) + len(sparse) > 1:
+            self._dry_run(dense_calls, sparse, lrs, scale)
         applied = True
         for b, gi, present in dense_calls:
             idx = self._buckets[b][1]
@@ -389,6 +391,25 @@ class Optimizer:
             slots = {name: arrays[i] for name, arrays in self._slots.items()}
             self.sparse_step(self._arrays[i], grad, slots, self.t, self._groups[gi], lrs[gi])
         return self._finish(applied, [i for i, e in enumerate(gathered) if e is not None])
+
+    def _dry_run(self, dense_calls: Any, sparse: List[int], lrs: List[float],
+                 scale: float) -> None:
+        """Run every call of a multi-call step on empty arrays of its dtype first: the checks
+        that depend on the dtype (a hyper-parameter float32 cannot hold) then fail before any
+        call has written, so the step stays all or nothing."""
+        for b, gi, _ in dense_calls:
+            dtype = self._arrays[self._buckets[b][1][0]].dtype
+            empty = {name: [np.empty(0, dtype)] for name in self._bucket_slots[b]}
+            self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t,
+                            self._groups[gi], lrs[gi], None if scale == 1.0 else scale, False)
+        for i in sparse:
+            x = self._arrays[i]
+            rows = (0,) + x.shape[1:]
+            empty = {name: np.empty(rows, x.dtype) for name in self._slots}
+            gi = self._group_of[i]
+            self.sparse_step(np.empty(rows, x.dtype),
+                             (np.empty(0, np.int64), np.empty(rows, x.dtype)), empty, self.t,
+                             self._groups[gi], lrs[gi])
 
     def _finish(self, applied: bool, stepped: Any) -> bool:
         if applied:

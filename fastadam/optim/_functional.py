@@ -45,7 +45,7 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     except TypeError:
         _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
         raise
-    if typenum != _DOUBLE:
+    if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
         check_compute_dtype(coeffs, typenum)
     skip = bool(skip_nonfinite)
     if num_threads is None and nt > 1:
