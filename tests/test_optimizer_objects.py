@@ -109,7 +109,8 @@ def test_one_compiled_call_per_group_and_dtype(rng, monkeypatch):
     real = adam_module.step_inplace
 
     def counting(x, *args, **kwargs):
-        calls.append([str(a.dtype) for a in x])
+        if any(a.size for a in x):  # the checks' dry run on empty arrays computes nothing
+            calls.append([str(a.dtype) for a in x])
         return real(x, *args, **kwargs)
 
     monkeypatch.setattr(adam_module, "step_inplace", counting)
