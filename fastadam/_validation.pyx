@@ -146,10 +146,11 @@ def check_indices(indices, name, n_rows, unit="rows"):
     return indices
 
 
-def check_rows(values, name, k, row_shape, dtype):
-    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read)."""
-    if not isinstance(values, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(values).__name__}")
+def check_rows(values, name, k, row_shape, dtype, xp=np):
+    """A float array of shape (k,) + row_shape (contiguous copy if needed: it is only read).
+    ``xp`` is the array module (NumPy, or CuPy for the GPU path, which checks the device)."""
+    if not isinstance(values, xp.ndarray):
+        raise TypeError(f"{name}: expected a {xp.__name__}.ndarray, got {type(values).__name__}")
     if dtype is None:
         if values.dtype not in ROW_TYPES:
             raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
@@ -158,7 +159,7 @@ def check_rows(values, name, k, row_shape, dtype):
     expected = (k,) + tuple(row_shape)
     if values.shape != expected:
         raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
-    values = np.ascontiguousarray(values)
+    values = xp.ascontiguousarray(values)
     if values.dtype.byteorder not in "=|":
         values = values.astype(values.dtype.newbyteorder("="))
     return values

@@ -11,17 +11,16 @@ import cupy
 import numpy as np
 
 from . import _kernels, _layout, _source
+from .._validation import INDEX_TYPES, ROW_TYPES, check_rows
 from ._validation import check_array, check_disjoint, check_device_array, import_cupy
 
-_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _MAX_GRID = 1 << 20  # the kernels loop over rows/segments beyond this many blocks
 
 
 def check_indices(indices, name, n_rows, device):
     """A private int64 copy of 1-D int32/int64 device indices, checked to lie in [0, n_rows)."""
     check_device_array(cupy, indices, name, device)  # a NumPy array: the mix error
-    if indices.dtype not in _INDEX_TYPES:
+    if indices.dtype not in INDEX_TYPES:
         raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
     if indices.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
@@ -38,15 +37,7 @@ def check_indices(indices, name, n_rows, device):
 
 def check_values(values, name, k, row_shape, dtype, device):
     check_device_array(cupy, values, name, device)
-    if dtype is None:
-        if values.dtype not in _VALUE_TYPES:
-            raise TypeError(f"{name}: expected float32 or float64, got {values.dtype}")
-    elif values.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of x), got {values.dtype}")
-    expected = (k,) + tuple(row_shape)
-    if values.shape != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {values.shape}")
-    return cupy.ascontiguousarray(values)  # only read: a copy is harmless
+    return check_rows(values, name, k, row_shape, dtype, cupy)  # the CPU path's rules
 
 
 def sort_segments(indices):
@@ -106,7 +97,7 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step):
     if x.ndim < 1:
         raise ValueError("x: expected at least one dimension (rows are the first axis), "
                          "got a 0-d array")
-    if x.dtype not in _VALUE_TYPES:
+    if x.dtype not in ROW_TYPES:
         raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
     if x.dtype != np.float64:
         coeffs.check_float32()
