@@ -10,6 +10,11 @@ same code side by side.
 """
 import numpy as np
 
+try:
+    from . import _api
+except ImportError:  # imported as a top-level module (tests put benchmarks/ on sys.path)
+    import _api
+
 IMPLS = ["fastadam", "numpy", "torch", "autograd"]
 DTYPES = ["float32", "float64"]
 
@@ -357,3 +362,32 @@ class TimeTapeOverhead:
 
     def time_numpy_multiply(self, dtype):
         self.a * self.a
+
+
+class AutodiffRatioVsTorch:
+    """The ratio that matters, measured in one process: fastadam.autodiff's speed-up over
+    PyTorch eager autograd on one forward + backward (the ``build_*`` steps above), float32,
+    1 thread, the two timed in interleaved rounds: the MLP 784-256-256-10 at batch 32 and the
+    overhead-bound logistic regression at batch 16.  Skipped without torch."""
+
+    params = (["mlp", "logreg"],)
+    param_names = ["workload"]
+    timeout = 120
+
+    def setup(self, workload):
+        _api.need("fastadam.autodiff")
+        median_seconds_interleaved = _api.timer()
+        _need("torch")
+        build, batch = {"mlp": (build_mlp, 32), "logreg": (build_logreg, 16)}[workload]
+        undo = _limit_threads()
+        try:
+            steps = {impl: build(impl, np.float32, batch) for impl in ("fastadam", "torch")}
+            seconds = median_seconds_interleaved(steps, repeats=7, min_time=0.02)
+        finally:
+            undo()
+        self.speedup = seconds["torch"] / seconds["fastadam"]
+
+    def track_speedup_vs_torch_eager(self, workload):
+        return self.speedup
+
+    track_speedup_vs_torch_eager.unit = "x (torch time / fastadam time), higher is better"

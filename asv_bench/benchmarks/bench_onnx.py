@@ -13,6 +13,11 @@ try:
 except ImportError:  # pragma: no cover
     HAVE_ONNX = False
 
+try:
+    from . import _api
+except ImportError:  # imported as a top-level module (tests put benchmarks/ on sys.path)
+    import _api
+
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-6
 # (label, layer sizes, batch)
 WORKLOADS = [("MLP 64-64-10 (digits), b=64", (64, 64, 10), 64),
@@ -179,3 +184,35 @@ class OnnxTrainingStep:
 
     def time_training_step(self, model, impl):
         self.step()
+
+
+class OnnxRatioVsAutodiff:
+    """The ratio that matters, measured in one process: ``TrainingSession.step`` on the ONNX
+    training model against the same step hand-written with fastadam.autodiff + fastadam.Adam
+    (``_autodiff`` above), 1 thread, interleaved rounds.  Above 1 the session is faster than the
+    hand-written step; its interpretation overhead shows as a drop.  Skipped without onnx or on a
+    commit without fastadam.onnx."""
+
+    params = ([w[0] for w in WORKLOADS],)
+    param_names = ["model"]
+    timeout = 120
+
+    def setup(self, model):
+        if not HAVE_ONNX:
+            raise NotImplementedError("onnx is not installed")
+        _api.need("fastadam.onnx", "fastadam.autodiff")
+        median_seconds_interleaved = _api.timer()
+        _, sizes, batch = next(w for w in WORKLOADS if w[0] == model)
+        undo = limit_threads()
+        try:
+            steps = {impl: make_step(impl, sizes, batch) for impl in ("session", "autodiff")}
+            seconds = median_seconds_interleaved(steps, repeats=7, min_time=0.02)
+        finally:
+            undo()
+        self.ratio = seconds["autodiff"] / seconds["session"]
+
+    def track_session_vs_autodiff(self, model):
+        return self.ratio
+
+    track_session_vs_autodiff.unit = ("x (autodiff+Adam step time / session step time), "
+                                      "higher is better")

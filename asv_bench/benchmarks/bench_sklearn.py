@@ -8,6 +8,11 @@ import warnings
 
 import numpy as np
 
+try:
+    from . import _api
+except ImportError:  # imported as a top-level module (tests put benchmarks/ on sys.path)
+    import _api
+
 MLP_PROBLEMS = ["digits", "breast_cancer", "regression"]
 MLP_IMPLS = ["sklearn", "sklearn_accelerated", "fastadam", "fastadam_float32"]
 
@@ -148,6 +153,7 @@ class MLPFit:
             import sklearn  # noqa: F401
         except ImportError:
             raise NotImplementedError("scikit-learn is not installed")
+        _api.need("fastadam.sklearn")
         self.limits = _limit_threads()
         self.fit, self.score = build_mlp(problem, impl, epochs=10)
 
@@ -159,6 +165,8 @@ class MLPFit:
 
     def track_test_score(self, problem, impl):
         return self.score(self.fit())
+
+    track_test_score.unit = "accuracy or R^2 on the test split (not a ratio, not gated)"
 
 
 class SparseLinearFit:
@@ -173,6 +181,7 @@ class SparseLinearFit:
             import sklearn  # noqa: F401
         except ImportError:
             raise NotImplementedError("scikit-learn is not installed")
+        _api.need("fastadam.sklearn")
         self.limits = _limit_threads()
         self.fit, self.score, _, _ = build_sparse(impl, 10000, n_features, epochs=2)
 
@@ -195,6 +204,7 @@ class SparseLinearEpoch:
             import sklearn  # noqa: F401
         except ImportError:
             raise NotImplementedError("scikit-learn is not installed")
+        _api.need("fastadam.sklearn")
         self.limits = _limit_threads()
         fit, _, _, (self.X, self.y) = build_sparse(impl, 10000, n_features, epochs=1)
         self.model = fit()
@@ -204,3 +214,36 @@ class SparseLinearEpoch:
 
     def time_one_more_epoch(self, impl, n_features):
         self.model.partial_fit(self.X, self.y)
+
+
+class SklearnRatioVsSklearn:
+    """The ratio that matters, measured in one process: fastadam.sklearn.MLPClassifier's fit
+    against scikit-learn's MLPClassifier (solver="adam") with the same settings, 3 epochs of a
+    (100,) network on the digits data, 1 thread, the two fits timed in interleaved rounds.
+    Skipped without scikit-learn or on a commit without fastadam.sklearn."""
+
+    params = (["digits"],)
+    param_names = ["problem"]
+    timeout = 120
+
+    def setup(self, problem):
+        try:
+            import sklearn  # noqa: F401
+        except ImportError:
+            raise NotImplementedError("scikit-learn is not installed") from None
+        _api.need("fastadam.sklearn")
+        median_seconds_interleaved = _api.timer()
+        limits = _limit_threads()
+        try:
+            fits = {impl: build_mlp(problem, impl, epochs=3)[0]
+                    for impl in ("sklearn", "fastadam")}
+            seconds = median_seconds_interleaved(fits, repeats=5, min_time=0.0)
+        finally:
+            limits.restore_original_limits()
+        self.speedup = seconds["sklearn"] / seconds["fastadam"]
+
+    def track_speedup_vs_sklearn_fit(self, problem):
+        return self.speedup
+
+    track_speedup_vs_sklearn_fit.unit = ("x (scikit-learn fit time / fastadam fit time), "
+                                         "higher is better")

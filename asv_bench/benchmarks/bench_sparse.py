@@ -10,6 +10,11 @@ import numpy as np
 
 import fastadam
 
+try:
+    from . import _api
+except ImportError:  # imported as a top-level module (tests put benchmarks/ on sys.path)
+    import _api
+
 N_ROWS = 1_000_000
 ROW = 64
 ZIPF_A = 1.2  # exponent of the Zipf-like draw: the top row gets ~1/5 of a batch
@@ -185,3 +190,36 @@ class SparseAdamDense:
 
     def time_dense_step_inplace(self, dtype, batch, distribution, threads):
         fastadam.step_inplace(self.x, self.g, self.m, self.v, 1, num_threads=threads)
+
+
+class SparseRatioVsTorch:
+    """The ratio that matters, measured in one process: lazy sparse Adam's speed-up over
+    torch.optim.SparseAdam (coalescing included on both sides: fastadam sums duplicate rows
+    itself), float32, 1 thread, 4096 gradient rows of 64 on a 1e5-row table, the two timed in
+    interleaved rounds.  Skipped without torch or on a commit without sparse_step_inplace."""
+
+    params = (["uniform", "zipf"],)
+    param_names = ["distribution"]
+    timeout = 120
+
+    def setup(self, distribution):
+        _api.need("sparse_step_inplace")
+        median_seconds_interleaved = _api.timer()
+        _api.torch_or_skip(1)
+        rng = np.random.default_rng(42)
+        n_rows, batch = 100_000, 4096
+        x, m, v = make_table(n_rows, ROW, "float32")
+        indices = draw_indices(rng, n_rows, batch, distribution)
+        values = rng.standard_normal((batch, ROW)).astype(np.float32)
+        torch_opt = TorchSparseAdam(x.copy(), 1)
+        seconds = median_seconds_interleaved({
+            "fastadam": lambda: fastadam.sparse_step_inplace(x, (indices, values), m, v, 1,
+                                                             num_threads=1),
+            "torch": lambda: torch_opt.step(indices, values),
+        }, repeats=7, min_time=0.02)
+        self.speedup = seconds["torch"] / seconds["fastadam"]
+
+    def track_speedup_vs_torch_sparse_adam(self, distribution):
+        return self.speedup
+
+    track_speedup_vs_torch_sparse_adam.unit = "x (torch time / fastadam time), higher is better"

@@ -1,0 +1,62 @@
+"""What the benchmarks need from the fastadam under test, found where each commit keeps it.
+
+asv runs today's benchmark suite against old commits too (history runs, asv_bench/history.sh).
+A benchmark that needs something an old commit lacks must be *skipped* there, not fail: asv
+reports ``NotImplementedError`` raised in ``setup`` as skipped (``n/a``).  So the benchmark
+modules import only ``numpy`` and ``fastadam`` at module level and ask this module, in
+``setup``, for the rest:
+
+- ``timer()``: the interleaved median timer, ``fastadam.bench.median_seconds_interleaved``
+  (``fastadam._bench`` before issue 8 moved it);
+- ``stream_rw_f32()``: the bandwidth yardstick (``fastadam._dense`` before issue 8);
+- ``need(*names)``: public fastadam attributes (``"sparse_step_inplace"``,
+  ``"adagrad_step_inplace"``) or modules (``"fastadam.onnx"``), else NotImplementedError.
+"""
+import importlib
+
+
+def _first(places, name):
+    for module in places:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise NotImplementedError(f"this fastadam has no {name} (looked in {', '.join(places)})")
+
+
+def timer():
+    """``median_seconds_interleaved(cases, repeats=5, min_time=0.02)`` of this commit."""
+    return _first(["fastadam.bench", "fastadam._bench"], "median_seconds_interleaved")
+
+
+def stream_rw_f32():
+    """``stream_rw_f32(a, d, b, c, num_threads)`` of this commit."""
+    return _first(["fastadam.bench", "fastadam._dense"], "stream_rw_f32")
+
+
+def bench_attr(name):
+    """Another name from ``fastadam.bench`` (or ``fastadam._bench`` before issue 8)."""
+    return _first(["fastadam.bench", "fastadam._bench"], name)
+
+
+def need(*names):
+    """Import each dotted module name, or check each public ``fastadam`` attribute."""
+    import fastadam
+    for name in names:
+        if "." in name:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise NotImplementedError(f"{name} cannot be imported here: {exc}") from None
+        elif not hasattr(fastadam, name):
+            raise NotImplementedError(f"this fastadam has no fastadam.{name}")
+
+
+def torch_or_skip(threads=1):
+    """torch with ``threads`` intra-op threads, or NotImplementedError without torch."""
+    try:
+        import torch
+    except ImportError:
+        raise NotImplementedError("torch is not installed") from None
+    torch.set_num_threads(threads)
+    return torch
