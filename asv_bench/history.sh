@@ -35,6 +35,6 @@ echo "history: $(wc -l < "$HASHES") commits:"
 git -C "$REPO" log --no-walk=unsorted --format='  %h %ad %s' --date=short $(cat "$HASHES")
 
 "$PYTHON" gate.py --define-machine
-"$PYTHON" -m asv run "HASHFILE:$HASHES" --machine fastadam-ref --skip-existing \
+"$PYTHON" -m asv run "HASHFILE:$HASHES" --machine fastadam-ref --skip-existing --quick \
     -b "$("$PYTHON" gate.py --print-track-regex)" --show-stderr
 echo "history: done in ${SECONDS}s; results in asv_bench/results/fastadam-ref/ (commit them)"
