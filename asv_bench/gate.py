@@ -284,14 +284,13 @@ def main(argv=None):
         if not new:
             print(f"gate: asv produced no results (exit {rc})")
             return 2
+        if rc != 0 and not failed:
+            failed = [f"asv exited with status {rc}"]
     if args.baseline:
         old, base = load_results(read_json(args.baseline)), args.baseline
     else:
         by_commit = stored_by_commit(os.path.join(args.results_dir, MACHINE))
         base = newest_stored_ancestor(git("rev-list", "HEAD"), by_commit)
-        if base == new_commit and not args.new:
-            # HEAD's own stored results: compare with them (a re-run of a stored commit)
-            pass
         if base is None:
             print(f"gate: no ancestor of HEAD has stored results for {MACHINE} in "
                   f"{args.results_dir}: nothing to compare, not failing")
