@@ -35,7 +35,8 @@ MACHINE = "fastadam-ref"
 # the benchmarks the history runs and the gate measure: every track_* ratio (not the MLP test
 # scores, ten sklearn fits each, nor the absolute GB/s of DenseBandwidth)
 TRACK_REGEX = r"\.track_(?!test_score|stream_bandwidth|step_bandwidth)"
-# factor by benchmark-name prefix (first match wins), from the 5-run noise table in README.md
+# (regex matched at the start of "benchmark(params)", factor): the first match wins; a factor
+# of None means "too noisy to gate" (reported only).  From the 5-run noise table in README.md.
 FACTORS = [
     ("", 1.5),
 ]
@@ -96,11 +97,17 @@ def units_of(benchmarks_json):
             if isinstance(b, dict)}
 
 
-def factor_for(name, factors=FACTORS):
-    for prefix, factor in factors:
-        if name.startswith(prefix):
+def label(name, params):
+    """``benchmark(p1, p2)`` as the tables print it and the FACTORS regexes see it."""
+    return name + ("(" + ", ".join(str(p) for p in params) + ")" if params else "")
+
+
+def factor_for(name, params=(), factors=FACTORS):
+    text = label(name, params)
+    for pattern, factor in factors:
+        if re.match(pattern, text):
             return factor
-    return factors[-1][1]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +117,9 @@ def factor_for(name, factors=FACTORS):
 def compare(old, new, units, factors=FACTORS):
     """Rows ``(benchmark, params, old, new, change, status)`` for every benchmark either side
     has.  ``change`` is new/old oriented so that below 1 is worse; status is one of "ok",
-    "REGRESSED", "not gated" (no direction in the unit), "missing" (absent or skipped on a
-    side), "changed" (the benchmark's code differs from the stored run's)."""
+    "REGRESSED", "not gated" (no direction in the unit), "too noisy" (no factor for it),
+    "missing" (absent or skipped on a side), "changed" (the benchmark's code differs from the
+    stored run's)."""
     rows = []
     for key in sorted(set(old) | set(new), key=lambda k: (k[0], [str(p) for p in k[1]])):
         name, params = key
@@ -129,12 +137,15 @@ def compare(old, new, units, factors=FACTORS):
         if va is not None and vb is not None and va != vb:
             rows.append((name, params, a, b, None, "changed"))
             continue
+        factor = factor_for(name, params, factors)
         if a <= 0 or b <= 0:
             change = None
             status = "ok" if sign * (b - a) >= 0 else "REGRESSED"
         else:
             change = (b / a) if sign > 0 else (a / b)
-            status = "REGRESSED" if change < 1.0 / factor_for(name, factors) else "ok"
+            status = "REGRESSED" if factor and change < 1.0 / factor else "ok"
+        if factor is None:
+            status = "too noisy"
         rows.append((name, params, a, b, change, status))
     return rows
 
@@ -144,10 +155,10 @@ def format_table(rows, factors=FACTORS):
         return "-" if x is None else f"{x:.3g}"
     lines = [f"{'benchmark':<62} {'old':>8} {'new':>8} {'change':>7} {'limit':>6}  status"]
     for name, params, a, b, change, status in rows:
-        label = name + ("(" + ", ".join(str(p) for p in params) + ")" if params else "")
-        limit = f"/{factor_for(name, factors):g}" if status in ("ok", "REGRESSED") else ""
-        lines.append(f"{label:<62} {num(a):>8} {num(b):>8} {num(change):>7} {limit:>6}  "
-                     f"{status}")
+        factor = factor_for(name, params, factors)
+        limit = f"/{factor:g}" if status in ("ok", "REGRESSED") and factor else ""
+        lines.append(f"{label(name, params):<62} {num(a):>8} {num(b):>8} {num(change):>7} "
+                     f"{limit:>6}  {status}")
     return "\n".join(lines)
 
 

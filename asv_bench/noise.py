@@ -4,11 +4,13 @@ benchmark and parameter combination: the evidence behind the gate's factors.
 
     python asv_bench/noise.py --runs 5 [--keep DIR]     # DIR keeps each run's results JSON
     python asv_bench/noise.py --from DIR                 # the table again from kept runs
+    python asv_bench/noise.py --history                  # the stored history, one column a commit
 """
 import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -32,12 +34,40 @@ def table(runs):
     return "\n".join(lines)
 
 
+def history_table(machine_dir):
+    """Markdown: one row per gated benchmark and params, one column per stored commit (in
+    first-parent order of main, oldest first); "n/a" where the commit skipped it."""
+    by_commit = gate.stored_by_commit(machine_dir)
+    order = subprocess.run(["git", "rev-list", "--first-parent", "--reverse", "main"],
+                           cwd=gate.REPO, capture_output=True, text=True).stdout.split()
+    commits = [c for c in order if c in by_commit] + \
+        sorted(c for c in by_commit if c not in order)
+    results = {c: gate.merged_results(by_commit[c]) for c in commits}
+    keys = sorted({k for r in results.values() for k in r},
+                  key=lambda k: (k[0], [str(p) for p in k[1]]))
+    lines = ["| benchmark | params | " + " | ".join(c[:7] for c in commits) + " |",
+             "|---|---|" + "---|" * len(commits)]
+    for key in keys:
+        cells = []
+        for c in commits:
+            value = results[c].get(key, (None, None))[0]
+            cells.append("n/a" if value is None else f"{value:.3g}")
+        lines.append(f"| {key[0].split('.', 1)[1]} | {', '.join(map(str, key[1]))} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--keep", help="directory to copy each run's results JSON into")
     ap.add_argument("--from", dest="from_dir", help="make the table from kept runs only")
+    ap.add_argument("--history", action="store_true",
+                    help="print the stored history of asv_bench/results/ instead")
     args = ap.parse_args(argv)
+    if args.history:
+        print(history_table(os.path.join(gate.HERE, "results", gate.MACHINE)))
+        return 0
     runs = []
     if args.from_dir:
         for fname in sorted(os.listdir(args.from_dir)):

@@ -199,3 +199,15 @@ def test_main_compares_files_and_exits_1_on_regression(tmp_path, capsys):
     assert gate.main(argv + ["--new", str(tmp_path / "new.json")]) == 1
     assert "REGRESSED" in capsys.readouterr().out
     assert gate.main(argv + ["--new", str(tmp_path / "old.json")]) == 0
+
+
+def test_factor_per_parameter_combination_and_too_noisy():
+    old = results_file("a" * 40, {SPEEDUP: ([4.0] * 4, SPEEDUP_PARAMS)})
+    new = results_file("b" * 40, {SPEEDUP: ([1.0] * 4, SPEEDUP_PARAMS)})  # all 4x worse
+    factors = ((r"bench_dense\.DenseSpeedupVsTorch\.\w+\(100000, ", None),  # not gated
+               (r".*\(10000000, 1\)", 5.0), ("", 1.5))
+    status, _ = verdicts(old, new, factors)
+    assert status[(SPEEDUP, ("100000", "1"))] == "too noisy"
+    assert status[(SPEEDUP, ("100000", "2"))] == "too noisy"
+    assert status[(SPEEDUP, ("10000000", "1"))] == "ok"          # 4x is within 5
+    assert status[(SPEEDUP, ("10000000", "2"))] == "REGRESSED"   # 4x is beyond 1.5
