@@ -38,7 +38,20 @@ TRACK_REGEX = r"\.track_(?!test_score|stream_bandwidth|step_bandwidth)"
 # (regex matched at the start of "benchmark(params)", factor): the first match wins; a factor
 # of None means "too noisy to gate" (reported only).  From the 5-run noise table in README.md.
 FACTORS = [
-    ("", 1.5),
+    # too noisy on the loaded 2-core VM (max/min over 5 runs + the stored value above 2.3, up to
+    # 64x): reported as "too noisy", never failing
+    (r"bench_autodiff\.AutodiffRatioVsTorch\.\w+\('mlp'\)", None),
+    (r"bench_onnx\.OnnxRatioVsAutodiff\.", None),
+    (r"bench_dense\.DenseBandwidth\.\w+\(1000000, ", None),
+    (r"bench_dense\.DenseSpeedupVsTorch\.\w+\(100000, 2\)", None),
+    (r"bench_optimizers\.OptimizerRatios\.track_speedup_vs_torch_1e3", None),
+    (r"bench_sparse\.SparseRatioVsTorch\.\w+\('uniform'\)", None),
+    # max/min 1.26-1.58: the sklearn fit, torch fused Adam at 1 thread and 1e7 x 2, logreg
+    (r"bench_sklearn\.", 2.0),
+    (r"bench_dense\.DenseSpeedupVsTorch\.", 2.0),
+    (r"bench_autodiff\.", 2.0),
+    # max/min 1.77-2.27: bandwidth fractions at 1e7, optimizers at 1e4, sparse zipf
+    ("", 3.0),
 ]
 DIRECTIONS = {"higher is better": +1, "lower is better": -1}
 
@@ -153,11 +166,12 @@ def compare(old, new, units, factors=FACTORS):
 def format_table(rows, factors=FACTORS):
     def num(x):
         return "-" if x is None else f"{x:.3g}"
-    lines = [f"{'benchmark':<62} {'old':>8} {'new':>8} {'change':>7} {'limit':>6}  status"]
+    width = max([len(label(r[0], r[1])) for r in rows] + [9])
+    lines = [f"{'benchmark':<{width}} {'old':>8} {'new':>8} {'change':>7} {'limit':>6}  status"]
     for name, params, a, b, change, status in rows:
         factor = factor_for(name, params, factors)
         limit = f"/{factor:g}" if status in ("ok", "REGRESSED") and factor else ""
-        lines.append(f"{label(name, params):<62} {num(a):>8} {num(b):>8} {num(change):>7} "
+        lines.append(f"{label(name, params):<{width}} {num(a):>8} {num(b):>8} {num(change):>7} "
                      f"{limit:>6}  {status}")
     return "\n".join(lines)
 
