@@ -8,7 +8,8 @@ modules import only ``numpy`` and ``fastadam`` at module level and ask this modu
 
 - ``timer()``: the interleaved median timer, ``fastadam.bench.median_seconds_interleaved``
   (``fastadam._bench`` before issue 8 moved it);
-- ``stream_rw_f32()``: the bandwidth yardstick (``fastadam._dense`` before issue 8);
+- ``stream_rw_f32(arrays=4)``: the bandwidth yardstick (``fastadam._dense`` before issue 8;
+  ``arrays=3``: its read-3/write-2 form);
 - ``need(*names)``: public fastadam attributes (``"sparse_step_inplace"``,
   ``"adagrad_step_inplace"``) or modules (``"fastadam.onnx"``), else NotImplementedError.
 """
@@ -29,9 +30,18 @@ def timer():
     return _first(["fastadam.bench", "fastadam._bench"], "median_seconds_interleaved")
 
 
-def stream_rw_f32():
-    """``stream_rw_f32(a, d, b, c, num_threads)`` of this commit."""
-    return _first(["fastadam.bench", "fastadam._dense"], "stream_rw_f32")
+def stream_rw_f32(arrays=4):
+    """``stream_rw_f32(a, d, b, c, num_threads)`` of this commit.  ``arrays=3``: one that also
+    takes ``c=None`` (read 3, write 2; since the Adagrad/momentum benchmarks came)."""
+    stream = _first(["fastadam.bench", "fastadam._dense"], "stream_rw_f32")
+    if arrays == 3:
+        import numpy as np
+        empty = np.zeros(0, np.float32)
+        try:
+            stream(empty, empty.copy(), empty.copy(), None, 1)
+        except TypeError:
+            raise NotImplementedError("this fastadam's stream_rw_f32 needs four arrays") from None
+    return stream
 
 
 def bench_attr(name):
