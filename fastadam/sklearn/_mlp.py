@@ -1,5 +1,5 @@
-"""``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained by ``fastadam.autodiff``
-and the fused Adam step.
+"""``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained with a hand-written
+backward pass and the fused Adam step.
 
 The network, its initialisation (Glorot uniform), the outputs (one logistic unit for two
 classes, softmax for more, identity for regression), the loss scaling (``alpha / sum(w_batch)``
@@ -11,9 +11,11 @@ What differs is how a step is computed:
 
 - each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
   ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
-- a mini-batch records one fused ``dense`` node per layer (``_layers``) on the autodiff tape,
-  ends in a fused, sample-weighted loss primitive (``_losses``) and gets every gradient from
-  one ``gradient`` call;
+- a mini-batch runs the forward and backward pass of ``_backprop``: the network's shape is
+  fixed, so its gradient is written out (dense layer, activation, then a fused, sample-weighted
+  loss from ``_losses``) with the operations of the autodiff VJPs of ``_layers.dense`` and the
+  loss primitives, without the tape's per-operation cost (tests check it against
+  ``fastadam.autodiff.gradient`` of the same network and against finite differences);
 - the update is two ``fastadam.step_inplace(..., convention="tf")`` calls (weights with the L2
   term folded in as ``weight_decay``, intercepts without) over the whole parameter list.
 
@@ -29,12 +31,11 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 import fastadam
-from fastadam import autodiff as ad
-
 from ._compat import validate_data
-from ._layers import ACTIVATIONS, activation_inplace, dense
-from ._losses import (weighted_binary_cross_entropy, weighted_half_squared_error,
-                      weighted_softmax_cross_entropy)
+from ._backprop import loss_and_gradients
+from ._layers import ACTIVATIONS, activation_inplace
+from ._losses import (_wbce, _whse, _wsce, weighted_binary_cross_entropy_grad,
+                      weighted_half_squared_error_grad, weighted_softmax_cross_entropy_grad)
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -95,7 +96,7 @@ class _BaseMLP(BaseEstimator):
         self.dtype = dtype
         self.num_threads = num_threads
 
-    # ---- subclass hooks: _encode_targets, _n_outputs, _loss, _validation_score -------------
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_functions, _validation_score -------------
 
     def _hidden_sizes(self):
         sizes = self.hidden_layer_sizes
@@ -146,25 +147,23 @@ class _BaseMLP(BaseEstimator):
         return h
 
     def _batch_step(self, Xb, targets, weights, penalty_scale):
-        """Forward, backward and one Adam step on one mini-batch; returns its loss (float)."""
-        params = [ad.Tensor(p, requires_grad=True) for p in self.coefs_ + self.intercepts_]
-        n = len(self.coefs_)
-        h = ad.Tensor(Xb)
-        for i in range(n):
-            h = dense(h, params[i], params[n + i], self.activation if i != n - 1 else "identity")
-        loss = self._loss(h, targets, weights)
-        grads = [g.data for g in ad.gradient(loss, params)]
-        value = float(loss.data)
+        """Forward, backward (``_backprop``) and one Adam step on one mini-batch; returns its
+        loss (float)."""
+        loss_value, loss_gradient = self._loss_functions(targets, weights)
+        value, coef_grads, intercept_grads = loss_and_gradients(
+            Xb, self.coefs_, self.intercepts_, self.activation, loss_value, loss_gradient)
+        value = float(value)
         if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
             value += 0.5 * self.alpha * penalty_scale * sum(
                 float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
         self._adam_t += 1
+        n = len(self.coefs_)
         common = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                       eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        fastadam.step_inplace(self.coefs_, grads[:n], self._adam_m[:n], self._adam_v[:n],
+        fastadam.step_inplace(self.coefs_, coef_grads, self._adam_m[:n], self._adam_v[:n],
                               self._adam_t, weight_decay=self.alpha * penalty_scale, **common)
-        fastadam.step_inplace(self.intercepts_, grads[n:], self._adam_m[n:], self._adam_v[n:],
-                              self._adam_t, **common)
+        fastadam.step_inplace(self.intercepts_, intercept_grads, self._adam_m[n:],
+                              self._adam_v[n:], self._adam_t, **common)
         return value
 
     def _fit(self, X, y, sample_weight, incremental, classes=None):
@@ -351,10 +350,13 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def _n_outputs(self, targets):
         return 1 if len(self.classes_) == 2 else len(self.classes_)
 
-    def _loss(self, z, targets, weights):
+    def _loss_functions(self, targets, weights):
         if len(self.classes_) == 2:
-            return weighted_binary_cross_entropy(z, targets, weights)
-        return weighted_softmax_cross_entropy(z, targets, weights)
+            value, gradient, key = _wbce.fun, weighted_binary_cross_entropy_grad.fun, "targets"
+        else:
+            value, gradient, key = _wsce.fun, weighted_softmax_cross_entropy_grad.fun, "labels"
+        kw = {key: targets, "weights": weights}
+        return (lambda z: value(z, **kw)), (lambda z: gradient(z, **kw))
 
     @staticmethod
     def _best_index(z):
@@ -430,8 +432,10 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         tags.target_tags.multi_output = True
         return tags
 
-    def _loss(self, p, targets, weights):
-        return weighted_half_squared_error(p, targets, weights)
+    def _loss_functions(self, targets, weights):
+        kw = {"targets": targets, "weights": weights}
+        return ((lambda p: _whse.fun(p, **kw)),
+                (lambda p: weighted_half_squared_error_grad.fun(p, **kw)))
 
     def _validation_score(self, X, targets, sample_weight):
         return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))
