@@ -37,8 +37,8 @@ def _problem(rng, loss, dtype=np.float64, sizes=(6, 9, 7)):
     w = rng.uniform(0.5, 2, n)
     w = (w / w.sum()).astype(dtype)
     kw = {key: targets, "weights": w}
-    return X, coefs, intercepts, (lambda z: value.fun(z, **kw)), (lambda z: gradient.fun(z, **kw)), \
-        (lambda z: value(z, **kw))
+    return (X, coefs, intercepts, (lambda z: (value.fun(z, **kw), gradient.fun(z, **kw))),
+            (lambda z: value(z, **kw)))
 
 
 def _tape_gradients(X, coefs, intercepts, activation, tape_loss):
@@ -55,8 +55,8 @@ def _tape_gradients(X, coefs, intercepts, activation, tape_loss):
 @pytest.mark.parametrize("loss", list(LOSSES))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_equals_the_autodiff_tape_bit_for_bit(rng, activation, loss, dtype):
-    X, coefs, intercepts, value, gradient, tape_loss = _problem(rng, loss, dtype)
-    ours, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, value, gradient)
+    X, coefs, intercepts, primitive_loss, tape_loss = _problem(rng, loss, dtype)
+    ours, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)
     ref_value, ref = _tape_gradients(X, coefs, intercepts, activation, tape_loss)
     assert float(ours) == ref_value
     for a, b in zip(cg + ig, ref):
@@ -67,8 +67,8 @@ def test_equals_the_autodiff_tape_bit_for_bit(rng, activation, loss, dtype):
 @pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_gradients_by_finite_differences(rng, activation, loss):
-    X, coefs, intercepts, value, gradient, _ = _problem(rng, loss)
-    _, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, value, gradient)
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, loss)
+    _, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)
     params = coefs + intercepts
     h = 1e-6
     for p, g in zip(params, cg + ig):
@@ -76,16 +76,59 @@ def test_gradients_by_finite_differences(rng, activation, loss):
         for j in rng.choice(flat.size, min(6, flat.size), replace=False):
             keep = flat[j]
             flat[j] = keep + h
-            up = float(loss_and_gradients(X, coefs, intercepts, activation, value, gradient)[0])
+            up = float(loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)[0])
             flat[j] = keep - h
-            down = float(loss_and_gradients(X, coefs, intercepts, activation, value, gradient)[0])
+            down = float(loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)[0])
             flat[j] = keep
             assert gflat[j] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-8)
 
 
 def test_inputs_are_left_alone(rng):
-    X, coefs, intercepts, value, gradient, _ = _problem(rng, "softmax")
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, "softmax")
     copies = [a.copy() for a in [X] + coefs + intercepts]
-    loss_and_gradients(X, coefs, intercepts, "tanh", value, gradient)
+    loss_and_gradients(X, coefs, intercepts, "tanh", primitive_loss)
     for a, b in zip([X] + coefs + intercepts, copies):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_loss_kernels_equal_the_loss_primitives(rng, loss, dtype):
+    """The estimators' one-pass loss kernels against the NumPy loss primitives (which the
+    finite-difference tests of test_sklearn_mlp.py check)."""
+    from fastadam.sklearn import _kernels
+    value, gradient, key, n_out = LOSSES[loss]
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, loss, dtype)
+    z = (rng.standard_normal((11, n_out)) * 3).astype(dtype)
+    ref_value, ref_grad = primitive_loss(z)
+    grad = np.full_like(z, np.nan)
+    # rebuild the targets and weights _problem drew, through the closure's defaults
+    cell = dict(zip(primitive_loss.__code__.co_freevars,
+                    (c.cell_contents for c in primitive_loss.__closure__)))["kw"]
+    if loss == "softmax":
+        ours = _kernels.softmax_cross_entropy(z, cell["labels"], cell["weights"], grad)
+    elif loss == "binary":
+        ours = _kernels.binary_cross_entropy(z, cell["targets"], cell["weights"], grad,
+                                             float(np.finfo(dtype).eps))
+    else:
+        ours = _kernels.half_squared_error(z, cell["targets"], cell["weights"], grad)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    assert ours == pytest.approx(float(ref_value), rel=tol)
+    np.testing.assert_allclose(grad, ref_grad, rtol=tol, atol=tol * 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_relu_kernels_equal_numpy_and_propagate_nan(rng, dtype):
+    from fastadam.sklearn import _kernels
+    h = rng.standard_normal((7, 5)).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    h[0, 0] = np.nan
+    ref = np.maximum(h + b, 0)
+    out = h.copy()
+    _kernels.bias_relu(out, b)
+    assert np.isnan(out[0, 0])
+    np.testing.assert_array_equal(out, ref)
+    g = rng.standard_normal((7, 5)).astype(dtype)
+    ref = g * (ref > 0)
+    _kernels.relu_backward(g, out)
+    assert g.tobytes() == ref.tobytes()

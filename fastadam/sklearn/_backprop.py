@@ -7,7 +7,9 @@ the autodiff tape at every mini-batch buys nothing but the tape's per-operation 
 (about half the time of a batch of 200 rows).  This module computes the same numbers directly,
 with the operations, in the order, of the tape's VJPs (``_layers.dense`` and the loss
 primitives' gradients), so the result equals ``fastadam.autodiff.gradient`` of the same network
-(``tests/test_sklearn_backprop.py`` checks it, and checks both against finite differences):
+(``tests/test_sklearn_backprop.py`` checks it, and checks both against finite differences).
+The ReLU layers and the losses run as fused one-pass loops (``_kernels.pyx``), which keep the
+NumPy expressions' roundings up to the last bit of C's exp/log against NumPy's:
 
     forward:   a_0 = X,  a_{i+1} = act_i(a_i @ W_i + b_i)
     output:    dz_{n-1} = d loss / d z at the output (the loss primitive's gradient)
@@ -19,6 +21,7 @@ First order only (the estimators need nothing else); the tape remains the way to
 """
 import numpy as np
 
+from . import _kernels
 from ._layers import activation_inplace
 
 
@@ -26,7 +29,7 @@ def activation_backward_inplace(name, g, a):
     """``g *= act'(z)`` in place, the derivative written from the activation's output ``a``;
     the same roundings as ``_layers``' VJPs."""
     if name == "relu":
-        np.multiply(g, a > 0, out=g)
+        _kernels.relu_backward(g, a)  # g * (a > 0), one pass
     elif name == "tanh":
         d = a * a
         np.subtract(1, d, out=d)
@@ -46,23 +49,23 @@ def forward(X, coefs, intercepts, activation):
     last = len(coefs) - 1
     for i, (w, b) in enumerate(zip(coefs, intercepts)):
         h = h @ w
-        h += b
-        if i != last:
-            activation_inplace(activation, h)
+        if i != last and activation == "relu":
+            _kernels.bias_relu(h, b)  # max(h + b, 0), one pass
+        else:
+            h += b
+            if i != last:
+                activation_inplace(activation, h)
         outputs.append(h)
     return outputs
 
 
-def loss_and_gradients(X, coefs, intercepts, activation, loss_value, loss_gradient):
+def loss_and_gradients(X, coefs, intercepts, activation, loss):
     """``(loss, coef_grads, intercept_grads)`` of ``loss(network(X))``.
 
-    ``loss_value(z)`` returns the loss of the output values ``z`` (a 0-d array) and
-    ``loss_gradient(z)`` its gradient with respect to ``z``; both see the same ``z`` array, in
-    that order (the loss primitives reuse the forward pass's softmax / sigmoid)."""
+    ``loss(z)`` returns ``(value, dz)``: the loss of the output values ``z`` and its gradient
+    with respect to ``z`` (a fresh array: the backward pass overwrites it)."""
     outputs = forward(X, coefs, intercepts, activation)
-    z = outputs[-1]
-    value = loss_value(z)
-    dz = loss_gradient(z)
+    value, dz = loss(outputs[-1])
     n = len(coefs)
     coef_grads = [None] * n
     intercept_grads = [None] * n

@@ -13,11 +13,13 @@ What differs is how a step is computed:
   ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
 - a mini-batch runs the forward and backward pass of ``_backprop``: the network's shape is
   fixed, so its gradient is written out (dense layer, activation, then a fused, sample-weighted
-  loss from ``_losses``) with the operations of the autodiff VJPs of ``_layers.dense`` and the
-  loss primitives, without the tape's per-operation cost (tests check it against
-  ``fastadam.autodiff.gradient`` of the same network and against finite differences);
-- the update is two ``fastadam.step_inplace(..., convention="tf")`` calls (weights with the L2
-  term folded in as ``weight_decay``, intercepts without) over the whole parameter list.
+  loss whose value and gradient come from one pass of ``_kernels``) with the operations of the
+  autodiff VJPs of ``_layers.dense`` and the loss primitives of ``_losses``, without the tape's
+  per-operation cost (tests check it against ``fastadam.autodiff.gradient`` of the same network
+  and against finite differences);
+- the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
+  parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
+  the step's own coupled weight-decay formula; the intercepts get none).
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
@@ -32,10 +34,9 @@ from scipy.special import expit, log_expit
 
 import fastadam
 from ._compat import validate_data
+from . import _kernels
 from ._backprop import loss_and_gradients
 from ._layers import ACTIVATIONS, activation_inplace
-from ._losses import (_wbce, _whse, _wsce, weighted_binary_cross_entropy_grad,
-                      weighted_half_squared_error_grad, weighted_softmax_cross_entropy_grad)
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -96,7 +97,7 @@ class _BaseMLP(BaseEstimator):
         self.dtype = dtype
         self.num_threads = num_threads
 
-    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_functions, _validation_score -------------
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss, _validation_score -------------
 
     def _hidden_sizes(self):
         sizes = self.hidden_layer_sizes
@@ -149,21 +150,21 @@ class _BaseMLP(BaseEstimator):
     def _batch_step(self, Xb, targets, weights, penalty_scale):
         """Forward, backward (``_backprop``) and one Adam step on one mini-batch; returns its
         loss (float)."""
-        loss_value, loss_gradient = self._loss_functions(targets, weights)
         value, coef_grads, intercept_grads = loss_and_gradients(
-            Xb, self.coefs_, self.intercepts_, self.activation, loss_value, loss_gradient)
+            Xb, self.coefs_, self.intercepts_, self.activation, self._loss(targets, weights))
         value = float(value)
         if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
             value += 0.5 * self.alpha * penalty_scale * sum(
                 float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
         self._adam_t += 1
-        n = len(self.coefs_)
-        common = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
-                      eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        fastadam.step_inplace(self.coefs_, coef_grads, self._adam_m[:n], self._adam_v[:n],
-                              self._adam_t, weight_decay=self.alpha * penalty_scale, **common)
-        fastadam.step_inplace(self.intercepts_, intercept_grads, self._adam_m[n:],
-                              self._adam_v[n:], self._adam_t, **common)
+        if self.alpha:  # L2 on the weights only: g + decay * W, the step's coupled weight decay
+            decay = self.alpha * penalty_scale
+            for g, w in zip(coef_grads, self.coefs_):
+                g += decay * w
+        fastadam.step_inplace(self.coefs_ + self.intercepts_, coef_grads + intercept_grads,
+                              self._adam_m, self._adam_v, self._adam_t,
+                              lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
+                              eps=self.epsilon, convention="tf", num_threads=self.num_threads)
         return value
 
     def _fit(self, X, y, sample_weight, incremental, classes=None):
@@ -350,13 +351,19 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def _n_outputs(self, targets):
         return 1 if len(self.classes_) == 2 else len(self.classes_)
 
-    def _loss_functions(self, targets, weights):
+    def _loss(self, targets, weights):
+        """``z -> (value, d value / d z)`` of the weighted log-loss (``_kernels``)."""
         if len(self.classes_) == 2:
-            value, gradient, key = _wbce.fun, weighted_binary_cross_entropy_grad.fun, "targets"
+            eps = float(np.finfo(weights.dtype).eps)  # scikit-learn's clipping of p
+
+            def loss(z):
+                grad = np.empty_like(z)
+                return _kernels.binary_cross_entropy(z, targets, weights, grad, eps), grad
         else:
-            value, gradient, key = _wsce.fun, weighted_softmax_cross_entropy_grad.fun, "labels"
-        kw = {key: targets, "weights": weights}
-        return (lambda z: value(z, **kw)), (lambda z: gradient(z, **kw))
+            def loss(z):
+                grad = np.empty_like(z)
+                return _kernels.softmax_cross_entropy(z, targets, weights, grad), grad
+        return loss
 
     @staticmethod
     def _best_index(z):
@@ -432,10 +439,12 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         tags.target_tags.multi_output = True
         return tags
 
-    def _loss_functions(self, targets, weights):
-        kw = {"targets": targets, "weights": weights}
-        return ((lambda p: _whse.fun(p, **kw)),
-                (lambda p: weighted_half_squared_error_grad.fun(p, **kw)))
+    def _loss(self, targets, weights):
+        """``p -> (value, d value / d p)`` of the weighted half squared error (``_kernels``)."""
+        def loss(p):
+            grad = np.empty_like(p)
+            return _kernels.half_squared_error(p, targets, weights, grad), grad
+        return loss
 
     def _validation_score(self, X, targets, sample_weight):
         return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))
