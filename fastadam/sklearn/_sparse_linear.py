@@ -18,7 +18,8 @@ also applies the decays a row missed while idle.  Dense ``X`` takes the plain de
 (``X.T @ dz`` and ``fastadam.step_inplace``).  The intercepts always use the dense step.
 
 This is a linear model, so the two products are written directly rather than recorded on the
-autodiff tape; the losses are the same fused primitives as the MLP's (``_losses``).
+autodiff tape; the log-loss is the MLP's one-pass kernel (``_kernels``), the hinge loss the
+``_losses`` primitive.
 """
 import numbers
 import warnings
@@ -30,6 +31,7 @@ import fastadam
 from fastadam.sparse import _csr
 from fastadam.sparse._api import check_csr_structure
 
+from . import _kernels
 from ._compat import validate_data
 from ._losses import (_whinge, _wsce, weighted_multiclass_hinge_grad,
                       weighted_softmax_cross_entropy_grad)
@@ -186,8 +188,12 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
             Xb = X[batch]
             z = Xb @ self._weights
         z += self.intercept_
-        value = float(loss_fn.fun(z, labels=labels, weights=weights))
-        dz = grad_fn.fun(z, labels=labels, weights=weights)
+        if self.loss == "log_loss":  # value and gradient in one pass
+            dz = np.empty_like(z)
+            value = _kernels.softmax_cross_entropy(z, labels, weights, dz)
+        else:
+            value = float(loss_fn.fun(z, labels=labels, weights=weights))
+            dz = grad_fn.fun(z, labels=labels, weights=weights)
         self._adam_t += 1
         adam = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                     eps=self.epsilon, convention="tf", num_threads=self.num_threads)
