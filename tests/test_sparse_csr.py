@@ -258,3 +258,16 @@ def test_csr_transpose_dot_rejects_a_decreasing_indptr():
     X.indptr = np.array([0, 2, 1, 3], dtype=X.indptr.dtype)
     with pytest.raises(ValueError, match=r"X: invalid CSR indptr \(decreasing"):
         csr_transpose_dot(X, np.ones((3, 1)))
+
+
+def test_wide_matrix_ordering_fallback_gives_the_same_result(rng, monkeypatch):
+    """Matrices of 2**31 columns or more order the distinct columns with a stable argsort
+    instead of the packed (column, slot) sort: forced here on a small matrix."""
+    from fastadam.sparse import _csr as csr_kernels
+    X = _csr(rng, canonical=False)
+    dz = rng.standard_normal((X.shape[0], 3))
+    packed = csr_transpose_dot(X, dz)
+    monkeypatch.setattr(csr_kernels, "PACK_LIMIT", 0)
+    wide = csr_transpose_dot(X, dz)
+    np.testing.assert_array_equal(packed.indices, wide.indices)
+    assert packed.values.tobytes() == wide.values.tobytes()

@@ -5,9 +5,8 @@ The kernels walk a list of the matrix's rows (``batch_rows``, in that order), so
 mini-batch is read in place, without gathering a new CSR matrix.  Two calls per batch:
 
 - ``dot_and_columns`` (``columns`` without the product): one walk that finds the distinct
-  columns the rows touch (a column -> slot map: one int64 per column of the matrix, -1 between
-  calls, per thread, so the cost does not depend on the number of columns), sorts them
-  (``cols``), records for every stored entry the position of its column in ``cols``
+  columns the rows touch (a hash table sized to the batch, at most half full, so neither the
+  cost nor the memory depends on the number of columns), sorts them (``cols``), records for every stored entry the position of its column in ``cols``
   (``entry_rank``), and, in the same walk, computes the forward product
   ``z[i] = sum_p data[p] * W[indices[p]]`` over row ``batch_rows[i]``'s entries in storage
   order (scipy's ``csr_matvecs`` order);
@@ -22,11 +21,9 @@ checks a training matrix once per fit).  ``-ffp-contract=off`` (setup.py) keeps 
 as two roundings, as NumPy computes it.  Written directly in Cython (typed pointer loops): the
 kernels are a few lines each and have no SIMD or dispatch to share with include/fastadam.
 """
-import threading
-
 import numpy as np
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cnp.import_array()
 
@@ -46,19 +43,18 @@ ctypedef fused real_t:
     float
     double
 
-# Per-thread column -> slot maps (int64, -1 everywhere between calls), grown to the widest matrix
-# seen: one 8-byte entry per column, allocated once instead of per call.
-_maps = threading.local()
+# The packed sort key is (column << 32) | first-appearance slot: columns below 2**31 (and
+# fewer than 2**32 distinct columns per batch, implied by the walk's int64 sizes staying far
+# below that) sort as one uint64 array; wider matrices use a stable argsort instead.
+PACK_LIMIT = 1 << 31
 
 
-def slot_map(Py_ssize_t n_cols):
-    """This thread's column -> slot map with at least n_cols entries, all -1 (the kernel
-    resets the entries it used before it returns)."""
-    cdef cnp.ndarray buf = getattr(_maps, "slots", None)
-    if buf is None or buf.shape[0] < n_cols:
-        buf = np.full(max(n_cols, 1), -1, dtype=np.int64)
-        _maps.slots = buf
-    return buf
+cdef int _table_bits(Py_ssize_t total):
+    """log2 of the hash table's size: the least power of two >= 2 * total (at most half full)."""
+    cdef int bits = 4
+    while (<Py_ssize_t>1 << bits) < 2 * total:
+        bits += 1
+    return bits
 
 
 def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
@@ -79,16 +75,29 @@ def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
     cdef cnp.ndarray first = np.empty(total, dtype=np.int64)
     cdef int64_t *pfirst = <int64_t *>cnp.PyArray_DATA(first)
     cdef int64_t *prank = <int64_t *>cnp.PyArray_DATA(entry_rank)
-    cdef cnp.ndarray slot_arr = slot_map(n_cols)
-    cdef int64_t *slots = <int64_t *>cnp.PyArray_DATA(slot_arr)
+    cdef int bits = _table_bits(total)
+    cdef Py_ssize_t cap = <Py_ssize_t>1 << bits
+    cdef cnp.ndarray table = np.full(2 * cap, -1, dtype=np.int64)  # (column, slot) pairs
+    cdef int shift = 64 - bits
     with nogil:
         u = _walk(&indptr[0], &indices[0], &data[0], &batch_rows[0], n,
-                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k, slots, pfirst, prank)
-    cdef cnp.ndarray cols = np.sort(first[:u])
-    cdef cnp.ndarray rank_of_first = np.empty(u, dtype=np.int64)
+                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k,
+                  <int64_t *>cnp.PyArray_DATA(table), cap - 1, shift, pfirst, prank)
+    seen = first[:u]
+    rank_of_first = np.empty(u, dtype=np.int64)
+    if n_cols <= PACK_LIMIT:  # one sort of (column, slot) keys
+        keys = np.sort((seen.astype(np.uint64) << np.uint64(32)) | np.arange(u, dtype=np.uint64))
+        cols = (keys >> np.uint64(32)).astype(np.int64)
+        rank_of_first[(keys & np.uint64(0xFFFFFFFF)).astype(np.int64)] = np.arange(u)
+    else:
+        order = np.argsort(seen, kind="stable")
+        cols = seen[order]
+        rank_of_first[order] = np.arange(u)
+    cdef int64_t *pr = <int64_t *>cnp.PyArray_DATA(rank_of_first)
+    cdef Py_ssize_t e
     with nogil:
-        _rank_entries(<const int64_t *>cnp.PyArray_DATA(cols), pfirst, u, slots,
-                      <int64_t *>cnp.PyArray_DATA(rank_of_first), prank, total)
+        for e in range(total):
+            prank[e] = pr[prank[e]]
     return cols, entry_rank
 
 
@@ -101,14 +110,25 @@ def columns(const index_t[::1] indptr, const index_t[::1] indices, const real_t[
     return dot_and_columns(indptr, indices, data, batch_rows, n_cols, none, none)
 
 
+cdef inline Py_ssize_t _probe(const int64_t *table, int64_t mask, int shift,
+                             int64_t c) noexcept nogil:
+    """The table position holding column c, or the empty one where it goes (linear probing
+    from a Fibonacci hash of c)."""
+    cdef int64_t h = <int64_t>((<uint64_t>c * <uint64_t>0x9E3779B97F4A7C15ULL) >> shift)
+    while table[2 * h] != c and table[2 * h] != -1:
+        h = (h + 1) & mask
+    return h
+
+
 cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_t *data,
                       const int64_t *batch_rows, Py_ssize_t n, const real_t *w, real_t *z,
-                      Py_ssize_t k, int64_t *slots, int64_t *first,
+                      Py_ssize_t k, int64_t *table, int64_t mask, int shift, int64_t *first,
                       int64_t *entry_slot) noexcept nogil:
-    """Pass 1: distinct columns in order of first appearance (first[0:u]), each entry's
-    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w."""
-    cdef Py_ssize_t i, j, u = 0, e = 0
-    cdef int64_t p, r, c, s
+    """The distinct columns in order of first appearance (first[0:u]), each entry's
+    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table is
+    a (column, slot) hash table of at least twice as many pairs as there are entries."""
+    cdef Py_ssize_t i, j, u = 0, e = 0, h
+    cdef int64_t p, r, c
     cdef real_t a
     cdef real_t *row = z
     cdef const real_t *src
@@ -126,13 +146,13 @@ cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_
                 row[j] = 0
         for p in range(indptr[r], indptr[r + 1]):
             c = indices[p]
-            s = slots[c]
-            if s < 0:
-                s = u
-                slots[c] = s
+            h = _probe(table, mask, shift, c)
+            if table[2 * h] == -1:
+                table[2 * h] = c
+                table[2 * h + 1] = u
                 first[u] = c
                 u += 1
-            entry_slot[e] = s
+            entry_slot[e] = table[2 * h + 1]
             e += 1
             if k:
                 a = data[p]
@@ -140,21 +160,6 @@ cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_
                 for j in range(k):
                     row[j] = row[j] + a * src[j]
     return u
-
-
-cdef void _rank_entries(const int64_t *cols, const int64_t *first, Py_ssize_t u,
-                        int64_t *slots, int64_t *rank_of_first, int64_t *entry_rank,
-                        Py_ssize_t total) noexcept nogil:
-    """First-appearance slots -> positions in the sorted cols; the map back to -1."""
-    cdef Py_ssize_t q, e
-    for q in range(u):
-        slots[cols[q]] = q
-    for q in range(u):
-        rank_of_first[q] = slots[first[q]]
-    for q in range(u):
-        slots[first[q]] = -1
-    for e in range(total):
-        entry_rank[e] = rank_of_first[entry_rank[e]]
 
 
 def sum_rows(const index_t[::1] indptr, const real_t[::1] data, const int64_t[::1] batch_rows,
