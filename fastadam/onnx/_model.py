@@ -60,11 +60,27 @@ class FeedChecker:
     def __init__(self, inputs, optional=()):
         self.declared = {vi.name: _declared(vi) for vi in inputs}
         self.required = [n for n in self.declared if n not in optional]
+        self._passed = ()  # ((name, dtype, shape), ...) of the last feeds that passed, in order
+
+    def _same_as_passed(self, feeds):
+        """True when ``feeds`` has the names, order, dtypes and shapes of the last feeds that
+        passed, every value an ndarray: then the full check would pass again."""
+        passed = self._passed
+        if len(feeds) != len(passed) or not passed:
+            return False
+        for (name, dtype, shape), (key, a) in zip(passed, feeds.items()):
+            if key != name or a.__class__ is not np.ndarray or a.dtype is not dtype \
+                    or a.shape != shape:
+                return False
+        return True
 
     def __call__(self, feeds):
         if not isinstance(feeds, dict):
             raise TypeError(f"feeds: expected a dict of input name -> array, got "
                             f"{type(feeds).__name__}")
+        if self._same_as_passed(feeds):
+            return {name: Tensor(a) for name, a in feeds.items()}
+        self._passed = ()
         declared = self.declared
         missing = [n for n in self.required if n not in feeds]
         if missing:
@@ -86,6 +102,8 @@ class FeedChecker:
                         ("," if len(shape) == 1 else "") + ")"
                     raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
             out[name] = Tensor(a)
+        if all(v.__class__ is np.ndarray for v in feeds.values()):
+            self._passed = tuple((name, a.dtype, a.shape) for name, a in feeds.items())
         return out
 
 
