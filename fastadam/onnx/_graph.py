@@ -420,6 +420,11 @@ class Graph:
         if y.data.dtype.kind != "f":
             raise TypeError(f"y '{step.y}': expected a floating-point tensor, got {y.data.dtype}")
         seed = None if y.data.size == 1 else np.ones_like(y.data)
+        for z in zs:
+            if z._node is not None or z.requires_grad:
+                break
+        else:  # no z is on the tape (feeds, constants): stopping at them changes nothing
+            zs = ()
         grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
                             create_graph=step.differentiated, allow_unused=True)
         out = []

@@ -62,24 +62,27 @@ class FeedChecker:
         self.required = [n for n in self.declared if n not in optional]
         self._passed = ()  # ((name, dtype, shape), ...) of the last feeds that passed, in order
 
-    def _same_as_passed(self, feeds):
-        """True when ``feeds`` has the names, order, dtypes and shapes of the last feeds that
-        passed, every value an ndarray: then the full check would pass again."""
+    def _as_passed(self, feeds):
+        """The feeds as Tensors when they have the names, order, dtypes and shapes of the last
+        feeds that passed, every value an ndarray (the full check would pass again); else None."""
         passed = self._passed
         if len(feeds) != len(passed) or not passed:
-            return False
+            return None
+        out = {}
         for (name, dtype, shape), (key, a) in zip(passed, feeds.items()):
             if key != name or a.__class__ is not np.ndarray or a.dtype is not dtype \
                     or a.shape != shape:
-                return False
-        return True
+                return None
+            out[key] = Tensor(a)
+        return out
 
     def __call__(self, feeds):
         if not isinstance(feeds, dict):
             raise TypeError(f"feeds: expected a dict of input name -> array, got "
                             f"{type(feeds).__name__}")
-        if self._same_as_passed(feeds):
-            return {name: Tensor(a) for name, a in feeds.items()}
+        out = self._as_passed(feeds)
+        if out is not None:
+            return out
         self._passed = ()
         declared = self.declared
         missing = [n for n in self.required if n not in feeds]

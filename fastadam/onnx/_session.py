@@ -156,6 +156,7 @@ class TrainingSession:
         self._tensors = {}
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
         self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
+        self._state_ids = None  # {id(array) of every initializer}, kept by _bind
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -203,6 +204,7 @@ class TrainingSession:
                 self._state[key] = _own(env[value].data, False)
         for alg in self._algorithms:  # arrays were replaced: the step state Tensors are stale
             alg.base_env = None
+        self._state_ids = None
 
     def default_outputs(self):
         """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
@@ -283,6 +285,10 @@ class TrainingSession:
 
     def _bind(self, key, array):
         """``initializer[key] = array`` (an update_binding), and every algorithm's Tensor of it."""
+        ids = self._state_ids
+        if ids is not None:
+            ids.discard(id(self._state[key]))
+            ids.add(id(array))
         self._state[key] = array
         for alg in self._algorithms:
             base = alg.base_env
@@ -292,11 +298,16 @@ class TrainingSession:
 
     def _step_one(self, alg, feeds, wanted):
         plan = alg.plan
-        sched = self._schedule(alg, wanted)
+        sched = alg.schedules.get(tuple(wanted))
+        if sched is None:
+            sched = self._schedule(alg, wanted)
         checked = alg.check_feeds(feeds)
         env = self._state_env(alg)
-        for name, t in checked.items():
-            plan.assign(env, name, t)
+        if plan.grad_names.isdisjoint(checked):
+            env.update(checked)
+        else:
+            for name, t in checked.items():
+                plan.assign(env, name, t)
         # with Gradient nodes the forward pass is recorded, even inside autodiff.no_grad()
         previous = ad.set_grad_enabled(True) if plan.grad_names else None
         try:
@@ -313,7 +324,9 @@ class TrainingSession:
                 pending.append((key, _own(new, is_private)))
             result = {}
             if sched.wanted:
-                state_ids = {id(a) for a in state.values()}
+                state_ids = self._state_ids
+                if state_ids is None:
+                    state_ids = self._state_ids = {id(a) for a in state.values()}
                 for n in sched.wanted:
                     a = env[n].data
                     result[n] = a.copy() if id(a) in state_ids else a

@@ -114,7 +114,11 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     # what fastadam.step_inplace does, with the coefficients folded once for every dtype group
     coeffs = adam_coefficients(t, lr, alpha, beta, epsilon, "onnx", norm_coefficient, False,
                                norm_coefficient_post)
-    for idx in _by_dtype(lists):
+    groups = _by_dtype(lists)
+    if len(groups) == 1:
+        dense_step(coeffs, xs, gs, [("m", vs), ("v", hs)], False, None)
+        return
+    for idx in groups:
         dense_step(coeffs, _select(xs, idx), _select(gs, idx),
                    [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
 
