@@ -317,14 +317,29 @@ class Graph:
 
     # -- compiled programs (the training session's per-step fast path) --------------------------
 
-    def compile(self, order):
+    def compile(self, order, keep=None):
         """The steps ``order`` as a program for ``run_program``: per step, its callable resolved
         (attributes folded by the operator's compiler, an in-place optimizer's input lists
-        pre-split, a Gradient node's forward-reuse test decided), a getter of its inputs and how
-        its outputs are stored.  Running a program does what ``_execute(env, order)`` does,
-        with less work per node."""
+        pre-split, a Gradient node's forward-reuse test decided), a getter of its inputs, how
+        its outputs are stored and, when ``keep`` (the names wanted afterwards) is given, the
+        intermediate tensors to drop from ``env`` after their last use (the tape alone then holds
+        them, and the backward walk frees them as it goes).  Running a program does what
+        ``_execute(env, order)`` does, with less work per node."""
+        last_use = {}
+        for i, k in enumerate(order):
+            step = self.steps[k]
+            for n in step.inputs + ([step.y] if step.kind == "gradient" else []):
+                last_use[n] = i
+            for n in step.outputs:
+                last_use.setdefault(n, i)
+        drops = [[] for _ in order]
+        if keep is not None:
+            produced = {n for k in order for n in self.steps[k].outputs if n}
+            for n, i in last_use.items():
+                if n in produced and n not in keep:
+                    drops[i].append(n)
         program = []
-        for k in order:
+        for i, k in enumerate(order):
             step = self.steps[k]
             ins = step.inputs
             if step.kind == "gradient":
@@ -346,7 +361,7 @@ class Graph:
             # outputs: plain stores unless one is omitted or is a Gradient's differentiated leaf
             plain = all(n and n not in self.grad_names for n in step.outputs)
             outs = tuple(step.outputs) if plain else None
-            program.append((step, fun, fetch, wants_env, outs))
+            program.append((step, fun, fetch, wants_env, outs, tuple(drops[i])))
         return program
 
     def run_program(self, env, program):
@@ -354,7 +369,7 @@ class Graph:
         A program with Gradient nodes runs with recording on (the caller switches it on)."""
         step = None
         try:
-            for step, fun, fetch, wants_env, outs in program:
+            for step, fun, fetch, wants_env, outs, drop in program:
                 try:
                     inputs = fetch(env) if fetch is not None else \
                         [env[n] if n else None for n in step.inputs]
@@ -372,6 +387,8 @@ class Graph:
                             self.assign(env, name, value)
                         elif name:
                             env[name] = value
+                for name in drop:
+                    del env[name]
         except (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError) as e:
             msg = str(e)
             if step is None or msg.startswith("node "):

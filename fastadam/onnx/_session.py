@@ -263,10 +263,15 @@ class TrainingSession:
 
             sched = _Schedule()
             sched.wanted = wanted
-            sched.first = plan.compile([k for k in order if not plan.steps[k].inplace])
-            sched.last = plan.compile([k for k in order if plan.steps[k].inplace])
+            last = [k for k in order if plan.steps[k].inplace]
             sched.copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
             sched.fresh = [n for n in wanted if by_inplace(n)]
+            # what must stay in the environment after the first program: the wanted outputs,
+            # the bound values and the inputs of the in-place updates run last
+            keep = set(wanted) | {v for _, v, _ in sched.copied}
+            keep.update(n for k in last for n in plan.steps[k].inputs)
+            sched.first = plan.compile([k for k in order if not plan.steps[k].inplace], keep)
+            sched.last = plan.compile(last)
             alg.schedules[key] = sched
         return sched
 
