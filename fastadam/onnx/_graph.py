@@ -5,6 +5,8 @@ opsets, operators, input names, variadic counts, what each Gradient node differe
 turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
 every error a node raises is re-raised with the node's name and operator in front.
+``Graph.compile(order)`` / ``Graph.run_program(env, program)`` do the same with the per-node
+decisions taken once (``TrainingSession`` runs its steps this way).
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the

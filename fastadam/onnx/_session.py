@@ -10,6 +10,13 @@ back to the initializer it read (``X -> X_new``, ``V -> V_new``, ...), that no o
 runs last, directly on the session's arrays through the fused kernels: no copies of parameters or
 optimizer states per step.  Every other bound value is checked (dtype, shape) before the first
 in-place write, so a step that fails leaves every initializer as it was.
+
+The per-step path.  The first step with a given set of outputs compiles its nodes into programs
+(``Graph.compile``: callables and input getters resolved, attributes folded, intermediates
+dropped after their last use); the feed check has a fast path for feeds with the names, dtypes
+and shapes of the last ones that passed (anything else takes the full check); the Tensors around
+the state arrays are kept between steps (a binding or ``initialize()`` replaces them).  Every
+check a step makes is still made; only the work of deciding again what was decided is skipped.
 """
 import itertools
 import sys
