@@ -15,6 +15,9 @@ import numpy as np
 
 import fastadam
 
+from ..optim._coefficients import adam_coefficients
+from ..optim._functional import dense_step
+
 
 def _scalar(value, name, kind):
     if value.__class__ is np.ndarray and value.ndim == 0:  # the common case: a 0-d tensor
@@ -62,7 +65,10 @@ def _by_dtype(lists):
     """Indices of the tensors grouped by dtype (one compiled call per dtype)."""
     xs = lists[0]
     first = xs[0].dtype
-    if all(x.dtype == first for x in xs):
+    for x in xs:
+        if x.dtype != first:
+            break
+    else:
         return [range(len(xs))]
     groups = {}
     for i, x in enumerate(xs):
@@ -105,11 +111,16 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     xs, gs, vs, hs = lists
-    for idx in _by_dtype(lists):
-        fastadam.step_inplace(_select(xs, idx), _select(gs, idx), _select(vs, idx),
-                              _select(hs, idx), t, lr=lr, beta1=alpha, beta2=beta,
-                              eps=epsilon, convention="onnx", weight_decay=norm_coefficient,
-                              post_decay=norm_coefficient_post)
+    # what fastadam.step_inplace does, with the coefficients folded once for every dtype group
+    coeffs = adam_coefficients(t, lr, alpha, beta, epsilon, "onnx", norm_coefficient, False,
+                               norm_coefficient_post)
+    groups = _by_dtype(lists)
+    if len(groups) == 1:
+        dense_step(coeffs, xs, gs, [("m", vs), ("v", hs)], False, None)
+        return
+    for idx in groups:
+        dense_step(coeffs, _select(xs, idx), _select(gs, idx),
+                   [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
 
 
 def adam(R, T, *inputs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
