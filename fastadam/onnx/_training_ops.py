@@ -76,6 +76,15 @@ def _by_dtype(lists):
     return list(groups.values())
 
 
+def _dry_run(call, lists, groups):
+    """Run each dtype group's call on empty arrays of its dtype before any group writes: a
+    check that depends on the dtype (a hyper-parameter float32 cannot hold, where float64 can)
+    then fails while nothing is written, so a step over several groups is all or nothing."""
+    for idx in groups:
+        dtype = lists[0][idx[0]].dtype
+        call([[np.empty(0, dtype)] for _ in lists])
+
+
 def _select(lst, idx):
     return lst if len(idx) == len(lst) else [lst[i] for i in idx]
 
@@ -118,6 +127,8 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     if len(groups) == 1:
         dense_step(coeffs, xs, gs, [("m", vs), ("v", hs)], False, None)
         return
+    _dry_run(lambda e: dense_step(coeffs, e[0], e[1], [("m", e[2]), ("v", e[3])], False, None),
+             lists, groups)
     for idx in groups:
         dense_step(coeffs, _select(xs, idx), _select(gs, idx),
                    [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
@@ -152,10 +163,15 @@ def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient):
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     step = _need("adagrad_step_inplace")
     xs, gs, hs = lists
-    for idx in _by_dtype(lists):
-        step(_select(xs, idx), _select(gs, idx), _select(hs, idx), t, lr=lr,
-             lr_decay=decay_factor, eps=epsilon, weight_decay=norm_coefficient,
-             convention="onnx")
+    groups = _by_dtype(lists)
+
+    def call(x, g, h):
+        step(x, g, h, t, lr=lr, lr_decay=decay_factor, eps=epsilon,
+             weight_decay=norm_coefficient, convention="onnx")
+    if len(groups) > 1:
+        _dry_run(lambda e: call(*e), lists, groups)
+    for idx in groups:
+        call(_select(xs, idx), _select(gs, idx), _select(hs, idx))
 
 
 def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0):
@@ -193,10 +209,15 @@ def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient):
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     step = _need("momentum_step_inplace")
     xs, gs, vs = lists
-    for idx in _by_dtype(lists):
-        step(_select(xs, idx), _select(gs, idx), _select(vs, idx), t, lr=lr,
-             momentum=alpha, dampening=1.0 - beta, nesterov=(mode == "nesterov"),
-             weight_decay=norm_coefficient, convention="onnx")
+    groups = _by_dtype(lists)
+
+    def call(x, g, v):
+        step(x, g, v, t, lr=lr, momentum=alpha, dampening=1.0 - beta,
+             nesterov=(mode == "nesterov"), weight_decay=norm_coefficient, convention="onnx")
+    if len(groups) > 1:
+        _dry_run(lambda e: call(*e), lists, groups)
+    for idx in groups:
+        call(_select(xs, idx), _select(gs, idx), _select(vs, idx))
 
 
 def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
