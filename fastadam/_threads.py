@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import warnings
+from collections import deque
 from time import perf_counter as _perf_counter
 
 from ._config import omp_max_threads
@@ -111,84 +112,167 @@ def resolve_num_threads(num_threads):
     return min(num_threads, MAX_THREADS_PER_CPU * cpus)
 
 
+class _SizeClass:
+    """What the chooser knows about one kind of step of one size class."""
+    __slots__ = ("parallel", "countdown", "interval", "serial", "threaded", "probes",
+                 "switches")
+
+    def __init__(self):
+        self.parallel = False  # the incumbent: True = N threads, False = 1 thread
+        self.countdown = 0     # steps of the incumbent until the next probe
+        self.interval = 0      # the current probe interval
+        self.serial = deque(maxlen=AdaptiveThreads.WINDOW)    # seconds per element, 1 thread
+        self.threaded = deque(maxlen=AdaptiveThreads.WINDOW)  # seconds per element, N threads
+        self.probes = self.switches = 0
+
+
+def _median(samples):
+    s = sorted(samples)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
 class AdaptiveThreads:
-    """The default thread count of a dense step, chosen by measuring the cores actually free.
+    """The default thread count of a step, chosen by measuring the cores actually free.
 
     With ``num_threads=None`` a step large enough for a parallel region may still be slower on
     N threads than on one: on a shared or oversubscribed machine (other processes, BLAS threads
-    that have just run) the extra workers wait for a core.  For each size class (a power of two
-    of elements) this keeps a running estimate of seconds per element on 1 and on N threads and
-    runs N threads only when they are clearly faster (estimate below ``MARGIN`` times the serial
-    one: a busy machine makes parallel times bimodal, and a lucky one must not win).  Now and
-    then it runs the other count once (a probe), which moves the other's estimate halfway to the
-    new time, so the speed-up comes back when cores free up.  The probe interval starts at
-    ``PROBE_MIN`` steps of the class and doubles after each probe that does not change the
-    choice, up to ``PROBE_MAX``, so on a persistently busy machine probes cost under 1% of steps;
-    when the running estimate alone changes the choice, the next probe comes soon again.
-    Results do not depend on the thread count (every element is computed by the same kernel
-    whatever the split), so the choice shows only in the time.
+    that have just run) the extra workers wait for a core, and a step on N threads can take ten
+    times as long as on one.  For each kind of step and size class (a power of two of elements)
+    this keeps the last ``WINDOW`` measured times per element on 1 and on N threads and compares
+    their medians (a preempted step is one outlier among five, not a new estimate):
+
+    - the first ``FIRST`` steps of a class alternate 1 and N threads;
+    - then N threads are the incumbent only if their median is below ``ENTER`` x the serial
+      one (a lucky parallel step does not win a busy machine), and they stay the incumbent
+      while their recent median is below ``LEAVE`` x the serial one (hysteresis: no flapping
+      between the two on noise);
+    - now and then one step runs the other count (a probe), so the speed-up comes back when
+      cores free up.  The probe interval starts at ``PROBE_MIN`` steps and doubles after each
+      probe that does not change the choice, up to ``PROBE_MAX``; and it is never shorter than
+      the one that keeps the measured extra cost of the last probe below ``BUDGET`` of the
+      steps in between (a probe three times slower than a step waits >= 100 steps).
+
+    A serial incumbent runs untimed except for the ``PRE_PROBE`` steps before a probe (a fresh
+    serial time beside the probe's): in a training loop the step runs with its caches and
+    branch predictors cold after the BLAS work, and every extra line on the default path costs
+    ten times what it costs in a microbenchmark.  A parallel incumbent is timed every step, so
+    a busy spell sends it back to one thread after two slow steps.  Results do not depend on
+    the thread count (every element is computed by the same kernel whatever the split), so the
+    choice shows only in the time.  ``log``, when set to a list, receives one
+    ``(key, threads, seconds per element, what)`` tuple per timed step.
     """
+    FIRST = 3          # measured steps on each count before the first choice
+    WINDOW = 5         # samples kept per count
+    ENTER = 0.85       # 1 -> N threads when median(N) < ENTER x median(1)
+    LEAVE = 1.0        # N -> 1 thread when median(last 3 on N) >= LEAVE x median(1)
     PROBE_MIN = 16
     PROBE_MAX = 1024
-    WEIGHT = 0.25        # weight of the newest measurement in the running estimate
-    PROBE_WEIGHT = 0.5   # weight of a probe's measurement
-    MARGIN = 0.85        # N threads run when their estimate is below MARGIN x the serial one
+    BUDGET = 0.02      # a probe's extra time <= BUDGET x the steps between two probes
+    PRE_PROBE = 2      # serial steps timed just before a probe of N threads
 
     def __init__(self):
-        self.classes = {}  # size class -> [steps until probe, interval, serial, parallel]
+        self.classes = {}  # key -> _SizeClass
+        self.log = None
         self.steps = self.parallel_steps = 0  # counters, for benchmarks
 
     def reset(self):
         self.classes.clear()
         self.steps = self.parallel_steps = 0
 
-    def choice(self, total):
+    def choice(self, total, kind=0):
         """1 or "parallel": what the next step of ``total`` elements runs (None: not known)."""
-        state = self.classes.get(total.bit_length())
-        if state is None or state[2] is None or state[3] is None:
+        state = self.classes.get(total.bit_length() | kind << 8)
+        if state is None or len(state.serial) < self.FIRST or len(state.threaded) < self.FIRST:
             return None
-        return "parallel" if state[3] < self.MARGIN * state[2] else 1
+        return "parallel" if state.parallel else 1
 
-    def run(self, step, total, nt):
-        """Run ``step(num_threads)`` over ``total`` elements with 1 or ``nt`` threads."""
-        state = self.classes.get(total.bit_length())
+    def summary(self):
+        """{key: dict} of every size class: choice, medians, probes, switches, interval and
+        the steps until the next probe (longer than the interval where a probe is costly)."""
+        out = {}
+        for key, st in sorted(self.classes.items()):
+            out[key] = {"kind": key >> 8, "elements": f"2^{(key & 255) - 1}..2^{key & 255}",
+                        "choice": "N" if st.parallel else 1,
+                        "serial_ns_per_elem": _median(st.serial) * 1e9 if st.serial else None,
+                        "threaded_ns_per_elem":
+                            _median(st.threaded) * 1e9 if st.threaded else None,
+                        "probes": st.probes, "switches": st.switches,
+                        "probe_interval": st.interval, "next_probe_in": st.countdown}
+        return out
+
+    def run(self, step, args, total, kind=0):
+        """``step(*args, num_threads)`` over ``total`` elements on the chosen thread count.
+
+        ``kind`` separates steps whose time per element differs (dense, sparse modes)."""
+        state = self.classes.get(total.bit_length() | kind << 8)
+        if state is not None and state.countdown > self.PRE_PROBE + 1 and not state.parallel:
+            state.countdown -= 1  # the common case: one thread chosen, no probe near
+            self.steps += 1
+            return step(*args, 1)
+        nt = resolve_num_threads(None)
+        if nt == 1:
+            self.steps += 1
+            return step(*args, 1)
         if state is None:
-            state = self.classes[total.bit_length()] = [self.PROBE_MIN, self.PROBE_MIN,
-                                                          None, None]
-        serial, parallel = state[2], state[3]
+            state = self.classes[total.bit_length() | kind << 8] = _SizeClass()
+        return self._measured(state, step, args, total, nt, kind)
+
+    def _measured(self, state, step, args, total, nt, kind):
+        first = len(state.serial) < self.FIRST or len(state.threaded) < self.FIRST
         probe = False
-        if serial is None:
-            use = 1
-        elif parallel is None:
-            use = nt
+        if first:
+            use_parallel = len(state.threaded) < len(state.serial)  # 1, N, 1, N, ...
         else:
-            use = nt if parallel < self.MARGIN * serial else 1
-            state[0] -= 1
-            if state[0] <= 0:
-                probe = True
-                use = 1 if use == nt else nt
+            state.countdown -= 1
+            probe = state.countdown <= 0
+            use_parallel = state.parallel != probe
         self.steps += 1
-        self.parallel_steps += use != 1
+        self.parallel_steps += use_parallel
         t0 = _perf_counter()
-        result = step(use)
+        result = step(*args, nt if use_parallel else 1)
         per_elem = (_perf_counter() - t0) / total
-        slot = 2 if use == 1 else 3
-        old = state[slot]
-        if old is None:
-            state[slot] = per_elem
-        else:
-            state[slot] = old + (self.PROBE_WEIGHT if probe else self.WEIGHT) * (per_elem - old)
-        now_parallel = state[2] is not None and state[3] is not None and \
-            state[3] < self.MARGIN * state[2]
+        (state.threaded if use_parallel else state.serial).append(per_elem)
+        if self.log is not None:
+            self.log.append((total.bit_length() | kind << 8, nt if use_parallel else 1,
+                             per_elem, "first" if first else "probe" if probe else "step"))
+        if first:
+            if len(state.serial) >= self.FIRST and len(state.threaded) >= self.FIRST:
+                state.parallel = _median(state.threaded) < self.ENTER * _median(state.serial)
+                state.interval = self.PROBE_MIN
+                self._schedule(state, per_elem, use_parallel)
+            return result
+        serial = _median(state.serial)
         if probe:
-            won = now_parallel == (use != 1)  # the probe changed the choice
-            state[1] = self.PROBE_MIN if won else min(2 * state[1], self.PROBE_MAX)
-            state[0] = state[1]
-        elif serial is not None and parallel is not None and now_parallel != (use != 1):
-            # The incumbent's own times moved the choice (a busy spell, or its end): the other
-            # count's estimate may be as stale, so measure it again soon.
-            state[1] = state[0] = self.PROBE_MIN
+            state.probes += 1
+            was = state.parallel
+            if was:
+                state.parallel = _median(list(state.threaded)[-3:]) < self.LEAVE * serial
+            else:
+                state.parallel = _median(state.threaded) < self.ENTER * serial
+            if state.parallel != was:
+                state.switches += 1
+                state.interval = self.PROBE_MIN
+            else:
+                state.interval = min(2 * state.interval, self.PROBE_MAX)
+            self._schedule(state, per_elem, use_parallel)
+        elif use_parallel and _median(list(state.threaded)[-3:]) >= self.LEAVE * serial:
+            state.parallel = False  # a busy spell: back to one thread, probe again later
+            state.switches += 1
+            state.interval = self.PROBE_MIN
+            self._schedule(state, per_elem, use_parallel)
         return result
+
+    def _schedule(self, state, last, last_parallel):
+        """Set the countdown to the next probe: the interval, or longer where a step on the
+        other count (its median, or the ``last`` time if that ran on it and was slower) would
+        cost more than BUDGET of the steps in between."""
+        incumbent = _median(state.threaded if state.parallel else state.serial)
+        other = _median(state.serial if state.parallel else state.threaded)
+        if last_parallel != state.parallel:
+            other = max(other, last)
+        extra = other / incumbent - 1.0 if incumbent > 0 else 0.0
+        state.countdown = max(state.interval, math.ceil(extra / self.BUDGET))
 
 
 adaptive_threads = AdaptiveThreads()

@@ -39,7 +39,8 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     state arguments as (name, array or list) pairs in slot order."""
     if type(x) is not np.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
         return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
-    nt = resolve_num_threads(num_threads)
+    # None: the measured choice of fastadam/_threads.py (0 here); a bad count raises first
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)
     try:
         xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
     except TypeError:
@@ -48,12 +49,12 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
         check_compute_dtype(coeffs, typenum)
     skip = bool(skip_nonfinite)
-    if num_threads is None and nt > 1:
-        total = sum(a.size for a in xs)
-        if total >= _dense.PARALLEL_MIN:  # below it the driver runs serially anyway
-            return adaptive_threads.run(
-                lambda n: _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, n),
-                total, nt)
+    if nt == 0:  # serial below PARALLEL_MIN (a parallel region costs more there)
+        total = xs[0].size if len(xs) == 1 else sum([a.size for a in xs])
+        if total >= _dense.PARALLEL_MIN:
+            return adaptive_threads.run(_dense.dense_step,
+                                        (coeffs, xs, gs, slot_lists, typenum, skip), total)
+        return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, 1)
     return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
 
 
