@@ -86,10 +86,11 @@ def loop_report(rounds, blocks):
         step_ratios, round_ratios, aa = [], [], []
         for b in range(blocks):
             load = os.getloadavg()[0]
-            n0, p0 = adaptive_threads.steps, adaptive_threads.parallel_steps
-            times = interleaved_rounds(size, rounds, [None, 1, CONTROL],
-                                       warmup=100 if b == 0 else 10)
-            share = (adaptive_threads.parallel_steps - p0) / max(adaptive_threads.steps - n0, 1)
+            p0 = adaptive_threads.parallel_steps
+            warmup = 100 if b == 0 else 10
+            times = interleaved_rounds(size, rounds, [None, 1, CONTROL], warmup=warmup)
+            # every default step (the driver runs most serial ones without the chooser)
+            share = (adaptive_threads.parallel_steps - p0) / (rounds + warmup)
             r = block_ratios(times)
             step_ratios.append(r[None][0])
             round_ratios.append(r[None][1])
@@ -131,7 +132,7 @@ def idle_speedup(size, rounds):
                 fastadam.step_inplace(x, g, m, v, 10, lr=1e-3, convention="torch",
                                       num_threads=nt)
                 times[nt].append(time.perf_counter() - start)
-    share = adaptive_threads.parallel_steps / max(adaptive_threads.steps, 1)
+    share = adaptive_threads.parallel_steps / len(times[None])
     explicit = {1: [], None: []}
     nt_all = fastadam.config()["max_threads"]
     for r in range(rounds):

@@ -156,7 +156,9 @@ class AdaptiveThreads:
     A serial incumbent runs untimed except for the ``PRE_PROBE`` steps before a probe (a fresh
     serial time beside the probe's): in a training loop the step runs with its caches and
     branch predictors cold after the BLAS work, and every extra line on the default path costs
-    ten times what it costs in a microbenchmark.  A parallel incumbent is timed every step, so
+    ten times what it costs in a microbenchmark; a driver registered in ``fast_paths`` (the
+    dense one) even counts those steps down itself, without calling back into Python.  A
+    parallel incumbent is timed every step, so
     a busy spell sends it back to one thread after two slow steps.  Results do not depend on
     the thread count (every element is computed by the same kernel whatever the split), so the
     choice shows only in the time.  ``log``, when set to a list, receives one
@@ -173,10 +175,14 @@ class AdaptiveThreads:
 
     def __init__(self):
         self.classes = {}  # key -> _SizeClass
+        self.fast_paths = {}  # kind -> set_serial_left(size class, steps) of its driver
         self.log = None
-        self.steps = self.parallel_steps = 0  # counters, for benchmarks
+        self.steps = self.parallel_steps = 0  # steps seen here (not the drivers' own), on N
 
     def reset(self):
+        for key in self.classes:
+            if key >> 8 in self.fast_paths:
+                self.fast_paths[key >> 8](key & 255, 0)
         self.classes.clear()
         self.steps = self.parallel_steps = 0
 
@@ -240,7 +246,7 @@ class AdaptiveThreads:
             if len(state.serial) >= self.FIRST and len(state.threaded) >= self.FIRST:
                 state.parallel = _median(state.threaded) < self.ENTER * _median(state.serial)
                 state.interval = self.PROBE_MIN
-                self._schedule(state, per_elem, use_parallel)
+                self._schedule(state, per_elem, use_parallel, kind, total)
             return result
         serial = _median(state.serial)
         if probe:
@@ -255,15 +261,15 @@ class AdaptiveThreads:
                 state.interval = self.PROBE_MIN
             else:
                 state.interval = min(2 * state.interval, self.PROBE_MAX)
-            self._schedule(state, per_elem, use_parallel)
+            self._schedule(state, per_elem, use_parallel, kind, total)
         elif use_parallel and _median(list(state.threaded)[-3:]) >= self.LEAVE * serial:
             state.parallel = False  # a busy spell: back to one thread, probe again later
             state.switches += 1
             state.interval = self.PROBE_MIN
-            self._schedule(state, per_elem, use_parallel)
+            self._schedule(state, per_elem, use_parallel, kind, total)
         return result
 
-    def _schedule(self, state, last, last_parallel):
+    def _schedule(self, state, last, last_parallel, kind, total):
         """Set the countdown to the next probe: the interval, or longer where a step on the
         other count (its median, or the ``last`` time if that ran on it and was slower) would
         cost more than BUDGET of the steps in between."""
@@ -273,6 +279,11 @@ class AdaptiveThreads:
             other = max(other, last)
         extra = other / incumbent - 1.0 if incumbent > 0 else 0.0
         state.countdown = max(state.interval, math.ceil(extra / self.BUDGET))
+        hand_over = state.countdown - self.PRE_PROBE - 1
+        if not state.parallel and hand_over > 0 and kind in self.fast_paths:
+            # the driver runs these serial steps itself and asks again when they are done
+            self.fast_paths[kind](total.bit_length(), hand_over)
+            state.countdown -= hand_over
 
 
 adaptive_threads = AdaptiveThreads()

@@ -194,6 +194,29 @@ def test_default_threads_give_the_same_bits_as_one_thread(rng):
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_dense_driver_runs_chosen_serial_steps_without_the_chooser(monkeypatch):
+    if fastadam.config()["max_threads"] < 2:
+        pytest.skip("one usable thread: the chooser never measures")
+    ticks = iter(range(10**6))  # every timed step looks equally long: one thread is kept
+    monkeypatch.setattr(_threads, "_perf_counter", lambda: float(next(ticks)))
+    chooser = _threads.adaptive_threads
+    chooser.reset()
+    chooser.log = []
+    try:
+        x = np.zeros(2**18, np.float32)
+        g, m, v = np.ones_like(x), np.zeros_like(x), np.zeros_like(x)
+        for t in range(1, 401):
+            fastadam.step_inplace(x, g, m, v, t, convention="torch")
+        summary = chooser.summary()[(2**18).bit_length()]
+        assert summary["choice"] == 1
+        timed = 2 * AdaptiveThreads.FIRST + summary["probes"] * (AdaptiveThreads.PRE_PROBE + 1)
+        assert len(chooser.log) <= timed < 100  # the other steps never reached the chooser
+        assert chooser.steps == len(chooser.log)
+    finally:
+        chooser.log = None
+        chooser.reset()
+
+
 @pytest.mark.parametrize("mode", ["lazy", "dense"])
 def test_sparse_default_threads_give_the_same_bits_and_go_through_the_chooser(rng, mode):
     x0 = rng.standard_normal((4000, 128)).astype(np.float32)
