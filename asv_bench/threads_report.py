@@ -10,7 +10,9 @@ control: the spread between two identical arms is the noise of this measurement 
 machine at this moment).  After 100 untimed warm-up rounds (a training loop's steady state:
 the default's first steps of a size class try both thread counts), each block of rounds gives
 the ratio of medians default / 1 thread (goal: at most 1.10) and control / 1 thread, for the
-step alone and for the round (matmul + step), with the load average at the block's start.
+step alone and for the round (matmul + step), and for the step the median of the per-round
+ratios (paired: steps of one round run within milliseconds, so load that changes over
+seconds cancels), with the load average at the block's start.
 Every block is printed, not the best; the summary gives the median and the worst block.
 
 The chooser's decisions are logged (fastadam._threads.AdaptiveThreads.log and summary): the
@@ -65,11 +67,15 @@ def interleaved_rounds(size, rounds, arms, gemm=256, warmup=100):
 
 
 def block_ratios(times):
-    """(step ratio, round ratio) of default / 1 thread and of control / 1 thread (medians)."""
+    """{arm: (step ratio, paired step ratio, round ratio)} of the default and the control
+    against 1 thread: ratios of medians, and the median of the per-round ratios (a step and
+    the 1-thread step of the same round ran within milliseconds of each other, so load that
+    changes over seconds cancels there)."""
     med = statistics.median
     out = {}
     for arm in (None, CONTROL):
-        out[arm] = (med(times[arm][0]) / med(times[1][0]),
+        paired = med(a / b for a, b in zip(times[arm][0], times[1][0]))
+        out[arm] = (med(times[arm][0]) / med(times[1][0]), paired,
                     med(times[arm][1]) / med(times[1][1]))
     return out
 
@@ -77,13 +83,16 @@ def block_ratios(times):
 def loop_report(rounds, blocks):
     from fastadam._threads import adaptive_threads
 
-    print(f"{'size':>9} {'block':>5} {'load':>5} | {'step 1 thr':>10} {'default':>7} "
-          f"{'A/A':>5} | {'round 1 thr':>11} {'default':>7} {'A/A':>5} | {'on N thr':>8}")
+    print(f"{'':>21} | {'step: 1 thr':>11} {'default':>7} {'paired':>6} {'A/A':>5} "
+          f"{'paired':>6} | {'round: 1 thr':>12} {'default':>7} {'A/A':>5} | {'on N':>5}")
+    print(f"{'size':>9} {'block':>5} {'load':>5} | {'(median)':>11} {'ratio':>7} {'ratio':>6} "
+          f"{'ratio':>5} {'ratio':>6} | {'(median)':>12} {'ratio':>7} {'ratio':>5} | "
+          f"{'thr':>5}")
     worst, summary = 0.0, {}
     for size in SIZES:
         adaptive_threads.reset()
         adaptive_threads.log = []
-        step_ratios, round_ratios, aa = [], [], []
+        step_ratios, paired_ratios, round_ratios, aa, aa_paired = [], [], [], [], []
         for b in range(blocks):
             load = os.getloadavg()[0]
             p0 = adaptive_threads.parallel_steps
@@ -93,25 +102,29 @@ def loop_report(rounds, blocks):
             share = (adaptive_threads.parallel_steps - p0) / (rounds + warmup)
             r = block_ratios(times)
             step_ratios.append(r[None][0])
-            round_ratios.append(r[None][1])
+            paired_ratios.append(r[None][1])
+            round_ratios.append(r[None][2])
             aa.append(r[CONTROL][0])
+            aa_paired.append(r[CONTROL][1])
             print(f"{size:>9.1e} {b:>5} {load:>5.1f} | "
-                  f"{statistics.median(times[1][0]) * 1e6:>7.0f} us {r[None][0]:>7.2f} "
-                  f"{r[CONTROL][0]:>5.2f} | {statistics.median(times[1][1]) * 1e6:>8.0f} us "
-                  f"{r[None][1]:>7.2f} {r[CONTROL][1]:>5.2f} | {share:>8.1%}")
+                  f"{statistics.median(times[1][0]) * 1e6:>8.0f} us {r[None][0]:>7.2f} "
+                  f"{r[None][1]:>6.2f} {r[CONTROL][0]:>5.2f} {r[CONTROL][1]:>6.2f} | "
+                  f"{statistics.median(times[1][1]) * 1e6:>9.0f} us {r[None][2]:>7.2f} "
+                  f"{r[CONTROL][2]:>5.2f} | {share:>5.1%}")
         worst = max(worst, max(step_ratios))
-        summary[size] = (step_ratios, round_ratios, aa)
+        summary[size] = (step_ratios, paired_ratios, round_ratios, aa, aa_paired)
         for key, c in adaptive_threads.summary().items():
             print(f"{'':>9} chooser: {c['elements']} elements: runs {c['choice']} thread(s); "
                   f"ns/element 1 thread {c['serial_ns_per_elem']:.3f}, N threads "
                   f"{c['threaded_ns_per_elem']:.3f}; {c['probes']} probes, {c['switches']} "
-                  f"switches, next probe in {c['next_probe_in']} steps")
+                  f"switches, last probe scheduled {c['probe_after']} steps ahead")
         adaptive_threads.log = None
     print("summary (median of blocks, worst block):")
-    for size, (s, r, a) in summary.items():
-        print(f"{size:>9.1e}: step {statistics.median(s):.2f} (worst {max(s):.2f}), round "
+    for size, (s, p, r, a, ap) in summary.items():
+        print(f"{size:>9.1e}: step {statistics.median(s):.2f} (worst {max(s):.2f}), paired "
+              f"{statistics.median(p):.2f} (worst {max(p):.2f}); round "
               f"{statistics.median(r):.2f} (worst {max(r):.2f}); A/A step "
-              f"{statistics.median(a):.2f} ({min(a):.2f}-{max(a):.2f})")
+              f"{min(a):.2f}-{max(a):.2f}, paired {min(ap):.2f}-{max(ap):.2f}")
     return worst
 
 

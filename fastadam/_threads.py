@@ -115,7 +115,7 @@ def resolve_num_threads(num_threads):
 class _SizeClass:
     """What the chooser knows about one kind of step of one size class."""
     __slots__ = ("parallel", "countdown", "interval", "serial", "threaded", "probes",
-                 "switches")
+                 "switches", "scheduled")
 
     def __init__(self):
         self.parallel = False  # the incumbent: True = N threads, False = 1 thread
@@ -124,6 +124,7 @@ class _SizeClass:
         self.serial = deque(maxlen=AdaptiveThreads.WINDOW)    # seconds per element, 1 thread
         self.threaded = deque(maxlen=AdaptiveThreads.WINDOW)  # seconds per element, N threads
         self.probes = self.switches = 0
+        self.scheduled = 0     # steps from the last (re)scheduling to the next probe
 
 
 def _median(samples):
@@ -195,7 +196,8 @@ class AdaptiveThreads:
 
     def summary(self):
         """{key: dict} of every size class: choice, medians, probes, switches, interval and
-        the steps until the next probe (longer than the interval where a probe is costly)."""
+        the steps the last schedule set until the next probe (longer than the interval where
+        a probe is costly)."""
         out = {}
         for key, st in sorted(self.classes.items()):
             out[key] = {"kind": key >> 8, "elements": f"2^{(key & 255) - 1}..2^{key & 255}",
@@ -204,7 +206,7 @@ class AdaptiveThreads:
                         "threaded_ns_per_elem":
                             _median(st.threaded) * 1e9 if st.threaded else None,
                         "probes": st.probes, "switches": st.switches,
-                        "probe_interval": st.interval, "next_probe_in": st.countdown}
+                        "probe_interval": st.interval, "probe_after": st.scheduled}
         return out
 
     def run(self, step, args, total, kind=0):
@@ -278,7 +280,7 @@ class AdaptiveThreads:
         if last_parallel != state.parallel:
             other = max(other, last)
         extra = other / incumbent - 1.0 if incumbent > 0 else 0.0
-        state.countdown = max(state.interval, math.ceil(extra / self.BUDGET))
+        state.countdown = state.scheduled = max(state.interval, math.ceil(extra / self.BUDGET))
         hand_over = state.countdown - self.PRE_PROBE - 1
         if not state.parallel and hand_over > 0 and kind in self.fast_paths:
             # the driver runs these serial steps itself and asks again when they are done
