@@ -5,7 +5,8 @@
 run on (affinity mask and cgroup CPU quota).  A negative value counts back from that maximum
 (-1 = all, -2 = all but one).  An explicit count is capped at MAX_THREADS_PER_CPU threads per
 usable CPU: more only adds scheduling cost, and libgomp ends the process (exit(1)) when it
-cannot start the threads it was asked for.
+cannot start the threads it was asked for.  For the dense and sparse steps and segment_sum,
+``None`` is refined by :class:`AdaptiveThreads`: 1 or that maximum, whichever measures faster.
 
 Fork safety: libgomp's thread pool does not survive ``fork``; a child that enters a parallel
 region after its parent ran one hangs.  ``os.register_at_fork`` marks every child process, and
@@ -159,10 +160,10 @@ class AdaptiveThreads:
     branch predictors cold after the BLAS work, and every extra line on the default path costs
     ten times what it costs in a microbenchmark; a driver registered in ``fast_paths`` (the
     dense one) even counts those steps down itself, without calling back into Python.  A
-    parallel incumbent is timed every step, so
-    a busy spell sends it back to one thread after two slow steps.  Results do not depend on
-    the thread count (every element is computed by the same kernel whatever the split), so the
-    choice shows only in the time.  ``log``, when set to a list, receives one
+    parallel incumbent is timed every step, so a busy spell sends it back to one thread after
+    two slow steps.  Results do not depend on the thread count (every element is computed by
+    the same kernel whatever the split), so the choice shows only in the time.  A size class
+    is keyed ``total.bit_length() | kind << 8``.  ``log``, when set to a list, receives one
     ``(key, threads, seconds per element, what)`` tuple per timed step.
     """
     FIRST = 3          # measured steps on each count before the first choice
