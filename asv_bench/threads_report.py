@@ -115,7 +115,8 @@ def loop_report(rounds, blocks):
         summary[size] = (step_ratios, paired_ratios, round_ratios, aa, aa_paired)
         for key, c in adaptive_threads.summary().items():
             print(f"{'':>9} chooser: {c['elements']} elements: runs {c['choice']} thread(s); "
-                  f"ns/element 1 thread {c['serial_ns_per_elem']:.3f}, N threads "
+                  f"median ratio N / 1 thread {c['ratio']:.2f}; ns/element 1 thread "
+                  f"{c['serial_ns_per_elem']:.3f}, N threads "
                   f"{c['threaded_ns_per_elem']:.3f}; {c['probes']} probes, {c['switches']} "
                   f"switches, last probe scheduled {c['probe_after']} steps ahead")
         adaptive_threads.log = None

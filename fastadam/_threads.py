@@ -115,15 +115,16 @@ def resolve_num_threads(num_threads):
 
 class _SizeClass:
     """What the chooser knows about one kind of step of one size class."""
-    __slots__ = ("parallel", "countdown", "interval", "serial", "threaded", "probes",
-                 "switches", "scheduled")
+    __slots__ = ("parallel", "countdown", "interval", "serial", "threaded", "ratios",
+                 "probes", "switches", "scheduled")
 
     def __init__(self):
         self.parallel = False  # the incumbent: True = N threads, False = 1 thread
         self.countdown = 0     # steps of the incumbent until the next probe
-        self.interval = 0      # the current probe interval
+        self.interval = 0      # the current probe interval (0: still on the first steps)
         self.serial = deque(maxlen=AdaptiveThreads.WINDOW)    # seconds per element, 1 thread
         self.threaded = deque(maxlen=AdaptiveThreads.WINDOW)  # seconds per element, N threads
+        self.ratios = deque(maxlen=AdaptiveThreads.WINDOW)  # N / 1 thread, neighbouring steps
         self.probes = self.switches = 0
         self.scheduled = 0     # steps from the last (re)scheduling to the next probe
 
@@ -141,39 +142,42 @@ class AdaptiveThreads:
     N threads than on one: on a shared or oversubscribed machine (other processes, BLAS threads
     that have just run) the extra workers wait for a core, and a step on N threads can take ten
     times as long as on one.  For each kind of step and size class (a power of two of elements)
-    this keeps the last ``WINDOW`` measured times per element on 1 and on N threads and compares
-    their medians (a preempted step is one outlier among five, not a new estimate):
+    this measures the ratio of a step's time on N threads to its time on one, each ratio from
+    neighbouring steps (a probe against the median of the ``PRE_PROBE`` steps just before it:
+    the machine's own speed drifts over seconds on a shared machine, and times from different
+    moments must not be compared), and decides on the median of the last ``WINDOW`` ratios (a
+    preempted step is one outlier among five):
 
     - the first ``FIRST`` steps of a class alternate 1 and N threads;
-    - then N threads are the incumbent only if their median is below ``ENTER`` x the serial
-      one (a lucky parallel step does not win a busy machine), and they stay the incumbent
-      while their recent median is below ``LEAVE`` x the serial one (hysteresis: no flapping
-      between the two on noise);
+    - then N threads are the incumbent only if the median ratio is below ``ENTER`` (a lucky
+      parallel step does not win a busy machine), and they stay while it is below ``LEAVE``
+      (hysteresis: no flapping between the two on noise);
     - now and then one step runs the other count (a probe), so the speed-up comes back when
       cores free up.  The probe interval starts at ``PROBE_MIN`` steps and doubles after each
       probe that does not change the choice, up to ``PROBE_MAX``; and it is never shorter than
-      the one that keeps the measured extra cost of the last probe below ``BUDGET`` of the
-      steps in between (a probe three times slower than a step waits >= 100 steps).
+      the one that keeps the measured extra cost of a probe below ``BUDGET`` of the steps in
+      between (a probe three times slower than a step waits >= 100 steps);
+    - a parallel incumbent whose last steps are no faster than the last serial time (a busy
+      spell) goes back to one thread at once, and its old ratios give way to that evidence.
 
-    A serial incumbent runs untimed except for the ``PRE_PROBE`` steps before a probe (a fresh
-    serial time beside the probe's): in a training loop the step runs with its caches and
-    branch predictors cold after the BLAS work, and every extra line on the default path costs
-    ten times what it costs in a microbenchmark; a driver registered in ``fast_paths`` (the
-    dense one) even counts those steps down itself, without calling back into Python.  A
-    parallel incumbent is timed every step, so a busy spell sends it back to one thread after
-    two slow steps.  Results do not depend on the thread count (every element is computed by
+    A serial incumbent runs untimed except for the ``PRE_PROBE`` steps before a probe: in a
+    training loop the step runs with its caches and branch predictors cold after the BLAS
+    work, and every extra line on the default path costs ten times what it costs in a
+    microbenchmark; a driver registered in ``fast_paths`` (the dense one) even counts those
+    steps down itself, without calling back into Python.  A parallel incumbent is timed every
+    step, so a busy spell sends it back to one thread after two slow steps.  Results do not depend on the thread count (every element is computed by
     the same kernel whatever the split), so the choice shows only in the time.  A size class
     is keyed ``total.bit_length() | kind << 8``.  ``log``, when set to a list, receives one
     ``(key, threads, seconds per element, what)`` tuple per timed step.
     """
     FIRST = 3          # measured steps on each count before the first choice
-    WINDOW = 5         # samples kept per count
-    ENTER = 0.85       # 1 -> N threads when median(N) < ENTER x median(1)
-    LEAVE = 1.0        # N -> 1 thread when median(last 3 on N) >= LEAVE x median(1)
+    WINDOW = 5         # ratios (and times per count) kept
+    ENTER = 0.85       # 1 -> N threads when the median ratio N / 1 thread is below ENTER
+    LEAVE = 1.0        # N -> 1 thread when the median ratio reaches LEAVE
     PROBE_MIN = 16
     PROBE_MAX = 1024
     BUDGET = 0.02      # a probe's extra time <= BUDGET x the steps between two probes
-    PRE_PROBE = 2      # serial steps timed just before a probe of N threads
+    PRE_PROBE = 3      # incumbent steps timed just before a probe (its neighbours)
 
     def __init__(self):
         self.classes = {}  # key -> _SizeClass
@@ -191,7 +195,7 @@ class AdaptiveThreads:
     def choice(self, total, kind=0):
         """1 or "parallel": what the next step of ``total`` elements runs (None: not known)."""
         state = self.classes.get(total.bit_length() | kind << 8)
-        if state is None or len(state.serial) < self.FIRST or len(state.threaded) < self.FIRST:
+        if state is None or state.interval == 0:
             return None
         return "parallel" if state.parallel else 1
 
@@ -206,6 +210,7 @@ class AdaptiveThreads:
                         "serial_ns_per_elem": _median(st.serial) * 1e9 if st.serial else None,
                         "threaded_ns_per_elem":
                             _median(st.threaded) * 1e9 if st.threaded else None,
+                        "ratio": _median(st.ratios) if st.ratios else None,
                         "probes": st.probes, "switches": st.switches,
                         "probe_interval": st.interval, "probe_after": st.scheduled}
         return out
@@ -228,7 +233,7 @@ class AdaptiveThreads:
         return self._measured(state, step, args, total, nt, kind)
 
     def _measured(self, state, step, args, total, nt, kind):
-        first = len(state.serial) < self.FIRST or len(state.threaded) < self.FIRST
+        first = state.interval == 0  # no choice made yet
         probe = False
         if first:
             use_parallel = len(state.threaded) < len(state.serial)  # 1, N, 1, N, ...
@@ -241,46 +246,61 @@ class AdaptiveThreads:
         t0 = _perf_counter()
         result = step(*args, nt if use_parallel else 1)
         per_elem = (_perf_counter() - t0) / total
-        (state.threaded if use_parallel else state.serial).append(per_elem)
         if self.log is not None:
             self.log.append((total.bit_length() | kind << 8, nt if use_parallel else 1,
                              per_elem, "first" if first else "probe" if probe else "step"))
         if first:
-            if len(state.serial) >= self.FIRST and len(state.threaded) >= self.FIRST:
-                state.parallel = _median(state.threaded) < self.ENTER * _median(state.serial)
-                state.interval = self.PROBE_MIN
-                self._schedule(state, per_elem, use_parallel, kind, total)
+            (state.threaded if use_parallel else state.serial).append(per_elem)
+            if use_parallel:  # against the serial step just before it
+                state.ratios.append(per_elem / state.serial[-1])
+                if len(state.ratios) >= self.FIRST:
+                    state.parallel = _median(state.ratios) < self.ENTER
+                    state.interval = self.PROBE_MIN
+                    self._schedule(state, state.ratios[-1], kind, total)
             return result
-        serial = _median(state.serial)
         if probe:
+            # the probe's time against the incumbent's last steps, just before it: the
+            # machine's speed drifts over seconds, a ratio of neighbours does not
+            if use_parallel:
+                ratio = per_elem / _median(list(state.serial)[-self.PRE_PROBE:])
+            else:
+                ratio = _median(list(state.threaded)[-self.PRE_PROBE:]) / per_elem
+            (state.threaded if use_parallel else state.serial).append(per_elem)
+            state.ratios.append(ratio)
             state.probes += 1
             was = state.parallel
-            if was:
-                state.parallel = _median(list(state.threaded)[-3:]) < self.LEAVE * serial
-            else:
-                state.parallel = _median(state.threaded) < self.ENTER * serial
+            state.parallel = _median(state.ratios) < (self.LEAVE if was else self.ENTER)
             if state.parallel != was:
                 state.switches += 1
                 state.interval = self.PROBE_MIN
             else:
                 state.interval = min(2 * state.interval, self.PROBE_MAX)
-            self._schedule(state, per_elem, use_parallel, kind, total)
-        elif use_parallel and _median(list(state.threaded)[-3:]) >= self.LEAVE * serial:
-            state.parallel = False  # a busy spell: back to one thread, probe again later
-            state.switches += 1
-            state.interval = self.PROBE_MIN
-            self._schedule(state, per_elem, use_parallel, kind, total)
+            self._schedule(state, ratio, kind, total)
+            return result
+        (state.threaded if use_parallel else state.serial).append(per_elem)
+        if use_parallel:
+            recent = _median(list(state.threaded)[-self.PRE_PROBE:])
+            if recent >= self.LEAVE * state.serial[-1]:
+                # a busy spell: back to one thread; the old ratios said otherwise, so they
+                # give way to this one and the next probes must show the speed-up again
+                state.parallel = False
+                state.switches += 1
+                state.interval = self.PROBE_MIN
+                state.ratios.clear()
+                state.ratios.append(recent / state.serial[-1])
+                self._schedule(state, state.ratios[-1], kind, total)
         return result
 
-    def _schedule(self, state, last, last_parallel, kind, total):
+    def _schedule(self, state, last_ratio, kind, total):
         """Set the countdown to the next probe: the interval, or longer where a step on the
-        other count (its median, or the ``last`` time if that ran on it and was slower) would
-        cost more than BUDGET of the steps in between."""
-        incumbent = _median(state.threaded if state.parallel else state.serial)
-        other = _median(state.serial if state.parallel else state.threaded)
-        if last_parallel != state.parallel:
-            other = max(other, last)
-        extra = other / incumbent - 1.0 if incumbent > 0 else 0.0
+        other count (by the median ratio, or the last one if worse) would cost more than
+        BUDGET of the steps in between."""
+        r = _median(state.ratios)
+        if state.parallel:  # a probe runs one thread: it costs 1/ratio
+            other_over_incumbent = 1.0 / min(r, last_ratio)
+        else:
+            other_over_incumbent = max(r, last_ratio)
+        extra = other_over_incumbent - 1.0
         state.countdown = state.scheduled = max(state.interval, math.ceil(extra / self.BUDGET))
         hand_over = state.countdown - self.PRE_PROBE - 1
         if not state.parallel and hand_over > 0 and kind in self.fast_paths:

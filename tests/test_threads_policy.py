@@ -140,6 +140,22 @@ def test_a_preempted_serial_step_does_not_flip_the_choice(clock):
     assert used[6:].count(4) <= 4000 // 100
 
 
+def test_a_machine_whose_speed_drifts_does_not_fool_it(clock):
+    # Both counts slow down 4x together in spells (other jobs); N threads are always 20%
+    # slower than one.  Times from different spells must not be compared with each other.
+    chooser = AdaptiveThreads()
+    steps = [0]
+
+    def speed():
+        steps[0] += 1
+        return 4.0 if (steps[0] // 150) % 2 else 1.0
+
+    step, used = make_step(clock, {1: lambda: speed(), 4: lambda: 1.2 * speed()})
+    run_steps(chooser, step, 6000)
+    assert chooser.summary()[(10**6).bit_length()]["switches"] == 0
+    assert used.count(4) / len(used) < 0.02
+
+
 def test_noise_near_the_margin_does_not_flap(clock):
     chooser = AdaptiveThreads()
     rng = np.random.default_rng(1)
