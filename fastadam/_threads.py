@@ -286,9 +286,9 @@ class AdaptiveThreads:
                 state.parallel = False
                 state.switches += 1
                 state.interval = self.PROBE_MIN
-                state.ratios.clear()
-                state.ratios.append(recent / state.serial[-1])
-                self._schedule(state, state.ratios[-1], kind, total)
+                ratio = recent / state.serial[-1]
+                state.ratios = deque([ratio], maxlen=self.WINDOW)  # one rebinding: thread-safe
+                self._schedule(state, ratio, kind, total)
         return result
 
     def _schedule(self, state, last_ratio, kind, total):
