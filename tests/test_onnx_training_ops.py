@@ -39,6 +39,13 @@ def test_backend_vectors(name):
         pytest.skip("fastadam.momentum_step_inplace (issue 8) is not in this build yet")
     case = _backend_cases()[name]
     model = case.model
+    if name == "test_adam_multiple" and not any(a.name == "epsilon"
+                                                for a in model.graph.node[0].attribute):
+        # onnx/onnx#7749 (fixed by #7763, after onnx 1.19, the last release for Python 3.9):
+        # the expected outputs use epsilon=1e-2 but the model's Adam node omits the attribute,
+        # so a correct runtime uses the default and differs by 0.4%.
+        pytest.skip("this onnx's test_adam_multiple model lacks the epsilon its expected "
+                    "outputs were computed with (onnx/onnx#7749)")
     for inputs, expected in case.data_sets:
         feeds = {vi.name: a for vi, a in zip(model.graph.input, inputs)}
         out = fo.run(model, feeds)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import _sparse
 from .. import gpu as _gpu
 from . import _csr
-from .._threads import resolve_num_threads
+from .._threads import adaptive_threads, resolve_num_threads
 from .._validation import check_array, check_disjoint, check_indices, check_rows
 from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                    momentum_coefficients, step_number)
@@ -63,14 +63,30 @@ def segment_sum(indices: np.ndarray, values: np.ndarray, *,
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
     values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
-    nt = resolve_num_threads(num_threads)
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
     row_shape = values.shape[1:]
     flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
-    sums = _sparse.segment_sum(flat, perm, offsets, nt)
+    sums = _threaded(_sparse.segment_sum, (flat, perm, offsets), flat.size, nt, KIND_SEGMENT_SUM)
     # rows is a view of the sort's scratch buffer: astype copies it out
     return rows.astype(indices.dtype), sums.reshape((rows.shape[0],) + row_shape)
+
+
+# Kinds of work for the measured thread choice: each keeps its own size classes, since a
+# segment sum, a lazy row update and a dense-mode table update cost differently per element.
+KIND_SEGMENT_SUM = 1
+KIND_SPARSE_STEP = {"lazy": 2, "dense": 3, "catchup": 4}
+
+
+def _threaded(kernel, args, work, nt, kind):
+    """``kernel(*args, threads)``: ``nt`` threads, or (nt == 0, num_threads=None) the count
+    fastadam/_threads.py measures as faster; one thread below the kernels' parallel minimum."""
+    if nt:
+        return kernel(*args, nt)
+    if work < _sparse.PARALLEL_MIN_WORK:
+        return kernel(*args, 1)
+    return adaptive_threads.run(kernel, args, work, kind)
 
 
 def csr_transpose_dot(X: Any, dz: np.ndarray) -> IndexedSlices:
@@ -360,7 +376,7 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
 
 def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
                      indices_sorted_unique):
-    nt = resolve_num_threads(num_threads)
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
 
     x = check_array(x, "x", -1, None, True)
     if x.ndim < 1:
@@ -415,10 +431,11 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
                              f"row, got {bad}")
 
     row_size = int(np.prod(row_shape, dtype=np.int64))
-    _sparse.sparse_step(
-        coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
-        values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
-        last_step.reshape(-1) if mode == "catchup" else None, t, nt)
+    args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
+            values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
+            last_step.reshape(-1) if mode == "catchup" else None, t)
+    work = (n_rows if mode == "dense" else values.shape[0]) * row_size
+    _threaded(_sparse.sparse_step, args, work, nt, KIND_SPARSE_STEP[mode])
 
 
 def _check_sorted_unique(indices, name, n_rows):
