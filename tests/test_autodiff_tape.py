@@ -113,3 +113,57 @@ def test_gradients_through_a_graph_recorded_by_both_paths():
         out.append(ad.gradient(y, [w])[0].data)
     np.testing.assert_array_equal(out[0], out[1])
     np.testing.assert_allclose(out[0], 2 * x0.T @ (x0 @ w0), rtol=1e-12)
+
+
+def _graph_gradients(walk, monkeypatch):
+    """Gradients of a graph exercising accumulation, broadcasting, take and a second order."""
+    from fastadam.autodiff import _engine
+    monkeypatch.setattr(_engine, "_run", walk)
+    rng = np.random.default_rng(2)
+    w = Tensor(rng.standard_normal((4, 3)), requires_grad=True)
+    b = Tensor(rng.standard_normal(3), requires_grad=True)
+    emb = Tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    x = ad.take(emb, np.array([1, 4, 1, 0, 5]))
+    h = ad.tanh(x @ w + b)
+    loss = ad.sum(h * h) + ad.mean(h)            # h used twice: accumulation
+    g_w, g_b, g_emb = ad.gradient(loss, [w, b, emb], retain_graph=True)
+    (gg,) = ad.gradient(ad.sum(ad.gradient(loss, [w], create_graph=True)[0] ** 2), [w])
+    return [g_w.data, g_b.data, g_emb.to_dense(), gg.data]
+
+
+def test_compiled_walk_equals_the_python_walk(monkeypatch):
+    from fastadam.autodiff import _engine
+    compiled = _graph_gradients(_tensor._tape.run, monkeypatch)
+    python = _graph_gradients(_engine._run_python, monkeypatch)
+    for c, p in zip(compiled, python):
+        np.testing.assert_array_equal(c, p)
+    # and the first-order ones equal a float64 formula
+    rng = np.random.default_rng(2)
+    w0, b0, e0 = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal((6, 4))
+    idx = np.array([1, 4, 1, 0, 5])
+    x0 = e0[idx]
+    h0 = np.tanh(x0 @ w0 + b0)
+    gh = 2 * h0 + 1.0 / h0.size
+    gz = gh * (1 - h0 ** 2)
+    np.testing.assert_allclose(compiled[0], x0.T @ gz, rtol=1e-12)
+    np.testing.assert_allclose(compiled[1], gz.sum(axis=0), rtol=1e-12)
+    ge = np.zeros_like(e0)
+    np.add.at(ge, idx, gz @ w0.T)
+    np.testing.assert_allclose(compiled[2], ge, rtol=1e-12)
+
+
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_both_walks_refuse_changed_and_freed_tensors(which, monkeypatch):
+    from fastadam.autodiff import _engine
+    monkeypatch.setattr(_engine, "_run",
+                        _tensor._tape.run if which == "compiled" else _engine._run_python)
+    a = Tensor(np.ones(3), requires_grad=True)
+    s = a * a
+    y = ad.sum(s * s)
+    s += 1
+    with pytest.raises(RuntimeError, match="modified in place"):
+        ad.gradient(y, [a])
+    y2 = ad.sum(a * a)
+    ad.gradient(y2, [a])
+    with pytest.raises(RuntimeError, match="second time"):
+        ad.gradient(y2, [a])

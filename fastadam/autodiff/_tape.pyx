@@ -221,3 +221,147 @@ def primitive_call(self, *args, **params):
     if view:
         mark_view_(t, args[0])
     return t
+
+
+# ---- the backward walk ----------------------------------------------------------------------
+# ``_engine._run`` line for line (see its docstring for the four steps), reading the Tensor and
+# Node slots in place; the rare cases (changed versions, freed graphs, shape or dtype fixes, a
+# second contribution to a cotangent) call the very helpers of ``_engine``.
+
+cdef object IndexedSlices_ = None
+cdef object check_versions_ = None
+cdef object check_output_version_ = None
+cdef object accumulate_ = None
+cdef object conform_ = None
+cdef object freed_error_ = None
+cdef object node_id_ = None
+
+
+def setup_walk(IndexedSlices, check_versions, check_output_version, accumulate, conform,
+               freed_error, node_id):
+    """Bind the walk to ``_engine``'s helpers (called once by ``_engine``)."""
+    global IndexedSlices_, check_versions_, check_output_version_, accumulate_, conform_
+    global freed_error_, node_id_
+    IndexedSlices_, check_versions_, check_output_version_ = IndexedSlices, check_versions, \
+        check_output_version
+    accumulate_, conform_, freed_error_, node_id_ = accumulate, conform, freed_error, node_id
+
+
+cdef inline object _field(object o, Py_ssize_t off):
+    cdef PyObject *p = _peek(o, off)
+    if p == NULL:
+        raise AttributeError(f"{type(o).__name__} object has an unset field")
+    return <object>p
+
+
+cdef inline object _key_of(object t):
+    """The cotangent key of a tensor: its node, or the tensor itself for a leaf."""
+    n = _field(t, T_NODE)
+    return t if n is None else n
+
+
+def run(y, dict keys_x, keys_z, seed, bint create_graph, bint retain_graph):
+    """``_engine._run``: the walk shared by ``gradient`` and ``backward``."""
+    cdef Py_ssize_t k, i
+    cdef list order, idx
+    cdef dict grads, wanted
+    cdef tuple inputs
+    ynode = _field(y, T_NODE)
+    ykey = y if ynode is None else ynode
+    grads = {ykey: seed}
+    if ynode is None or ykey in keys_x or ykey in keys_z:
+        return grads
+    stop = keys_x.keys() | keys_z if keys_z else keys_x
+    # 1. reachable nodes
+    order = [ynode]
+    seen = {ynode}
+    k = 0
+    while k < len(order):
+        node = order[k]
+        k += 1
+        ins = _field(node, N_INPUTS)
+        if ins is None:
+            raise freed_error_(node)
+        for t in <tuple>ins:
+            n = _field(t, T_NODE)
+            if n is not None and n not in seen and n not in stop:
+                seen.add(n)
+                order.append(n)
+    if len(order) > 1:
+        order.sort(key=node_id_)
+    # 2. relevance
+    wanted = {}
+    for node in order:
+        idx = None
+        i = 0
+        for t in <tuple>_field(node, N_INPUTS):
+            kk = _key_of(t)
+            if kk in keys_x or (kk in wanted and kk not in keys_z):
+                if idx is None:
+                    idx = [i]
+                else:
+                    idx.append(i)
+            i += 1
+        if idx is not None:
+            wanted[node] = idx
+    # 3. reverse walk (records only under create_graph)
+    owned = set()
+    mode = mode_
+    previous = mode.enabled
+    mode.enabled = create_graph
+    try:
+        for node in reversed(order):
+            idx = wanted.get(node)
+            if idx is None:
+                continue
+            g = grads.pop(node, None)
+            if g is None:
+                continue
+            inputs = _field(node, N_INPUTS)
+            if _field(node, N_VERSIONS) is None:
+                for t in inputs:
+                    if not _plain(t):
+                        check_versions_(node)
+                        break
+            else:
+                check_versions_(node)
+            ref = _field(node, N_OUT_REF)
+            ans = ref() if ref is not None else None
+            if ans is None:
+                ans = node.output()
+            elif not _plain(ans):
+                check_versions_(node)
+                check_output_version_(node, ans)
+            if type(g) is IndexedSlices_:
+                g = _tensor(g.to_dense(), False, None)
+            prim = _field(node, N_PRIM)
+            params = _field(node, N_PARAMS)
+            vjps = prim.vjps
+            for i in idx:
+                t = inputs[i]
+                f = vjps.get(i) or prim.vjp(i)
+                gi = f(g, ans, *inputs, **params)
+                if gi is None:
+                    continue
+                td = _field(t, T_DATA)
+                if type(gi) is Tensor_:
+                    gd = _field(gi, T_DATA)
+                    gdt = gd.dtype
+                    tdt = td.dtype
+                    if gd.shape != td.shape or (gdt is not tdt and gdt != tdt):
+                        gi = conform_(gi, gd.shape, gdt, td, prim, i)
+                else:
+                    gi = conform_(gi, gi.shape, gi.dtype, td, prim, i)
+                kk = _key_of(t)
+                if kk in grads:
+                    accumulate_(grads, owned, kk, gi, create_graph)
+                else:
+                    grads[kk] = gi
+    finally:
+        mode.enabled = previous
+    if not (retain_graph or create_graph):
+        for node in order:
+            _put(node, N_INPUTS, None)
+            _put(node, N_PARAMS, None)
+            _put(node, N_OUT_DATA, None)
+    return grads
