@@ -95,6 +95,26 @@ cdef _check(cnp.ndarray a, str name):
         raise ValueError(f"{name}: expected a C-contiguous array")
 
 
+def is_fast(*arrays):
+    """True when the arrays are aligned, native-order, C-contiguous float32 or float64 ndarrays,
+    all of one dtype: what the kernels below take (the Python-side test, in one C call)."""
+    cdef int t = -1, ti
+    cdef cnp.ndarray x
+    for a in arrays:
+        if not cnp.PyArray_Check(a):
+            return False
+        x = <cnp.ndarray>a
+        ti = cnp.PyArray_TYPE(x)
+        if (ti != cnp.NPY_FLOAT and ti != cnp.NPY_DOUBLE) or not cnp.PyArray_IS_C_CONTIGUOUS(x) \
+                or not cnp.PyArray_ISALIGNED(x) or not cnp.PyArray_ISNOTSWAPPED(x):
+            return False
+        if t == -1:
+            t = ti
+        elif ti != t:
+            return False
+    return t != -1
+
+
 cdef _check_same(cnp.ndarray a, cnp.ndarray b):
     _check(a, "a")
     _check(b, "b")

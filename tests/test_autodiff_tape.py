@@ -167,3 +167,17 @@ def test_both_walks_refuse_changed_and_freed_tensors(which, monkeypatch):
     ad.gradient(y2, [a])
     with pytest.raises(RuntimeError, match="second time"):
         ad.gradient(y2, [a])
+
+
+def test_compiled_fast_test_agrees_with_the_python_one():
+    from fastadam.autodiff import _kernels as K
+    f32 = np.ones((4, 5), np.float32)
+    f64 = np.ones((4, 5))
+    cases = [(f32,), (f64,), (f32, f32), (f32, f64), (f32.T,), (f32[:, ::2],),
+             (np.ones((4, 5), ">f4"),), (np.ones(3, np.int64),), (np.ones(3, np.float16),),
+             (f64, f64[1:]), (np.ones((0, 3), np.float32),)]
+    for arrays in cases:
+        assert K._fast(*arrays) == K._fast_python(*arrays), arrays
+    raw = np.zeros(4 * 5 + 1, np.uint8)[1:].view(np.float32)  # misaligned: not for the kernels
+    assert not K._fast(raw)
+    assert not K._fast([1.0, 2.0])
