@@ -113,7 +113,7 @@ def sum_to(x, shape):
         return x
     lead = len(xs) - len(shape)
     if lead == 1 and xs[1:] == shape:
-        if x.size < 8192 or not _fast(x):  # small: NumPy's reduction is cheaper to call
+        if not _fast(x):
             return np.add.reduce(x, axis=0)
         return _C.sum_rows(x.reshape(xs[0], -1)).reshape(shape)
     if lead >= 1 and xs[lead:] == shape and _fast(x):
