@@ -161,37 +161,28 @@ abs = primitive(np.abs, name="abs")  # noqa: A001 - NumPy's name
 sign = primitive(np.sign, name="sign")
 
 
-@primitive
-def relu(x):
-    """``max(x, 0)``; the derivative at 0 is taken as 0.  NaN stays NaN (as torch.relu)."""
-    return K.relu(x)
+def _kernel_primitive(kernel, name, doc):
+    """The kernel itself as the primitive's function (no Python frame in between)."""
+    prim = primitive(kernel, name=name)
+    prim.__doc__ = doc
+    return prim
 
 
-@primitive
-def relu_grad(g, x):
-    """``0 where x <= 0, else g`` (the VJP of relu; a NaN x passes g on, as in PyTorch)."""
-    return K.relu_grad(g, x)
-
-
-@primitive
-def sigmoid(x):
-    """``1 / (1 + exp(-x))``, evaluated without overflow."""
-    return K.sigmoid(x)
-
-
-@primitive
-def sigmoid_grad(g, s):
-    """``g * s * (1 - s)`` with ``s = sigmoid(x)`` (the VJP of sigmoid)."""
-    return K.sigmoid_grad(g, s)
-
-
+relu = _kernel_primitive(
+    K.relu, "relu",
+    """``max(x, 0)``; the derivative at 0 is taken as 0.  NaN stays NaN (as torch.relu).""")
+relu_grad = _kernel_primitive(
+    K.relu_grad, "relu_grad",
+    """``0 where x <= 0, else g`` (the VJP of relu; a NaN x passes g on, as in PyTorch).""")
+sigmoid = _kernel_primitive(
+    K.sigmoid, "sigmoid", """``1 / (1 + exp(-x))``, evaluated without overflow.""")
+sigmoid_grad = _kernel_primitive(
+    K.sigmoid_grad, "sigmoid_grad",
+    """``g * s * (1 - s)`` with ``s = sigmoid(x)`` (the VJP of sigmoid).""")
 tanh = primitive(np.tanh, name="tanh")
-
-
-@primitive
-def tanh_grad(g, t):
-    """``g * (1 - t * t)`` with ``t = tanh(x)`` (the VJP of tanh)."""
-    return K.tanh_grad(g, t)
+tanh_grad = _kernel_primitive(
+    K.tanh_grad, "tanh_grad",
+    """``g * (1 - t * t)`` with ``t = tanh(x)`` (the VJP of tanh).""")
 
 
 defvjp(exp, lambda g, ans, x: multiply(g, ans))
