@@ -129,13 +129,40 @@ def _matmul_vjp_b(g, ans, a, b):
 defvjp(matmul, _matmul_vjp_a, _matmul_vjp_b)
 
 
+def _matmul_nt(a, b):
+    return np.matmul(a, b.T)
+
+
+# ``a @ b.T`` for 2-D a and b as one recorded op (ONNX Gemm with transB=1, the layout of
+# torch.nn.Linear's weight): no transpose node on the tape, each gradient one BLAS call.
+matmul_nt = primitive(_matmul_nt, name="matmul_nt")
+
+
+def _matmul_nt_vjp_a(g, ans, a, b):
+    if not _tensor._mode.enabled:  # first order: one BLAS call, no wrappers
+        return _wrap(np.matmul(g.data, b.data))
+    return matmul(g, b)
+
+
+def _matmul_nt_vjp_b(g, ans, a, b):
+    if not _tensor._mode.enabled:
+        return _wrap(np.matmul(g.data.T, a.data))
+    return matmul(transpose(g), a)
+
+
+defvjp(matmul_nt, _matmul_nt_vjp_a, _matmul_nt_vjp_b)
+
+
 def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     """ONNX Gemm: ``alpha * op(a) @ op(b) + beta * c`` (``op`` transposes when asked); 2-D only."""
     a = as_tensor(a)
     b = as_tensor(b)
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: expected 2-D a and b, got shapes {a.shape} and {b.shape}")
-    y = matmul(transpose(a) if trans_a else a, transpose(b) if trans_b else b)
+    if trans_b and not trans_a:
+        y = matmul_nt(a, b)
+    else:
+        y = matmul(transpose(a) if trans_a else a, transpose(b) if trans_b else b)
     if alpha != 1:
         y = multiply(y, alpha)
     if c is not None:
