@@ -47,7 +47,7 @@ def tape_overhead(dtype):
     t = ad.Tensor(np.ones(3, dtype=dtype), requires_grad=True)
     a = np.ones(3, dtype=dtype)
     rec, raw = median_times([lambda: t * t, lambda: a * a], 0.6, repeats=21)
-    return rec - raw
+    return rec - raw, raw
 
 
 def main():
@@ -103,10 +103,11 @@ def main():
                 print(line, flush=True)
         if build is B.build_logreg:
             for dtype in (np.float32, np.float64):
-                overhead[dtype] = tape_overhead(dtype)
+                overhead[dtype], bare = tape_overhead(dtype)
                 print(f"  tape overhead per recorded op ({np.dtype(dtype).name}): "
                       f"{overhead[dtype] * 1e6:.2f} us (recorded 3-element multiply minus "
-                      f"the bare NumPy multiply)")
+                      f"the bare NumPy multiply, which took {bare * 1e6:.2f} us: the machine's "
+                      f"load scales both)")
     undo()
     print("\nissue 12 goals (float32, torch / fastadam time; 1 thread both sides):")
     goals = [

@@ -95,6 +95,26 @@ cdef _check(cnp.ndarray a, str name):
         raise ValueError(f"{name}: expected a C-contiguous array")
 
 
+def is_fast(*arrays):
+    """True when the arrays are aligned, native-order, C-contiguous float32 or float64 ndarrays,
+    all of one dtype: what the kernels below take (the Python-side test, in one C call)."""
+    cdef int t = -1, ti
+    cdef cnp.ndarray x
+    for a in arrays:
+        if not cnp.PyArray_Check(a):
+            return False
+        x = <cnp.ndarray>a
+        ti = cnp.PyArray_TYPE(x)
+        if (ti != cnp.NPY_FLOAT and ti != cnp.NPY_DOUBLE) or not cnp.PyArray_IS_C_CONTIGUOUS(x) \
+                or not cnp.PyArray_ISALIGNED(x) or not cnp.PyArray_ISNOTSWAPPED(x):
+            return False
+        if t == -1:
+            t = ti
+        elif ti != t:
+            return False
+    return t != -1
+
+
 cdef _check_same(cnp.ndarray a, cnp.ndarray b):
     _check(a, "a")
     _check(b, "b")
@@ -213,14 +233,24 @@ def relu_grad_scalar(double g, cnp.ndarray x, out=None):
     cdef int nt = _threads(n, nchunks)
     cdef Py_ssize_t m
     with nogil:
-        for k in prange(nchunks, schedule="static", num_threads=nt):
-            m = min(<Py_ssize_t>CHUNK, n - k * CHUNK)
-            if f32:
-                fa_ad_relu_grad_scalar_f32(<float>g, <float *>(px + k * CHUNK * isz),
-                                           <float *>(po + k * CHUNK * isz), m)
-            else:
-                fa_ad_relu_grad_scalar_f64(g, <double *>(px + k * CHUNK * isz),
-                                           <double *>(po + k * CHUNK * isz), m)
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for k in range(nchunks):
+                m = min(<Py_ssize_t>CHUNK, n - k * CHUNK)
+                if f32:
+                    fa_ad_relu_grad_scalar_f32(<float>g, <float *>(px + k * CHUNK * isz),
+                                               <float *>(po + k * CHUNK * isz), m)
+                else:
+                    fa_ad_relu_grad_scalar_f64(g, <double *>(px + k * CHUNK * isz),
+                                               <double *>(po + k * CHUNK * isz), m)
+        else:
+            for k in prange(nchunks, schedule="static", num_threads=nt):
+                m = min(<Py_ssize_t>CHUNK, n - k * CHUNK)
+                if f32:
+                    fa_ad_relu_grad_scalar_f32(<float>g, <float *>(px + k * CHUNK * isz),
+                                               <float *>(po + k * CHUNK * isz), m)
+                else:
+                    fa_ad_relu_grad_scalar_f64(g, <double *>(px + k * CHUNK * isz),
+                                               <double *>(po + k * CHUNK * isz), m)
     return o
 
 
@@ -248,13 +278,22 @@ def sum_rows(cnp.ndarray x):
     nblocks = (cols + B - 1) // B
     cdef int nt = _threads(rows * cols, nblocks)
     with nogil:
-        for k in prange(nblocks, schedule="static", num_threads=nt):
-            if f32:
-                fa_ad_sum_rows_f32(<float *>px, <float *>po, rows, cols, k * B,
-                                   min(cols, (k + 1) * B))
-            else:
-                fa_ad_sum_rows_f64(<double *>px, <double *>po, rows, cols, k * B,
-                                   min(cols, (k + 1) * B))
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for k in range(nblocks):
+                if f32:
+                    fa_ad_sum_rows_f32(<float *>px, <float *>po, rows, cols, k * B,
+                                       min(cols, (k + 1) * B))
+                else:
+                    fa_ad_sum_rows_f64(<double *>px, <double *>po, rows, cols, k * B,
+                                       min(cols, (k + 1) * B))
+        else:
+            for k in prange(nblocks, schedule="static", num_threads=nt):
+                if f32:
+                    fa_ad_sum_rows_f32(<float *>px, <float *>po, rows, cols, k * B,
+                                       min(cols, (k + 1) * B))
+                else:
+                    fa_ad_sum_rows_f64(<double *>px, <double *>po, rows, cols, k * B,
+                                       min(cols, (k + 1) * B))
     return o
 
 
@@ -280,12 +319,20 @@ def sce_forward(cnp.ndarray x, cnp.ndarray labels):
     cdef Py_ssize_t nb = (rows + B - 1) // B
     cdef int nt = _threads(rows * cols, nb)
     with nogil:
-        for i in prange(nb, schedule="static", num_threads=nt):
-            if f32:
-                fa_ad_sce_rows_f32(<float *>px, lab, <float *>pl, cols, i * B, min(rows, i * B + B))
-            else:
-                fa_ad_sce_rows_f64(<double *>px, lab, <double *>pl, cols, i * B,
-                                   min(rows, i * B + B))
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for i in range(nb):
+                if f32:
+                    fa_ad_sce_rows_f32(<float *>px, lab, <float *>pl, cols, i * B, min(rows, i * B + B))
+                else:
+                    fa_ad_sce_rows_f64(<double *>px, lab, <double *>pl, cols, i * B,
+                                       min(rows, i * B + B))
+        else:
+            for i in prange(nb, schedule="static", num_threads=nt):
+                if f32:
+                    fa_ad_sce_rows_f32(<float *>px, lab, <float *>pl, cols, i * B, min(rows, i * B + B))
+                else:
+                    fa_ad_sce_rows_f64(<double *>px, lab, <double *>pl, cols, i * B,
+                                       min(rows, i * B + B))
     if rows == 0:
         return float("nan")
     cdef double total = 0.0
@@ -311,13 +358,22 @@ def sce_backward(cnp.ndarray x, cnp.ndarray labels, double scale):
     cdef Py_ssize_t nb = (rows + B - 1) // B
     cdef int nt = _threads(rows * cols, nb)
     with nogil:
-        for i in prange(nb, schedule="static", num_threads=nt):
-            if f32:
-                fa_ad_sce_grad_rows_f32(<float *>px, lab, <float *>po, cols, <float>s, i * B,
-                                        min(rows, i * B + B))
-            else:
-                fa_ad_sce_grad_rows_f64(<double *>px, lab, <double *>po, cols, s, i * B,
-                                        min(rows, i * B + B))
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for i in range(nb):
+                if f32:
+                    fa_ad_sce_grad_rows_f32(<float *>px, lab, <float *>po, cols, <float>s, i * B,
+                                            min(rows, i * B + B))
+                else:
+                    fa_ad_sce_grad_rows_f64(<double *>px, lab, <double *>po, cols, s, i * B,
+                                            min(rows, i * B + B))
+        else:
+            for i in prange(nb, schedule="static", num_threads=nt):
+                if f32:
+                    fa_ad_sce_grad_rows_f32(<float *>px, lab, <float *>po, cols, <float>s, i * B,
+                                            min(rows, i * B + B))
+                else:
+                    fa_ad_sce_grad_rows_f64(<double *>px, lab, <double *>po, cols, s, i * B,
+                                            min(rows, i * B + B))
     return o
 
 
@@ -362,11 +418,18 @@ def im2col(cnp.ndarray x, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_
     cdef Py_ssize_t r, nrows = dims[0] * dims[1]
     cdef int nt = _threads(nrows * dims[2], nrows)
     with nogil:
-        for r in prange(nrows, schedule="static", num_threads=nt):
-            if f32:
-                fa_ad_im2col_f32(<float *>px, <float *>pc, &g, r, r + 1)
-            else:
-                fa_ad_im2col_f64(<double *>px, <double *>pc, &g, r, r + 1)
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for r in range(nrows):
+                if f32:
+                    fa_ad_im2col_f32(<float *>px, <float *>pc, &g, r, r + 1)
+                else:
+                    fa_ad_im2col_f64(<double *>px, <double *>pc, &g, r, r + 1)
+        else:
+            for r in prange(nrows, schedule="static", num_threads=nt):
+                if f32:
+                    fa_ad_im2col_f32(<float *>px, <float *>pc, &g, r, r + 1)
+                else:
+                    fa_ad_im2col_f64(<double *>px, <double *>pc, &g, r, r + 1)
     return cols
 
 
@@ -399,11 +462,18 @@ def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_
     cdef Py_ssize_t k, nplanes = n * c
     cdef int nt = _threads(cols.size, nplanes)
     with nogil:
-        for k in prange(nplanes, schedule="static", num_threads=nt):
-            if f32:
-                fa_ad_col2im_f32(<float *>pc, <float *>px, &g, k, k + 1)
-            else:
-                fa_ad_col2im_f64(<double *>pc, <double *>px, &g, k, k + 1)
+        if nt == 1:  # no parallel region (it costs more than small work)
+            for k in range(nplanes):
+                if f32:
+                    fa_ad_col2im_f32(<float *>pc, <float *>px, &g, k, k + 1)
+                else:
+                    fa_ad_col2im_f64(<double *>pc, <double *>px, &g, k, k + 1)
+        else:
+            for k in prange(nplanes, schedule="static", num_threads=nt):
+                if f32:
+                    fa_ad_col2im_f32(<float *>pc, <float *>px, &g, k, k + 1)
+                else:
+                    fa_ad_col2im_f64(<double *>pc, <double *>px, &g, k, k + 1)
     return x
 
 

@@ -35,6 +35,18 @@ cdef enum:
 
 PARALLEL_MIN = _PARALLEL_MIN  # for fastadam/_threads.py's adaptive choice
 
+# num_threads=0 (the user's None): steps per size class (bit length of the element count) that
+# the measured choice (fastadam/_threads.py) lets run on one thread, untimed, before it wants
+# to look again; at zero dense_step returns None without writing and the chooser runs it.
+cdef int _serial_left[65]
+
+
+def set_serial_left(int key, int steps):
+    """Let the next ``steps`` steps of size class ``key`` run on one thread without asking."""
+    if not 0 <= key <= 64:
+        raise ValueError(f"key: expected a size class 0..64, got {key}")
+    _serial_left[key] = max(steps, 0)
+
 
 cdef struct Chunk:
     char *x
@@ -81,6 +93,17 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
         nchunks += (size + CHUNK - 1) // CHUNK
     if nchunks == 0:
         return True
+    cdef int key = 0
+    if num_threads == 0:  # the measured choice: serial below PARALLEL_MIN or while allowed
+        if total >= _PARALLEL_MIN:
+            size = total
+            while size:
+                key += 1
+                size >>= 1
+            if _serial_left[key] <= 0:
+                return None  # nothing written: fastadam/_threads.py measures this step
+            _serial_left[key] -= 1
+        num_threads = 1
     cdef Chunk *chunks = <Chunk *>malloc(nchunks * sizeof(Chunk))
     if chunks == NULL:
         raise MemoryError()

@@ -60,6 +60,7 @@ cdef enum:
     PARALLEL_MIN = 131072
     PAD = 16  # scratch rows are padded to 64 bytes of float32 so threads share no cache line
 
+PARALLEL_MIN_WORK = PARALLEL_MIN  # for the measured thread choice (fastadam/_threads.py)
 MODES = {"lazy": 0, "dense": 1, "catchup": 2}
 # The packed sort holds an index and a position in 32 bits each.
 PACKED_LIMIT = 1 << 32

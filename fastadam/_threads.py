@@ -5,7 +5,8 @@
 run on (affinity mask and cgroup CPU quota).  A negative value counts back from that maximum
 (-1 = all, -2 = all but one).  An explicit count is capped at MAX_THREADS_PER_CPU threads per
 usable CPU: more only adds scheduling cost, and libgomp ends the process (exit(1)) when it
-cannot start the threads it was asked for.
+cannot start the threads it was asked for.  For the dense and sparse steps and segment_sum,
+``None`` is refined by :class:`AdaptiveThreads`: 1 or that maximum, whichever measures faster.
 
 Fork safety: libgomp's thread pool does not survive ``fork``; a child that enters a parallel
 region after its parent ran one hangs.  ``os.register_at_fork`` marks every child process, and
@@ -16,6 +17,7 @@ import math
 import numbers
 import os
 import warnings
+from collections import deque
 from time import perf_counter as _perf_counter
 
 from ._config import omp_max_threads
@@ -111,84 +113,200 @@ def resolve_num_threads(num_threads):
     return min(num_threads, MAX_THREADS_PER_CPU * cpus)
 
 
+class _SizeClass:
+    """What the chooser knows about one kind of step of one size class."""
+    __slots__ = ("parallel", "countdown", "interval", "serial", "threaded", "ratios",
+                 "probes", "switches", "scheduled")
+
+    def __init__(self):
+        self.parallel = False  # the incumbent: True = N threads, False = 1 thread
+        self.countdown = 0     # steps of the incumbent until the next probe
+        self.interval = 0      # the current probe interval (0: still on the first steps)
+        self.serial = deque(maxlen=AdaptiveThreads.WINDOW)    # seconds per element, 1 thread
+        self.threaded = deque(maxlen=AdaptiveThreads.WINDOW)  # seconds per element, N threads
+        self.ratios = deque(maxlen=AdaptiveThreads.WINDOW)  # N / 1 thread, neighbouring steps
+        self.probes = self.switches = 0
+        self.scheduled = 0     # steps from the last (re)scheduling to the next probe
+
+
+def _median(samples):
+    s = sorted(samples)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
 class AdaptiveThreads:
-    """The default thread count of a dense step, chosen by measuring the cores actually free.
+    """The default thread count of a step, chosen by measuring the cores actually free.
 
     With ``num_threads=None`` a step large enough for a parallel region may still be slower on
     N threads than on one: on a shared or oversubscribed machine (other processes, BLAS threads
-    that have just run) the extra workers wait for a core.  For each size class (a power of two
-    of elements) this keeps a running estimate of seconds per element on 1 and on N threads and
-    runs N threads only when they are clearly faster (estimate below ``MARGIN`` times the serial
-    one: a busy machine makes parallel times bimodal, and a lucky one must not win).  Now and
-    then it runs the other count once (a probe), which moves the other's estimate halfway to the
-    new time, so the speed-up comes back when cores free up.  The probe interval starts at
-    ``PROBE_MIN`` steps of the class and doubles after each probe that does not change the
-    choice, up to ``PROBE_MAX``, so on a persistently busy machine probes cost under 1% of steps;
-    when the running estimate alone changes the choice, the next probe comes soon again.
-    Results do not depend on the thread count (every element is computed by the same kernel
-    whatever the split), so the choice shows only in the time.
+    that have just run) the extra workers wait for a core, and a step on N threads can take ten
+    times as long as on one.  For each kind of step and size class (a power of two of elements)
+    this measures the ratio of a step's time on N threads to its time on one, each ratio from
+    neighbouring steps (a probe against the median of the ``PRE_PROBE`` steps just before it:
+    the machine's own speed drifts over seconds on a shared machine, and times from different
+    moments must not be compared), and decides on the median of the last ``WINDOW`` ratios (a
+    preempted step is one outlier among five):
+
+    - the first ``FIRST`` steps of a class alternate 1 and N threads;
+    - then N threads are the incumbent only if the median ratio is below ``ENTER`` (a lucky
+      parallel step does not win a busy machine), and they stay while it is below ``LEAVE``
+      (hysteresis: no flapping between the two on noise);
+    - now and then one step runs the other count (a probe), so the speed-up comes back when
+      cores free up.  The probe interval starts at ``PROBE_MIN`` steps and doubles after each
+      probe that does not change the choice, up to ``PROBE_MAX``; and it is never shorter than
+      the one that keeps the measured extra cost of a probe below ``BUDGET`` of the steps in
+      between (a probe three times slower than a step waits >= 100 steps);
+    - a parallel incumbent whose last steps are no faster than the last serial time (a busy
+      spell) goes back to one thread at once, and its old ratios give way to that evidence.
+
+    A serial incumbent runs untimed except for the ``PRE_PROBE`` steps before a probe: in a
+    training loop the step runs with its caches and branch predictors cold after the BLAS
+    work, and every extra line on the default path costs ten times what it costs in a
+    microbenchmark; a driver registered in ``fast_paths`` (the dense one) even counts those
+    steps down itself, without calling back into Python.  A parallel incumbent is timed every
+    step, so a busy spell sends it back to one thread after two slow steps.  Results do not depend on the thread count (every element is computed by
+    the same kernel whatever the split), so the choice shows only in the time.  A size class
+    is keyed ``total.bit_length() | kind << 8``.  ``log``, when set to a list, receives one
+    ``(key, threads, seconds per element, what)`` tuple per timed step.
     """
+    FIRST = 3          # measured steps on each count before the first choice
+    WINDOW = 5         # ratios (and times per count) kept
+    ENTER = 0.85       # 1 -> N threads when the median ratio N / 1 thread is below ENTER
+    LEAVE = 1.0        # N -> 1 thread when the median ratio reaches LEAVE
     PROBE_MIN = 16
     PROBE_MAX = 1024
-    WEIGHT = 0.25        # weight of the newest measurement in the running estimate
-    PROBE_WEIGHT = 0.5   # weight of a probe's measurement
-    MARGIN = 0.85        # N threads run when their estimate is below MARGIN x the serial one
+    BUDGET = 0.02      # a probe's extra time <= BUDGET x the steps between two probes
+    PRE_PROBE = 3      # incumbent steps timed just before a probe (its neighbours)
 
     def __init__(self):
-        self.classes = {}  # size class -> [steps until probe, interval, serial, parallel]
-        self.steps = self.parallel_steps = 0  # counters, for benchmarks
+        self.classes = {}  # key -> _SizeClass
+        self.fast_paths = {}  # kind -> set_serial_left(size class, steps) of its driver
+        self.log = None
+        self.steps = self.parallel_steps = 0  # steps seen here (not the drivers' own), on N
 
     def reset(self):
+        for key in self.classes:
+            if key >> 8 in self.fast_paths:
+                self.fast_paths[key >> 8](key & 255, 0)
         self.classes.clear()
         self.steps = self.parallel_steps = 0
 
-    def choice(self, total):
+    def choice(self, total, kind=0):
         """1 or "parallel": what the next step of ``total`` elements runs (None: not known)."""
-        state = self.classes.get(total.bit_length())
-        if state is None or state[2] is None or state[3] is None:
+        state = self.classes.get(total.bit_length() | kind << 8)
+        if state is None or state.interval == 0:
             return None
-        return "parallel" if state[3] < self.MARGIN * state[2] else 1
+        return "parallel" if state.parallel else 1
 
-    def run(self, step, total, nt):
-        """Run ``step(num_threads)`` over ``total`` elements with 1 or ``nt`` threads."""
-        state = self.classes.get(total.bit_length())
+    def summary(self):
+        """{key: dict} of every size class: choice, medians, probes, switches, interval and
+        the steps the last schedule set until the next probe (longer than the interval where
+        a probe is costly)."""
+        out = {}
+        for key, st in sorted(self.classes.items()):
+            out[key] = {"kind": key >> 8, "elements": f"2^{(key & 255) - 1}..2^{key & 255}",
+                        "choice": "N" if st.parallel else 1,
+                        "serial_ns_per_elem": _median(st.serial) * 1e9 if st.serial else None,
+                        "threaded_ns_per_elem":
+                            _median(st.threaded) * 1e9 if st.threaded else None,
+                        "ratio": _median(st.ratios) if st.ratios else None,
+                        "probes": st.probes, "switches": st.switches,
+                        "probe_interval": st.interval, "probe_after": st.scheduled}
+        return out
+
+    def run(self, step, args, total, kind=0):
+        """``step(*args, num_threads)`` over ``total`` elements on the chosen thread count.
+
+        ``kind`` separates steps whose time per element differs (dense, sparse modes)."""
+        state = self.classes.get(total.bit_length() | kind << 8)
+        if state is not None and state.countdown > self.PRE_PROBE + 1 and not state.parallel:
+            state.countdown -= 1  # the common case: one thread chosen, no probe near
+            self.steps += 1
+            return step(*args, 1)
+        nt = resolve_num_threads(None)
+        if nt == 1:
+            self.steps += 1
+            return step(*args, 1)
         if state is None:
-            state = self.classes[total.bit_length()] = [self.PROBE_MIN, self.PROBE_MIN,
-                                                          None, None]
-        serial, parallel = state[2], state[3]
+            state = self.classes[total.bit_length() | kind << 8] = _SizeClass()
+        return self._measured(state, step, args, total, nt, kind)
+
+    def _measured(self, state, step, args, total, nt, kind):
+        first = state.interval == 0  # no choice made yet
         probe = False
-        if serial is None:
-            use = 1
-        elif parallel is None:
-            use = nt
+        if first:
+            use_parallel = len(state.threaded) < len(state.serial)  # 1, N, 1, N, ...
         else:
-            use = nt if parallel < self.MARGIN * serial else 1
-            state[0] -= 1
-            if state[0] <= 0:
-                probe = True
-                use = 1 if use == nt else nt
+            state.countdown -= 1
+            probe = state.countdown <= 0
+            use_parallel = state.parallel != probe
         self.steps += 1
-        self.parallel_steps += use != 1
+        self.parallel_steps += use_parallel
         t0 = _perf_counter()
-        result = step(use)
+        result = step(*args, nt if use_parallel else 1)
         per_elem = (_perf_counter() - t0) / total
-        slot = 2 if use == 1 else 3
-        old = state[slot]
-        if old is None:
-            state[slot] = per_elem
-        else:
-            state[slot] = old + (self.PROBE_WEIGHT if probe else self.WEIGHT) * (per_elem - old)
-        now_parallel = state[2] is not None and state[3] is not None and \
-            state[3] < self.MARGIN * state[2]
+        if self.log is not None:
+            self.log.append((total.bit_length() | kind << 8, nt if use_parallel else 1,
+                             per_elem, "first" if first else "probe" if probe else "step"))
+        if first:
+            (state.threaded if use_parallel else state.serial).append(per_elem)
+            if use_parallel:  # against the serial step just before it
+                state.ratios.append(per_elem / state.serial[-1])
+                if len(state.ratios) >= self.FIRST:
+                    state.parallel = _median(state.ratios) < self.ENTER
+                    state.interval = self.PROBE_MIN
+                    self._schedule(state, state.ratios[-1], kind, total)
+            return result
         if probe:
-            won = now_parallel == (use != 1)  # the probe changed the choice
-            state[1] = self.PROBE_MIN if won else min(2 * state[1], self.PROBE_MAX)
-            state[0] = state[1]
-        elif serial is not None and parallel is not None and now_parallel != (use != 1):
-            # The incumbent's own times moved the choice (a busy spell, or its end): the other
-            # count's estimate may be as stale, so measure it again soon.
-            state[1] = state[0] = self.PROBE_MIN
+            # the probe's time against the incumbent's last steps, just before it: the
+            # machine's speed drifts over seconds, a ratio of neighbours does not
+            if use_parallel:
+                ratio = per_elem / _median(list(state.serial)[-self.PRE_PROBE:])
+            else:
+                ratio = _median(list(state.threaded)[-self.PRE_PROBE:]) / per_elem
+            (state.threaded if use_parallel else state.serial).append(per_elem)
+            state.ratios.append(ratio)
+            state.probes += 1
+            was = state.parallel
+            state.parallel = _median(state.ratios) < (self.LEAVE if was else self.ENTER)
+            if state.parallel != was:
+                state.switches += 1
+                state.interval = self.PROBE_MIN
+            else:
+                state.interval = min(2 * state.interval, self.PROBE_MAX)
+            self._schedule(state, ratio, kind, total)
+            return result
+        (state.threaded if use_parallel else state.serial).append(per_elem)
+        if use_parallel:
+            recent = _median(list(state.threaded)[-self.PRE_PROBE:])
+            if recent >= self.LEAVE * state.serial[-1]:
+                # a busy spell: back to one thread; the old ratios said otherwise, so they
+                # give way to this one and the next probes must show the speed-up again
+                state.parallel = False
+                state.switches += 1
+                state.interval = self.PROBE_MIN
+                ratio = recent / state.serial[-1]
+                state.ratios = deque([ratio], maxlen=self.WINDOW)  # one rebinding: thread-safe
+                self._schedule(state, ratio, kind, total)
         return result
+
+    def _schedule(self, state, last_ratio, kind, total):
+        """Set the countdown to the next probe: the interval, or longer where a step on the
+        other count (by the median ratio, or the last one if worse) would cost more than
+        BUDGET of the steps in between."""
+        r = _median(state.ratios)
+        if state.parallel:  # a probe runs one thread: it costs 1/ratio
+            other_over_incumbent = 1.0 / min(r, last_ratio)
+        else:
+            other_over_incumbent = max(r, last_ratio)
+        extra = other_over_incumbent - 1.0
+        state.countdown = state.scheduled = max(state.interval, math.ceil(extra / self.BUDGET))
+        hand_over = state.countdown - self.PRE_PROBE - 1
+        if not state.parallel and hand_over > 0 and kind in self.fast_paths:
+            # the driver runs these serial steps itself and asks again when they are done
+            self.fast_paths[kind](total.bit_length(), hand_over)
+            state.countdown -= hand_over
 
 
 adaptive_threads = AdaptiveThreads()

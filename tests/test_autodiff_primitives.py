@@ -46,6 +46,9 @@ CASES = {
     "gemm": (lambda a, b, c: ad.gemm(a, b, c, alpha=0.7, beta=1.3), [r(3, 4), r(4, 2), r(2)]),
     "gemm_trans": (lambda a, b, c: ad.gemm(a, b, c, trans_a=True, trans_b=True),
                    [r(4, 3), r(2, 4), r(3, 2)]),
+    # trans_b alone is one primitive (matmul_nt), the layout of ONNX Gemm(transB=1)
+    "gemm_trans_b": (lambda a, b, c: ad.gemm(a, b, c, beta=0.5, trans_b=True),
+                     [r(3, 4), r(2, 4), r(2)]),
     "conv2d": (lambda x, w, b: ad.conv2d(x, w, b), [r(2, 3, 5, 6), r(4, 3, 3, 3), r(4)]),
     "conv2d_stride_pad_dil": (lambda x, w: ad.conv2d(x, w, stride=(2, 1), padding=(1, 2),
                                                      dilation=(1, 2)),

@@ -39,6 +39,13 @@ def test_backend_vectors(name):
         pytest.skip("fastadam.momentum_step_inplace (issue 8) is not in this build yet")
     case = _backend_cases()[name]
     model = case.model
+    if name == "test_adam_multiple" and not any(a.name == "epsilon"
+                                                for a in model.graph.node[0].attribute):
+        # onnx/onnx#7749 (fixed by #7763, after onnx 1.19, the last release for Python 3.9):
+        # the expected outputs use epsilon=1e-2 but the model's Adam node omits the attribute,
+        # so a correct runtime uses the default and differs by 0.4%.
+        pytest.skip("this onnx's test_adam_multiple model lacks the epsilon its expected "
+                    "outputs were computed with (onnx/onnx#7749)")
     for inputs, expected in case.data_sets:
         feeds = {vi.name: a for vi, a in zip(model.graph.input, inputs)}
         out = fo.run(model, feeds)
@@ -239,3 +246,28 @@ def test_adam_invalid_beta_changes_nothing():
     with pytest.raises(ValueError, match="beta2"):
         fo.adam(0.1, 1, x, x, x, x, beta=1.5)
     np.testing.assert_array_equal(x, 1)
+
+
+@pytest.mark.parametrize("op", ["adam", "adagrad", "momentum"])
+def test_in_place_update_over_two_dtypes_is_all_or_nothing(rng, op):
+    # Epsilon / alpha that float64 holds and float32 does not: the float64 group alone would
+    # pass its checks, the float32 group fails.  The session's in-place update must then leave
+    # the float64 tensors untouched too (the first group is not written before the second fails).
+    from fastadam.onnx import _training_ops as ops
+    n_lists = {"adam": 4, "adagrad": 3, "momentum": 3}[op]
+    lists = [[np.abs(rng.standard_normal(5)).astype(np.float64),
+              np.abs(rng.standard_normal(3)).astype(np.float32)] for _ in range(n_lists)]
+    before = [[a.copy() for a in lst] for lst in lists]
+    R, T = np.array(0.1), np.array(3)
+    with pytest.raises((ValueError, OverflowError)):
+        if op == "adam":
+            ops.apply_adam(R, T, lists, alpha=0.9, beta=0.999, epsilon=1e-60,
+                           norm_coefficient=0.0, norm_coefficient_post=0.0)
+        elif op == "adagrad":
+            ops.apply_adagrad(R, T, lists, decay_factor=0.0, epsilon=1e-60, norm_coefficient=0.0)
+        else:
+            ops.apply_momentum(R, T, lists, alpha=0.9, beta=1.0, mode="standard",
+                               norm_coefficient=1e300)
+    for lst, old in zip(lists, before):
+        for a, b in zip(lst, old):
+            np.testing.assert_array_equal(a, b)

@@ -38,6 +38,49 @@ def test_sparse_gradient_equals_dense_path_when_every_feature_is_touched(rng):
     np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["lazy", "catchup"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_csr_fit_equals_the_repeated_index_step_bit_for_bit(rng, mode, dtype):
+    """The estimator's sort-free CSR path against the plain recipe: gather the shuffled rows
+    with scipy, build the repeated-index IndexedSlices ``data * dz[row]`` and let the default
+    sparse step sort and sum it."""
+    import fastadam
+    from fastadam.sklearn import _kernels
+    X, y = _text_like(rng, n_docs=200, n_features=800)
+    X = X.astype(dtype)
+    sw = rng.uniform(0.5, 2, 200)
+    kw = dict(random_state=0, max_iter=3, batch_size=32, alpha=1e-3, mode=mode, tol=0,
+              dtype=dtype)
+    model = SparseLinearClassifier(**kw).fit(X, y, sample_weight=sw)
+
+    W = np.zeros((800, 3), dtype=dtype)
+    b = np.zeros(3, dtype=dtype)
+    mw, vw, mb, vb = np.zeros_like(W), np.zeros_like(W), np.zeros_like(b), np.zeros_like(b)
+    last = np.zeros(800, dtype=np.int64)
+    labels = np.searchsorted(np.unique(y), y)
+    draws = np.random.RandomState(0)
+    adam = dict(lr=0.01, convention="tf")
+    t = 0
+    for _ in range(3):
+        order = draws.permutation(200)
+        Xe, le, swe = X[order], labels[order], sw[order].astype(dtype)
+        for start in range(0, 200, 32):
+            Xb = Xe[start:start + 32]
+            w = swe[start:start + 32]
+            w = (w / float(w.sum(dtype=np.float64))).astype(dtype)
+            z = Xb @ W + b
+            dz = np.empty_like(z)  # the output gradient as the estimator computes it
+            _kernels.softmax_cross_entropy(z, le[start:start + 32], w, dz)
+            rows = np.repeat(np.arange(Xb.shape[0]), np.diff(Xb.indptr))
+            grad = fastadam.IndexedSlices(Xb.data[:, None] * dz[rows], Xb.indices, W.shape)
+            t += 1
+            fastadam.sparse_step_inplace(W, grad, mw, vw, t, mode=mode, weight_decay=1e-3,
+                                         last_step=last if mode == "catchup" else None, **adam)
+            fastadam.step_inplace(b, dz.sum(axis=0), mb, vb, t, **adam)
+    assert model.coef_.T.tobytes() == W.tobytes()
+    assert model.intercept_.tobytes() == b.tobytes()
+
+
 def test_untouched_features_stay_exactly_unchanged(rng):
     X, y = _text_like(rng, n_features=2000)
     X = X[:, :1500]

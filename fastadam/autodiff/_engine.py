@@ -16,7 +16,7 @@ import numpy as np
 
 from ..sparse._indexed_slices import IndexedSlices
 from . import _tensor
-from ._tensor import Tensor, _wrap, version_of
+from ._tensor import Tensor, _tape, _wrap, version_of
 
 
 # read-only scalar seeds (never written: accumulation only writes buffers it allocated)
@@ -231,6 +231,13 @@ def _conform(gi, shape, dtype, td, prim, i):
 
 def _node_id(node):
     return node.id
+
+
+_run_python = _run  # the reference of the compiled walk (and the walk without a build)
+if _tape is not None:
+    _tape.setup_walk(IndexedSlices, _check_versions, _check_output_version, _accumulate, _conform,
+                     _freed_error, _node_id)
+    _run = _tape.run
 
 
 def _check_x(x, what):

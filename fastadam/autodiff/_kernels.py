@@ -84,7 +84,7 @@ def release_pool():
     _pool_state.nbytes = 0
 
 
-def _fast(*arrays):
+def _fast_python(*arrays):
     if _C is None:
         return False
     dt = arrays[0].dtype
@@ -94,6 +94,18 @@ def _fast(*arrays):
     return True
 
 
+# contiguous float32/float64 arrays of one dtype: the compiled kernels apply (one C call)
+_fast = _fast_python if _C is None else _C.is_fast
+
+
+def _out(x):
+    """Where a kernel writes its output like ``x``: a pooled array when large, else None (the
+    kernel allocates: a small array costs less than the pool's bookkeeping)."""
+    if x.nbytes < POOL_MIN_BYTES:
+        return None
+    return empty(x.shape, x.dtype)
+
+
 def sum_to(x, shape):
     """Sum ``x`` over the axes NumPy broadcasting added or stretched to reach ``x.shape``."""
     xs = x.shape
@@ -101,7 +113,7 @@ def sum_to(x, shape):
         return x
     lead = len(xs) - len(shape)
     if lead == 1 and xs[1:] == shape:
-        if x.size < 8192 or not _fast(x):  # small: NumPy's reduction is cheaper to call
+        if not _fast(x):
             return np.add.reduce(x, axis=0)
         return _C.sum_rows(x.reshape(xs[0], -1)).reshape(shape)
     if lead >= 1 and xs[lead:] == shape and _fast(x):
@@ -116,35 +128,35 @@ def sum_to(x, shape):
 
 def relu(x):
     if _fast(x):
-        return _C.relu(x, empty(x.shape, x.dtype))
+        return _C.relu(x, _out(x))
     return np.maximum(x, 0).astype(x.dtype, copy=False)
 
 
 def relu_grad(g, x):
     if g.shape == x.shape and _fast(g, x):
-        return _C.relu_grad(g, x, empty(x.shape, x.dtype))
+        return _C.relu_grad(g, x, _out(x))
     if g.shape == x.shape and _C is not None and g.dtype == x.dtype and _fast(x) \
             and not np.any(g.strides):  # a broadcast scalar (e.g. the VJP of mean)
-        return _C.relu_grad_scalar(float(g.flat[0]), x, empty(x.shape, x.dtype))
+        return _C.relu_grad_scalar(float(g.flat[0]), x, _out(x))
     return np.where(x <= 0, 0, g).astype(np.result_type(g, x), copy=False)
 
 
 def sigmoid(x):
     if _fast(x):
-        return _C.sigmoid(x, empty(x.shape, x.dtype))
+        return _C.sigmoid(x, _out(x))
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 def sigmoid_grad(g, s):
     if g.shape == s.shape and _fast(g, s):
-        return _C.sigmoid_grad(g, s, empty(s.shape, s.dtype))
+        return _C.sigmoid_grad(g, s, _out(s))
     return g * s * (1 - s)
 
 
 def tanh_grad(g, t):
     if g.shape == t.shape and _fast(g, t):
-        return _C.tanh_grad(g, t, empty(t.shape, t.dtype))
+        return _C.tanh_grad(g, t, _out(t))
     return g * (1 - t * t)
 
 

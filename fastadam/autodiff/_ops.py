@@ -129,13 +129,40 @@ def _matmul_vjp_b(g, ans, a, b):
 defvjp(matmul, _matmul_vjp_a, _matmul_vjp_b)
 
 
+def _matmul_nt(a, b):
+    return np.matmul(a, b.T)
+
+
+# ``a @ b.T`` for 2-D a and b as one recorded op (ONNX Gemm with transB=1, the layout of
+# torch.nn.Linear's weight): no transpose node on the tape, each gradient one BLAS call.
+matmul_nt = primitive(_matmul_nt, name="matmul_nt")
+
+
+def _matmul_nt_vjp_a(g, ans, a, b):
+    if not _tensor._mode.enabled:  # first order: one BLAS call, no wrappers
+        return _wrap(np.matmul(g.data, b.data))
+    return matmul(g, b)
+
+
+def _matmul_nt_vjp_b(g, ans, a, b):
+    if not _tensor._mode.enabled:
+        return _wrap(np.matmul(g.data.T, a.data))
+    return matmul(transpose(g), a)
+
+
+defvjp(matmul_nt, _matmul_nt_vjp_a, _matmul_nt_vjp_b)
+
+
 def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     """ONNX Gemm: ``alpha * op(a) @ op(b) + beta * c`` (``op`` transposes when asked); 2-D only."""
     a = as_tensor(a)
     b = as_tensor(b)
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: expected 2-D a and b, got shapes {a.shape} and {b.shape}")
-    y = matmul(transpose(a) if trans_a else a, transpose(b) if trans_b else b)
+    if trans_b and not trans_a:
+        y = matmul_nt(a, b)
+    else:
+        y = matmul(transpose(a) if trans_a else a, transpose(b) if trans_b else b)
     if alpha != 1:
         y = multiply(y, alpha)
     if c is not None:
@@ -161,37 +188,28 @@ abs = primitive(np.abs, name="abs")  # noqa: A001 - NumPy's name
 sign = primitive(np.sign, name="sign")
 
 
-@primitive
-def relu(x):
-    """``max(x, 0)``; the derivative at 0 is taken as 0.  NaN stays NaN (as torch.relu)."""
-    return K.relu(x)
+def _kernel_primitive(kernel, name, doc):
+    """The kernel itself as the primitive's function (no Python frame in between)."""
+    prim = primitive(kernel, name=name)
+    prim.__doc__ = doc
+    return prim
 
 
-@primitive
-def relu_grad(g, x):
-    """``0 where x <= 0, else g`` (the VJP of relu; a NaN x passes g on, as in PyTorch)."""
-    return K.relu_grad(g, x)
-
-
-@primitive
-def sigmoid(x):
-    """``1 / (1 + exp(-x))``, evaluated without overflow."""
-    return K.sigmoid(x)
-
-
-@primitive
-def sigmoid_grad(g, s):
-    """``g * s * (1 - s)`` with ``s = sigmoid(x)`` (the VJP of sigmoid)."""
-    return K.sigmoid_grad(g, s)
-
-
+relu = _kernel_primitive(
+    K.relu, "relu",
+    """``max(x, 0)``; the derivative at 0 is taken as 0.  NaN stays NaN (as torch.relu).""")
+relu_grad = _kernel_primitive(
+    K.relu_grad, "relu_grad",
+    """``0 where x <= 0, else g`` (the VJP of relu; a NaN x passes g on, as in PyTorch).""")
+sigmoid = _kernel_primitive(
+    K.sigmoid, "sigmoid", """``1 / (1 + exp(-x))``, evaluated without overflow.""")
+sigmoid_grad = _kernel_primitive(
+    K.sigmoid_grad, "sigmoid_grad",
+    """``g * s * (1 - s)`` with ``s = sigmoid(x)`` (the VJP of sigmoid).""")
 tanh = primitive(np.tanh, name="tanh")
-
-
-@primitive
-def tanh_grad(g, t):
-    """``g * (1 - t * t)`` with ``t = tanh(x)`` (the VJP of tanh)."""
-    return K.tanh_grad(g, t)
+tanh_grad = _kernel_primitive(
+    K.tanh_grad, "tanh_grad",
+    """``g * (1 - t * t)`` with ``t = tanh(x)`` (the VJP of tanh).""")
 
 
 defvjp(exp, lambda g, ans, x: multiply(g, ans))

@@ -23,7 +23,7 @@ from weakref import ref as _weakref
 import numpy as np
 
 from . import _tensor
-from ._tensor import Node, Tensor, _mode, _wrap, mark_view, version_of
+from ._tensor import Node, Tensor, _mode, _tape, _wrap, mark_view, version_of
 
 _new = object.__new__
 _next_id = _tensor._node_ids.__next__  # the tape's one counter (Node() draws from it too)
@@ -100,6 +100,8 @@ class Primitive:
             mark_view(t, args[0])
         return t
 
+    _call_python = __call__  # the reference the compiled ``_tape.primitive_call`` matches
+
     def _call_converting(self, args, params):
         """Slow path: some arguments are scalars, ndarrays or Tensor subclasses."""
         tensors = []
@@ -142,13 +144,26 @@ class Primitive:
         return f"<primitive {self.name}>"
 
 
-def binary_operator(prim):
+if _tape is not None:
+    Primitive.__call__ = _tape.primitive_call
+
+# the NumPy functions whose ndarray operator the compiled binary operator calls directly
+_OPERATOR_CODES = {} if _tape is None else {
+    np.add: _tape.OP_ADD, np.subtract: _tape.OP_SUBTRACT, np.multiply: _tape.OP_MULTIPLY,
+    np.divide: _tape.OP_DIVIDE, np.matmul: _tape.OP_MATMUL}
+
+
+def binary_operator(prim, compiled=True):
     """``prim(a, b)`` as a Tensor operator method (``__add__`` ...), with the common case (two
-    tensors at version 0, not views) recorded inline: one Python frame per operation, the
-    tape's cost that the per-op overhead goal measures.  Anything else goes through ``prim``."""
+    tensors at version 0, not views) recorded inline: in C (``_tape``) for NumPy's arithmetic
+    and matmul, else in one Python frame (also with ``compiled=False``: the reference the
+    compiled path is tested against).  Anything else goes through ``prim``."""
     fun = prim.fun
     if prim.view:
         raise ValueError("prim: view primitives are not operators")
+    code = _OPERATOR_CODES.get(fun) if compiled else None
+    if code is not None:
+        return _tape.make_operator(code, prim)
 
     def operator(a, b):
         if b.__class__ is not Tensor or a.__class__ is not Tensor or a._version or b._version \

@@ -295,3 +295,15 @@ class Tensor:
 
     def zero_grad(self):
         self.grad = None
+
+
+# The compiled recording path (``_tape``, built from _tape.pyx) writes Tensor and Node slots
+# directly; without a build the Python code of this module and of ``_registry`` runs instead.
+try:
+    from . import _tape
+except ImportError:  # pragma: no cover - source tree without a build
+    _tape = None
+else:
+    _tape.setup(Tensor, Node, _mode, _node_ids, version_of, mark_view, np.ndarray, np.asarray)
+    _wrap_python = _wrap
+    _wrap = _tape.wrap

@@ -20,12 +20,24 @@ class UnsupportedOperatorError(NotImplementedError):
 
 # op_type -> (lowest supported opset, function)
 OPERATORS = {}
+# op_type -> compile(attrs, opset) -> run(inputs): the same operator with its attributes resolved
+# once per node (for the operators on a training step's hot path); optional
+COMPILERS = {}
 
 
 def register(op_type, since=7):
     def wrap(fun):
         OPERATORS[op_type] = (since, fun)
         return fun
+    return wrap
+
+
+def compiler(op_type):
+    """Register ``compile(attrs, opset)``: what ``OPERATORS[op_type]`` computes, as a function
+    of the inputs alone (``Graph`` uses it for single-output nodes)."""
+    def wrap(make):
+        COMPILERS[op_type] = make
+        return make
     return wrap
 
 
@@ -69,13 +81,19 @@ def _int_divide(a, b):
 
 
 def _binary(op_type, ad_fun, np_fun):
-    @register(op_type)
-    def run(inputs, attrs, opset):
+    def run_inputs(inputs):
         a, b = inputs
-        same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
-        if is_float(a):
+        if a.data.dtype != b.data.dtype:
+            same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
+        if a.data.dtype.kind == "f":
             return [ad_fun(a, b)]
         return [const(np_fun(a.data, b.data))]
+
+    @register(op_type)
+    def run(inputs, attrs, opset):
+        return run_inputs(inputs)
+
+    compiler(op_type)(lambda attrs, opset: run_inputs)
     return run
 
 
@@ -97,14 +115,19 @@ def pow_(inputs, attrs, opset):
 
 
 def _unary(op_type, ad_fun, np_fun=None):
-    @register(op_type)
-    def run(inputs, attrs, opset):
+    def run_inputs(inputs):
         x, = inputs
-        if is_float(x):
+        if x.data.dtype.kind == "f":
             return [ad_fun(x)]
         if np_fun is None:
             raise TypeError(f"{op_type}: expected a floating-point input, got {x.data.dtype}")
         return [const(np_fun(x.data))]
+
+    @register(op_type)
+    def run(inputs, attrs, opset):
+        return run_inputs(inputs)
+
+    compiler(op_type)(lambda attrs, opset: run_inputs)
     return run
 
 
@@ -167,21 +190,32 @@ def matmul(inputs, attrs, opset):
     return [ad.matmul(a, b)]
 
 
+@compiler("Gemm")
+def compile_gemm(attrs, opset):
+    ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+
+    def run(inputs):
+        a, b = inputs[0], inputs[1]
+        c = inputs[2] if len(inputs) > 2 else None
+        dtype = a.data.dtype
+        if b.data.dtype != dtype or (c is not None and c.data.dtype != dtype):
+            same_dtype("Gemm", a, b, c)
+        sa, sb = a.data.shape, b.data.shape
+        if len(sa) != 2 or len(sb) != 2:
+            raise ValueError(f"Gemm: expected 2-D A and B, got shapes {sa} and {sb}")
+        ka = sa[0] if ta else sa[1]
+        kb = sb[1] if tb else sb[0]
+        if ka != kb:
+            raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {sa} and "
+                             f"B{' (transposed)' if tb else ''} has shape {sb}: {ka} != {kb}")
+        return [ad.gemm(a, b, c, alpha, beta, ta, tb)]
+    return run
+
+
 @register("Gemm")
 def gemm(inputs, attrs, opset):
-    a, b = inputs[:2]
-    c = inputs[2] if len(inputs) > 2 else None
-    same_dtype("Gemm", a, b, c)
-    ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"Gemm: expected 2-D A and B, got shapes {a.shape} and {b.shape}")
-    ka = a.shape[0] if ta else a.shape[1]
-    kb = b.shape[1] if tb else b.shape[0]
-    if ka != kb:
-        raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {a.shape} and "
-                         f"B{' (transposed)' if tb else ''} has shape {b.shape}: {ka} != {kb}")
-    return [ad.gemm(a, b, c, alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
-                    trans_a=ta, trans_b=tb)]
+    return compile_gemm(attrs, opset)(inputs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ opsets, operators, input names, variadic counts, what each Gradient node differe
 turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
 every error a node raises is re-raised with the node's name and operator in front.
+``Graph.compile(order)`` / ``Graph.run_program(env, program)`` do the same with the per-node
+decisions taken once (``TrainingSession`` runs its steps this way).
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the
@@ -21,6 +23,8 @@ seed of ones).  An ``x`` that ``y`` does not depend on gets a zero gradient.  A 
 whose output lies in another Gradient node's sub-graph records its backward pass
 (``create_graph=True``), which gives second and higher derivatives.
 """
+import operator
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -28,7 +32,7 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
-from ._core_ops import OPERATORS, UnsupportedOperatorError
+from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
@@ -139,7 +143,10 @@ class Graph:
                     (f" (supported from opset {entry[0]})" if entry else ""))
             fun, opset, attrs = entry[1], self.core_opset, step.attrs
             n_out = len(node.output)
-            if "n_outputs" in fun.__code__.co_varnames:
+            make = COMPILERS.get(node.op_type)
+            if make is not None and n_out == 1:
+                step.run = make(attrs, opset)
+            elif "n_outputs" in fun.__code__.co_varnames:
                 step.run = lambda inputs: fun(inputs, attrs, opset, n_outputs=n_out)
             else:
                 if n_out > 1:
@@ -310,6 +317,144 @@ class Graph:
                 elif name:
                     env[name] = value
 
+    # -- compiled programs (the training session's per-step fast path) --------------------------
+
+    def compile(self, order, keep=None):
+        """The steps ``order`` as a program for ``run_program``: per step, its callable resolved
+        (attributes folded by the operator's compiler, an in-place optimizer's input lists
+        pre-split, a Gradient node's forward-reuse test decided), a getter of its inputs, how
+        its outputs are stored and, when ``keep`` (the names wanted afterwards) is given, the
+        intermediate tensors to drop from ``env`` after their last use (the tape alone then holds
+        them, and the backward walk frees them as it goes).  Running a program does what
+        ``_execute(env, order)`` does, with less work per node."""
+        last_use = {}
+        for i, k in enumerate(order):
+            step = self.steps[k]
+            for n in step.inputs + ([step.y] if step.kind == "gradient" else []):
+                last_use[n] = i
+            for n in step.outputs:
+                last_use.setdefault(n, i)
+        drops = [[] for _ in order]
+        if keep is not None:
+            produced = {n for k in order for n in self.steps[k].outputs if n}
+            for n, i in last_use.items():
+                if n in produced and n not in keep:
+                    drops[i].append(n)
+        program = []
+        for i, k in enumerate(order):
+            step = self.steps[k]
+            ins = step.inputs
+            if step.kind == "gradient":
+                fun, wants_env = self._gradient_runner(step), True
+            elif step.inplace:
+                fun, wants_env = self._inplace_runner(step), False
+            else:
+                fun, wants_env = step.run, False
+            # inputs: a tuple from one C call, unless some optional input is omitted ("")
+            if "" in ins:
+                fetch = None
+            elif not ins:  # Constant
+                fetch = lambda env: ()  # noqa: E731
+            elif len(ins) == 1:
+                name = ins[0]
+                fetch = lambda env, name=name: (env[name],)  # noqa: E731
+            else:
+                fetch = operator.itemgetter(*ins)
+            # outputs: plain stores unless one is omitted or is a Gradient's differentiated leaf
+            plain = all(n and n not in self.grad_names for n in step.outputs)
+            outs = tuple(step.outputs) if plain else None
+            program.append((step, fun, fetch, wants_env, outs, tuple(drops[i])))
+        return program
+
+    def run_program(self, env, program):
+        """Run a program from ``compile`` on ``env``; errors are labelled as in ``_execute``.
+        A program with Gradient nodes runs with recording on (the caller switches it on)."""
+        step = None
+        try:
+            for step, fun, fetch, wants_env, outs, drop in program:
+                try:
+                    inputs = fetch(env) if fetch is not None else \
+                        [env[n] if n else None for n in step.inputs]
+                except KeyError as e:
+                    raise ValueError(f"{step.label}: input {e} has no value (a missing feed?)") \
+                        from None
+                values = fun(inputs, env) if wants_env else fun(inputs)
+                if outs is not None:
+                    for name, value in zip(outs, values):
+                        env[name] = value
+                else:
+                    leaves = self.grad_names
+                    for name, value in zip(step.outputs, values):
+                        if name in leaves:
+                            self.assign(env, name, value)
+                        elif name:
+                            env[name] = value
+                for name in drop:
+                    del env[name]
+        except (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError) as e:
+            msg = str(e)
+            if step is None or msg.startswith("node "):
+                raise
+            if msg.startswith(step.node.op_type + ": "):
+                msg = msg[len(step.node.op_type) + 2:]
+            raise type(e)(f"{step.label}: {msg}") from e
+
+    def _inplace_runner(self, step):
+        """``run_inplace`` with the X/G/state index ranges computed once."""
+        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
+        n = (len(step.inputs) - 2) // per
+        bounds = [(2 + k * n, 2 + (k + 1) * n) for k in range(per)]
+        returned = [2 + k * n + i for k in written for i in range(n)]
+        attrs = step.attrs
+
+        def run(inputs):
+            lists = [[t.data for t in inputs[a:b]] for a, b in bounds]
+            lists[1] = [g if g.flags.c_contiguous else contiguous(g) for g in lists[1]]
+            apply(inputs[0].data, inputs[1].data, lists, **attrs)
+            return [inputs[i] for i in returned]  # now the new values
+        return run
+
+    def _gradient_runner(self, step):
+        """``_run_gradient``, with the test "are the inputs the very tensors named by xs and
+        zs?" decided once when the node's input names are those names (the usual case)."""
+        if step.inputs != step.xs + step.zs:
+            return lambda inputs, env: self._run_gradient(step, inputs, env)
+        nx, y_name, xs_names = len(step.xs), step.y, step.xs
+
+        def run(inputs, env):
+            y = env.get(y_name)
+            if y is None:  # y not computed yet: re-evaluate the sub-graph
+                return self._run_gradient(step, inputs, env)
+            xs = inputs[:nx]
+            for n, x in zip(xs_names, xs):
+                if x.data.dtype.kind != "f":
+                    raise TypeError(f"xs '{n}': expected a floating-point tensor, got "
+                                    f"{x.data.dtype}")
+            return self._differentiate(step, y, xs, inputs[nx:])
+        return run
+
+    def _differentiate(self, step, y, xs, zs):
+        """The Gradient node's outputs: ``d y / d xs`` (zeros where y does not depend on x).
+        ``autodiff.gradient`` itself records the walk exactly when ``create_graph`` is on."""
+        if y.data.dtype.kind != "f":
+            raise TypeError(f"y '{step.y}': expected a floating-point tensor, got {y.data.dtype}")
+        seed = None if y.data.size == 1 else np.ones_like(y.data)
+        for z in zs:
+            if z._node is not None or z.requires_grad:
+                break
+        else:  # no z is on the tape (feeds, constants): stopping at them changes nothing
+            zs = ()
+        grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
+                            create_graph=step.differentiated, allow_unused=True)
+        out = []
+        for x, g in zip(xs, grads):
+            if g is None:
+                g = Tensor(np.zeros_like(x.data))
+            elif not isinstance(g, Tensor):  # an IndexedSlices
+                g = Tensor(g.to_dense())
+            out.append(g)
+        return out
+
     def _run_gradient(self, step, inputs, env):
         nx = len(step.xs)
         names = step.xs + step.zs
@@ -329,20 +474,4 @@ class Graph:
         for n, x in zip(step.xs, xs):
             if x.data.dtype.kind != "f":
                 raise TypeError(f"xs '{n}': expected a floating-point tensor, got {x.data.dtype}")
-        if y.data.dtype.kind != "f":
-            raise TypeError(f"y '{step.y}': expected a floating-point tensor, got {y.data.dtype}")
-        seed = None if y.data.size == 1 else np.ones_like(y.data)
-        previous = ad.set_grad_enabled(True)
-        try:
-            grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
-                                create_graph=step.differentiated, allow_unused=True)
-        finally:
-            ad.set_grad_enabled(previous)
-        out = []
-        for x, g in zip(xs, grads):
-            if g is None:
-                g = Tensor(np.zeros_like(x.data))
-            elif not isinstance(g, Tensor):  # an IndexedSlices
-                g = Tensor(g.to_dense())
-            out.append(g)
-        return out
+        return self._differentiate(step, y, xs, zs)

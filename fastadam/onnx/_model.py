@@ -60,11 +60,30 @@ class FeedChecker:
     def __init__(self, inputs, optional=()):
         self.declared = {vi.name: _declared(vi) for vi in inputs}
         self.required = [n for n in self.declared if n not in optional]
+        self._passed = ()  # ((name, dtype, shape), ...) of the last feeds that passed, in order
+
+    def _as_passed(self, feeds):
+        """The feeds as Tensors when they have the names, order, dtypes and shapes of the last
+        feeds that passed, every value an ndarray (the full check would pass again); else None."""
+        passed = self._passed
+        if len(feeds) != len(passed) or not passed:
+            return None
+        out = {}
+        for (name, dtype, shape), (key, a) in zip(passed, feeds.items()):
+            if key != name or a.__class__ is not np.ndarray or a.dtype is not dtype \
+                    or a.shape != shape:
+                return None
+            out[key] = Tensor(a)
+        return out
 
     def __call__(self, feeds):
         if not isinstance(feeds, dict):
             raise TypeError(f"feeds: expected a dict of input name -> array, got "
                             f"{type(feeds).__name__}")
+        out = self._as_passed(feeds)
+        if out is not None:
+            return out
+        self._passed = ()
         declared = self.declared
         missing = [n for n in self.required if n not in feeds]
         if missing:
@@ -86,6 +105,8 @@ class FeedChecker:
                         ("," if len(shape) == 1 else "") + ")"
                     raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
             out[name] = Tensor(a)
+        if all(v.__class__ is np.ndarray for v in feeds.values()):
+            self._passed = tuple((name, a.dtype, a.shape) for name, a in feeds.items())
         return out
 
 

@@ -10,6 +10,13 @@ back to the initializer it read (``X -> X_new``, ``V -> V_new``, ...), that no o
 runs last, directly on the session's arrays through the fused kernels: no copies of parameters or
 optimizer states per step.  Every other bound value is checked (dtype, shape) before the first
 in-place write, so a step that fails leaves every initializer as it was.
+
+The per-step path.  The first step with a given set of outputs compiles its nodes into programs
+(``Graph.compile``: callables and input getters resolved, attributes folded, intermediates
+dropped after their last use); the feed check has a fast path for feeds with the names, dtypes
+and shapes of the last ones that passed (anything else takes the full check); the Tensors around
+the state arrays are kept between steps (a binding or ``initialize()`` replaces them).  Every
+check a step makes is still made; only the work of deciding again what was decided is skipped.
 """
 import itertools
 import sys
@@ -18,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
@@ -78,7 +86,15 @@ def _mark_inplace(plan, updates, state):
 class _Algorithm:
     __slots__ = ("plan", "updates", "inputs", "init_names", "outputs", "init_plan",
                  "init_bindings", "init_arrays", "init_outputs", "check_feeds", "schedules",
-                 "init_set", "input_names")
+                 "init_set", "input_names", "base_env")
+
+
+class _Schedule:
+    """What a step with a given set of outputs runs, compiled at its first step: the programs
+    (``Graph.compile``) of the nodes before and of the in-place optimizer nodes run last, and
+    the bindings to apply."""
+
+    __slots__ = ("wanted", "first", "last", "copied", "fresh")
 
 
 def _own(a, private):
@@ -133,6 +149,7 @@ class TrainingSession:
             alg.init_set = set(alg.init_names)
             alg.input_names = {vi.name for vi in alg.inputs}
             alg.schedules = {}
+            alg.base_env = None
             init = info.initialization
             alg.init_plan = Graph(init.node, ops, graph_known_names(init))
             alg.init_arrays = initializer_arrays(init)
@@ -145,6 +162,8 @@ class TrainingSession:
         self._default_outputs = self.default_outputs()
         self._tensors = {}
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
+        self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
+        self._state_ids = None  # {id(array) of every initializer}, kept by _bind
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -190,6 +209,9 @@ class TrainingSession:
                 alg.init_plan.execute(env, alg.init_plan.needed([v for _, v in alg.init_bindings]))
             for key, value in alg.init_bindings:
                 self._state[key] = _own(env[value].data, False)
+        for alg in self._algorithms:  # arrays were replaced: the step state Tensors are stale
+            alg.base_env = None
+        self._state_ids = None
 
     def default_outputs(self):
         """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
@@ -209,15 +231,21 @@ class TrainingSession:
             raise TypeError(f"feeds: expected a dict of input name -> array, got "
                             f"{type(feeds).__name__}")
         wanted = self._default_outputs if output_names is None else list(output_names)
-        declared = self._declared_inputs
-        for name in feeds:
-            if name not in declared:
-                raise ValueError(f"feeds: {sorted(set(feeds) - declared)} are inputs of no "
-                                 f"algorithm graph")
+        names = tuple(feeds)
+        known, split = self._feed_split
+        if names != known:
+            declared = self._declared_inputs
+            for name in feeds:
+                if name not in declared:
+                    raise ValueError(f"feeds: {sorted(set(feeds) - declared)} are inputs of no "
+                                     f"algorithm graph")
+            split = [None if alg.input_names.issuperset(names) else
+                     [n for n in names if n in alg.input_names] for alg in self._algorithms]
+            self._feed_split = (names, split)
         results = {}
-        for alg in self._algorithms:
-            mine = {n: v for n, v in feeds.items() if n in alg.input_names}
-            results.update(self._step_one(alg, mine, wanted))
+        for alg, mine in zip(self._algorithms, split):
+            results.update(self._step_one(
+                alg, feeds if mine is None else {n: feeds[n] for n in mine}, wanted))
         if len(results) != len(wanted):
             missing = [n for n in wanted if n not in results]
             raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
@@ -231,12 +259,6 @@ class TrainingSession:
             plan = alg.plan
             wanted = [n for n in wanted if n in plan.producer or n in alg.init_set]
             order = plan.needed([v for _, v in alg.updates] + list(wanted))
-            first = [k for k in order if not plan.steps[k].inplace]
-            last = [k for k in order if plan.steps[k].inplace]
-            used = {n for k in order for n in plan.steps[k].inputs}
-            used.update(wanted)
-            used.update(v for _, v in alg.updates)
-            states = [n for n in alg.init_names if n in used]
 
             def by_inplace(name):
                 k = plan.producer.get(name)
@@ -246,35 +268,88 @@ class TrainingSession:
                 k = plan.producer.get(name)
                 return k is not None and plan.steps[k].kind == "optimizer"
 
-            copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
-            fresh = [n for n in wanted if by_inplace(n)]
-            sched = alg.schedules[key] = (wanted, first, last, states, copied, fresh)
+            sched = _Schedule()
+            sched.wanted = wanted
+            last = [k for k in order if plan.steps[k].inplace]
+            sched.copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
+            sched.fresh = [n for n in wanted if by_inplace(n)]
+            # what must stay in the environment after the first program: the wanted outputs,
+            # the bound values and the inputs of the in-place updates run last
+            keep = set(wanted) | {v for _, v, _ in sched.copied}
+            keep.update(n for k in last for n in plan.steps[k].inputs)
+            sched.first = plan.compile([k for k in order if not plan.steps[k].inplace], keep)
+            sched.last = plan.compile(last)
+            alg.schedules[key] = sched
         return sched
+
+    def _state_env(self, alg):
+        """A fresh environment holding a Tensor around every state array of ``alg``.
+
+        The Tensors are kept between steps (``alg.base_env``): in-place updates keep their
+        arrays, a binding replaces its entry (``_bind``), ``initialize()`` drops them all."""
+        base = alg.base_env
+        if base is None:
+            state, leaves = self._state, alg.plan.grad_names
+            base = alg.base_env = {
+                n: Tensor(state[n], requires_grad=n in leaves and state[n].dtype.kind == "f")
+                for n in alg.init_names}
+        return dict(base)
+
+    def _bind(self, key, array):
+        """``initializer[key] = array`` (an update_binding), and every algorithm's Tensor of it."""
+        ids = self._state_ids
+        if ids is not None:
+            ids.discard(id(self._state[key]))
+            ids.add(id(array))
+        self._state[key] = array
+        for alg in self._algorithms:
+            base = alg.base_env
+            if base is not None and key in base:
+                base[key] = Tensor(array, requires_grad=key in alg.plan.grad_names
+                                   and array.dtype.kind == "f")
 
     def _step_one(self, alg, feeds, wanted):
         plan = alg.plan
-        wanted, first, last, states, copied, fresh = self._schedule(alg, wanted)
+        sched = alg.schedules.get(tuple(wanted))
+        if sched is None:
+            sched = self._schedule(alg, wanted)
         checked = alg.check_feeds(feeds)
-        env = self._env(plan, states)
-        for name, t in checked.items():
-            plan.assign(env, name, t)
-        plan.execute(env, first)
-        pending = []
-        state_ids = {id(a) for a in self._state.values()}
-        for key, value, is_private in copied:
-            new = env[value].data
-            old = self._state[key]
-            if new.dtype != old.dtype or new.shape != old.shape:
-                raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
-                                 f"{new.shape}, but initializer '{key}' has {old.dtype} and "
-                                 f"{old.shape}")
-            pending.append((key, _own(new, is_private)))
-        result = {n: (env[n].data.copy() if id(env[n].data) in state_ids else env[n].data)
-                  for n in wanted}
-        plan.execute(env, last)  # the in-place optimizer updates, once nothing can fail
+        env = self._state_env(alg)
+        if plan.grad_names.isdisjoint(checked):
+            env.update(checked)
+        else:
+            for name, t in checked.items():
+                plan.assign(env, name, t)
+        # with Gradient nodes the forward pass is recorded, even inside autodiff.no_grad()
+        previous = ad.set_grad_enabled(True) if plan.grad_names else None
+        try:
+            plan.run_program(env, sched.first)
+            pending = []
+            state = self._state
+            for key, value, is_private in sched.copied:
+                new = env[value].data
+                old = state[key]
+                if new.dtype != old.dtype or new.shape != old.shape:
+                    raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
+                                     f"{new.shape}, but initializer '{key}' has {old.dtype} and "
+                                     f"{old.shape}")
+                pending.append((key, _own(new, is_private)))
+            result = {}
+            if sched.wanted:
+                state_ids = self._state_ids
+                if state_ids is None:
+                    state_ids = self._state_ids = {id(a) for a in state.values()}
+                for n in sched.wanted:
+                    a = env[n].data
+                    result[n] = a.copy() if id(a) in state_ids else a
+            plan.run_program(env, sched.last)  # the in-place optimizer updates, once nothing
+            #                                    else can fail
+        finally:
+            if previous is not None:
+                ad.set_grad_enabled(previous)
         for key, new in pending:
-            self._state[key] = new
-        for n in fresh:  # outputs of in-place updates: report the new values
+            self._bind(key, new)
+        for n in sched.fresh:  # outputs of in-place updates: report the new values
             result[n] = env[n].data.copy()
         return result
 

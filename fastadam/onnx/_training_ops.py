@@ -15,6 +15,9 @@ import numpy as np
 
 import fastadam
 
+from ..optim._coefficients import adam_coefficients
+from ..optim._functional import dense_step
+
 
 def _scalar(value, name, kind):
     if value.__class__ is np.ndarray and value.ndim == 0:  # the common case: a 0-d tensor
@@ -62,12 +65,24 @@ def _by_dtype(lists):
     """Indices of the tensors grouped by dtype (one compiled call per dtype)."""
     xs = lists[0]
     first = xs[0].dtype
-    if all(x.dtype == first for x in xs):
+    for x in xs:
+        if x.dtype != first:
+            break
+    else:
         return [range(len(xs))]
     groups = {}
     for i, x in enumerate(xs):
         groups.setdefault(x.dtype, []).append(i)
     return list(groups.values())
+
+
+def _dry_run(call, lists, groups):
+    """Run each dtype group's call on empty arrays of its dtype before any group writes: a
+    check that depends on the dtype (a hyper-parameter float32 cannot hold, where float64 can)
+    then fails while nothing is written, so a step over several groups is all or nothing."""
+    for idx in groups:
+        dtype = lists[0][idx[0]].dtype
+        call([[np.empty(0, dtype)] for _ in lists])
 
 
 def _select(lst, idx):
@@ -105,11 +120,18 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     xs, gs, vs, hs = lists
-    for idx in _by_dtype(lists):
-        fastadam.step_inplace(_select(xs, idx), _select(gs, idx), _select(vs, idx),
-                              _select(hs, idx), t, lr=lr, beta1=alpha, beta2=beta,
-                              eps=epsilon, convention="onnx", weight_decay=norm_coefficient,
-                              post_decay=norm_coefficient_post)
+    # what fastadam.step_inplace does, with the coefficients folded once for every dtype group
+    coeffs = adam_coefficients(t, lr, alpha, beta, epsilon, "onnx", norm_coefficient, False,
+                               norm_coefficient_post)
+    groups = _by_dtype(lists)
+    if len(groups) == 1:
+        dense_step(coeffs, xs, gs, [("m", vs), ("v", hs)], False, None)
+        return
+    _dry_run(lambda e: dense_step(coeffs, e[0], e[1], [("m", e[2]), ("v", e[3])], False, None),
+             lists, groups)
+    for idx in groups:
+        dense_step(coeffs, _select(xs, idx), _select(gs, idx),
+                   [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
 
 
 def adam(R, T, *inputs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
@@ -141,10 +163,15 @@ def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient):
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     step = _need("adagrad_step_inplace")
     xs, gs, hs = lists
-    for idx in _by_dtype(lists):
-        step(_select(xs, idx), _select(gs, idx), _select(hs, idx), t, lr=lr,
-             lr_decay=decay_factor, eps=epsilon, weight_decay=norm_coefficient,
-             convention="onnx")
+    groups = _by_dtype(lists)
+
+    def call(x, g, h):
+        step(x, g, h, t, lr=lr, lr_decay=decay_factor, eps=epsilon,
+             weight_decay=norm_coefficient, convention="onnx")
+    if len(groups) > 1:
+        _dry_run(lambda e: call(*e), lists, groups)
+    for idx in groups:
+        call(_select(xs, idx), _select(gs, idx), _select(hs, idx))
 
 
 def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0):
@@ -182,10 +209,15 @@ def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient):
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
     step = _need("momentum_step_inplace")
     xs, gs, vs = lists
-    for idx in _by_dtype(lists):
-        step(_select(xs, idx), _select(gs, idx), _select(vs, idx), t, lr=lr,
-             momentum=alpha, dampening=1.0 - beta, nesterov=(mode == "nesterov"),
-             weight_decay=norm_coefficient, convention="onnx")
+    groups = _by_dtype(lists)
+
+    def call(x, g, v):
+        step(x, g, v, t, lr=lr, momentum=alpha, dampening=1.0 - beta,
+             nesterov=(mode == "nesterov"), weight_decay=norm_coefficient, convention="onnx")
+    if len(groups) > 1:
+        _dry_run(lambda e: call(*e), lists, groups)
+    for idx in groups:
+        call(_select(xs, idx), _select(gs, idx), _select(vs, idx))
 
 
 def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):

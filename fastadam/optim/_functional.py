@@ -18,6 +18,9 @@ from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coe
 
 __all__ = ["step_inplace", "adagrad_step_inplace", "momentum_step_inplace"]
 
+KIND_DENSE = 0  # the chooser's kind for dense steps; the driver holds its serial countdowns
+adaptive_threads.fast_paths[KIND_DENSE] = _dense.set_serial_left
+
 Arrays = Union[np.ndarray, Sequence[np.ndarray]]  # one array, or a list updated in one call
 
 _HALF = np.dtype(np.float16).num
@@ -39,7 +42,8 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     state arguments as (name, array or list) pairs in slot order."""
     if type(x) is not np.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
         return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
-    nt = resolve_num_threads(num_threads)
+    # None: the measured choice of fastadam/_threads.py (0 here); a bad count raises first
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)
     try:
         xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
     except TypeError:
@@ -48,13 +52,14 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
         check_compute_dtype(coeffs, typenum)
     skip = bool(skip_nonfinite)
-    if num_threads is None and nt > 1:
-        total = sum(a.size for a in xs)
-        if total >= _dense.PARALLEL_MIN:  # below it the driver runs serially anyway
-            return adaptive_threads.run(
-                lambda n: _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, n),
-                total, nt)
-    return _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
+    # nt == 0: one thread below PARALLEL_MIN and between the chooser's looks, decided in the
+    # driver; None back means "not run: the chooser runs it" (fastadam/_threads.py)
+    done = _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
+    if done is None:
+        return adaptive_threads.run(_dense.dense_step,
+                                    (coeffs, xs, gs, slot_lists, typenum, skip),
+                                    sum([a.size for a in xs]), KIND_DENSE)
+    return done
 
 
 def step_inplace(x: Arrays, g: Arrays, m: Arrays, v: Arrays, t: int, *, lr: float = 1e-3,

@@ -1,5 +1,5 @@
-"""``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained by ``fastadam.autodiff``
-and the fused Adam step.
+"""``MLPClassifier`` / ``MLPRegressor``: scikit-learn estimators trained with a hand-written
+backward pass and the fused Adam step.
 
 The network, its initialisation (Glorot uniform), the outputs (one logistic unit for two
 classes, softmax for more, identity for regression), the loss scaling (``alpha / sum(w_batch)``
@@ -11,11 +11,15 @@ What differs is how a step is computed:
 
 - each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
   ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
-- a mini-batch records one fused ``dense`` node per layer (``_layers``) on the autodiff tape,
-  ends in a fused, sample-weighted loss primitive (``_losses``) and gets every gradient from
-  one ``gradient`` call;
-- the update is two ``fastadam.step_inplace(..., convention="tf")`` calls (weights with the L2
-  term folded in as ``weight_decay``, intercepts without) over the whole parameter list.
+- a mini-batch runs the forward and backward pass of ``_backprop``: the network's shape is
+  fixed, so its gradient is written out (dense layer, activation, then a fused, sample-weighted
+  loss whose value and gradient come from one pass of ``_kernels``) with the operations of the
+  autodiff VJPs of ``_layers.dense`` and the loss primitives of ``_losses``, without the tape's
+  per-operation cost (tests check it against ``fastadam.autodiff.gradient`` of the same network
+  and against finite differences);
+- the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
+  parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
+  the step's own coupled weight-decay formula; the intercepts get none).
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
@@ -29,12 +33,10 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 import fastadam
-from fastadam import autodiff as ad
-
 from ._compat import validate_data
-from ._layers import ACTIVATIONS, activation_inplace, dense
-from ._losses import (weighted_binary_cross_entropy, weighted_half_squared_error,
-                      weighted_softmax_cross_entropy)
+from . import _kernels
+from ._backprop import loss_and_gradients
+from ._layers import ACTIVATIONS, activation_inplace
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -146,25 +148,23 @@ class _BaseMLP(BaseEstimator):
         return h
 
     def _batch_step(self, Xb, targets, weights, penalty_scale):
-        """Forward, backward and one Adam step on one mini-batch; returns its loss (float)."""
-        params = [ad.Tensor(p, requires_grad=True) for p in self.coefs_ + self.intercepts_]
-        n = len(self.coefs_)
-        h = ad.Tensor(Xb)
-        for i in range(n):
-            h = dense(h, params[i], params[n + i], self.activation if i != n - 1 else "identity")
-        loss = self._loss(h, targets, weights)
-        grads = [g.data for g in ad.gradient(loss, params)]
-        value = float(loss.data)
+        """Forward, backward (``_backprop``) and one Adam step on one mini-batch; returns its
+        loss (float)."""
+        value, coef_grads, intercept_grads = loss_and_gradients(
+            Xb, self.coefs_, self.intercepts_, self.activation, self._loss(targets, weights))
+        value = float(value)
         if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
             value += 0.5 * self.alpha * penalty_scale * sum(
                 float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
         self._adam_t += 1
-        common = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
-                      eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        fastadam.step_inplace(self.coefs_, grads[:n], self._adam_m[:n], self._adam_v[:n],
-                              self._adam_t, weight_decay=self.alpha * penalty_scale, **common)
-        fastadam.step_inplace(self.intercepts_, grads[n:], self._adam_m[n:], self._adam_v[n:],
-                              self._adam_t, **common)
+        if self.alpha:  # L2 on the weights only: g + decay * W, the step's coupled weight decay
+            decay = self.alpha * penalty_scale
+            for g, w in zip(coef_grads, self.coefs_):
+                g += decay * w
+        fastadam.step_inplace(self.coefs_ + self.intercepts_, coef_grads + intercept_grads,
+                              self._adam_m, self._adam_v, self._adam_t,
+                              lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
+                              eps=self.epsilon, convention="tf", num_threads=self.num_threads)
         return value
 
     def _fit(self, X, y, sample_weight, incremental, classes=None):
@@ -351,10 +351,19 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def _n_outputs(self, targets):
         return 1 if len(self.classes_) == 2 else len(self.classes_)
 
-    def _loss(self, z, targets, weights):
+    def _loss(self, targets, weights):
+        """``z -> (value, d value / d z)`` of the weighted log-loss (``_kernels``)."""
         if len(self.classes_) == 2:
-            return weighted_binary_cross_entropy(z, targets, weights)
-        return weighted_softmax_cross_entropy(z, targets, weights)
+            eps = float(np.finfo(weights.dtype).eps)  # scikit-learn's clipping of p
+
+            def loss(z):
+                grad = np.empty_like(z)
+                return _kernels.binary_cross_entropy(z, targets, weights, grad, eps), grad
+        else:
+            def loss(z):
+                grad = np.empty_like(z)
+                return _kernels.softmax_cross_entropy(z, targets, weights, grad), grad
+        return loss
 
     @staticmethod
     def _best_index(z):
@@ -430,8 +439,12 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         tags.target_tags.multi_output = True
         return tags
 
-    def _loss(self, p, targets, weights):
-        return weighted_half_squared_error(p, targets, weights)
+    def _loss(self, targets, weights):
+        """``p -> (value, d value / d p)`` of the weighted half squared error (``_kernels``)."""
+        def loss(p):
+            grad = np.empty_like(p)
+            return _kernels.half_squared_error(p, targets, weights, grad), grad
+        return loss
 
     def _validation_score(self, X, targets, sample_weight):
         return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))

@@ -3,10 +3,14 @@ updates touch only the features present in a mini-batch.
 
 For a CSR mini-batch ``Xb`` (rows i, stored entries ``(i, j, x_ij)``) and output gradient
 ``dz = d loss / d z`` (``z = Xb @ W + b``, W of shape (n_features, n_classes)), the weight
-gradient is ``sum over stored entries of x_ij * dz[i]`` added to row j: that is an
-``IndexedSlices(values = data[:, None] * dz[row_of_entry], indices = Xb.indices)`` with repeated
-indices, which ``fastadam.sparse_step_inplace`` sums (stable, thread-count independent) and
-applies with the lazy (or catch-up) Adam step.  One batch therefore costs O(nnz(Xb) x n_classes)
+gradient is ``sum over stored entries of x_ij * dz[i]`` added to row j: the ``IndexedSlices``
+``Xb.T @ dz`` over the distinct columns of the batch, which ``fastadam.sparse``'s CSR kernels
+(``_csr.pyx``, behind ``csr_transpose_dot``) sum in storage order without a sort, and which
+``fastadam.sparse_step_inplace(..., indices_sorted_unique=True)`` applies with the lazy (or
+catch-up) Adam step.  The batch's rows are read in place from the training matrix (a shuffled
+epoch gathers nothing), for the forward product ``Xb @ W`` too.  The result is bit for bit that
+of the repeated-index gradient ``IndexedSlices(data[:, None] * dz[row_of_entry], Xb.indices)``
+summed by the step's sort and segment sum.  One batch therefore costs O(nnz(Xb) x n_classes)
 whatever the number of features: no dense pass over W per batch (only once per epoch, for the L2
 term of the reported loss).  With ``mode="lazy"`` the L2 term (``alpha``, coupled weight decay)
 and the moment decay apply to the touched rows only, as in TensorFlow's LazyAdam; ``"catchup"``
@@ -14,7 +18,8 @@ also applies the decays a row missed while idle.  Dense ``X`` takes the plain de
 (``X.T @ dz`` and ``fastadam.step_inplace``).  The intercepts always use the dense step.
 
 This is a linear model, so the two products are written directly rather than recorded on the
-autodiff tape; the losses are the same fused primitives as the MLP's (``_losses``).
+autodiff tape; the log-loss is the MLP's one-pass kernel (``_kernels``), the hinge loss the
+``_losses`` primitive.
 """
 import numbers
 import warnings
@@ -23,7 +28,10 @@ import numpy as np
 import scipy.sparse as sp
 
 import fastadam
+from fastadam.sparse import _csr
+from fastadam.sparse._api import check_csr_structure
 
+from . import _kernels
 from ._compat import validate_data
 from ._losses import (_whinge, _wsce, weighted_multiclass_hinge_grad,
                       weighted_softmax_cross_entropy_grad)
@@ -166,24 +174,38 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         self.best_loss_ = np.inf
         self._no_improvement_count = 0
 
-    def _batch_step(self, Xb, labels, weights):
+    def _batch_step(self, X, batch, labels, weights):
+        """One Adam step on the rows ``batch`` (int64 indices into X, in batch order) of X: a
+        dense ndarray, or the ``(indptr, indices, data)`` arrays of a checked CSR matrix.
+        Returns the batch's loss (float)."""
         loss_fn, grad_fn = _LOSSES[self.loss]
-        z = Xb @ self._weights
+        if isinstance(X, tuple):  # CSR: walk the batch's rows in place (no gathered matrix)
+            indptr, cols, data = X
+            z = np.empty((batch.shape[0], self._weights.shape[1]), dtype=self._weights.dtype)
+            touched, entry_rank = _csr.dot_and_columns(indptr, cols, data, batch,
+                                                       self._weights.shape[0], self._weights, z)
+        else:
+            Xb = X[batch]
+            z = Xb @ self._weights
         z += self.intercept_
-        value = float(loss_fn.fun(z, labels=labels, weights=weights))
-        dz = grad_fn.fun(z, labels=labels, weights=weights)
+        if self.loss == "log_loss":  # value and gradient in one pass
+            dz = np.empty_like(z)
+            value = _kernels.softmax_cross_entropy(z, labels, weights, dz)
+        else:
+            value = float(loss_fn.fun(z, labels=labels, weights=weights))
+            dz = grad_fn.fun(z, labels=labels, weights=weights)
         self._adam_t += 1
         adam = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                     eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        if sp.issparse(Xb):
-            rows = np.repeat(np.arange(Xb.shape[0]), np.diff(Xb.indptr))
-            values = np.take(dz, rows, axis=0)  # much faster than dz[rows] for (k, K) rows
-            values *= Xb.data[:, None]
-            grad = fastadam.IndexedSlices(values, Xb.indices, self._weights.shape)
+        if isinstance(X, tuple):
+            # X[batch].T @ dz with each touched column's rows already summed (in the order the
+            # sort + segment sum would add them), so the step skips both
+            sums = _csr.sum_rows(indptr, data, batch, entry_rank, dz, touched.shape[0])
+            grad = fastadam.IndexedSlices(sums, touched, self._weights.shape)
             fastadam.sparse_step_inplace(
                 self._weights, grad, self._m_w, self._v_w, self._adam_t, mode=self.mode,
                 last_step=self._last_step if self.mode == "catchup" else None,
-                weight_decay=self.alpha, **adam)
+                weight_decay=self.alpha, indices_sorted_unique=True, **adam)
         else:
             fastadam.step_inplace(self._weights, np.ascontiguousarray(Xb.T @ dz), self._m_w,
                                   self._v_w, self._adam_t, weight_decay=self.alpha, **adam)
@@ -201,9 +223,10 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         dtype = self._train_dtype
         X, y = validate_data(self, X, y, reset=first_pass, accept_sparse="csr", dtype=dtype,
                              order="C")
-        if sp.issparse(X) and X.indices.dtype not in (np.int32, np.int64):
-            X = X.copy()  # never modify the caller's matrix
-            X.indices = X.indices.astype(np.int64)
+        if sp.issparse(X):  # checked once: the kernels then walk its arrays (never modified)
+            X_rows = check_csr_structure(X, "X")
+        else:
+            X_rows = X
         labels = self._encode(y, first_pass, incremental, classes)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, X, dtype=dtype)
@@ -219,8 +242,8 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         message = None
         try:
             for _ in range(epochs):
-                order = rng.permutation(n) if self.shuffle else np.arange(n)
-                Xe, le = X[order], labels[order]
+                order = rng.permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
+                le = labels[order]
                 swe = sample_weight[order] if sample_weight is not None else None
                 total = 0.0
                 for start in range(0, n, batch):
@@ -233,7 +256,8 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
                         if w_sum <= 0:
                             continue  # an all-zero-weight batch carries no gradient
                         weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
-                    total += self._batch_step(Xe[start:stop], le[start:stop], weights) * w_sum
+                    total += self._batch_step(X_rows, order[start:stop], le[start:stop],
+                                              weights) * w_sum
                 denominator = float(n if swe is None else swe.sum(dtype=np.float64)) or 1.0
                 w = self._weights.ravel()
                 self.loss_ = total / denominator + 0.5 * self.alpha * float(np.dot(w, w))

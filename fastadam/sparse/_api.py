@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import _sparse
 from .. import gpu as _gpu
-from .._threads import resolve_num_threads
+from . import _csr
+from .._threads import adaptive_threads, resolve_num_threads
 from .._validation import check_array, check_disjoint, check_indices, check_rows
 from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                    momentum_coefficients, step_number)
@@ -62,14 +63,103 @@ def segment_sum(indices: np.ndarray, values: np.ndarray, *,
         raise ValueError("values: expected at least one dimension (one row per index), got a "
                          "0-d array")
     values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
-    nt = resolve_num_threads(num_threads)
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
     n_rows = int(indices.max()) + 1 if indices.size else 0
     perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
     row_shape = values.shape[1:]
     flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
-    sums = _sparse.segment_sum(flat, perm, offsets, nt)
+    sums = _threaded(_sparse.segment_sum, (flat, perm, offsets), flat.size, nt, KIND_SEGMENT_SUM)
     # rows is a view of the sort's scratch buffer: astype copies it out
     return rows.astype(indices.dtype), sums.reshape((rows.shape[0],) + row_shape)
+
+
+# Kinds of work for the measured thread choice: each keeps its own size classes, since a
+# segment sum, a lazy row update and a dense-mode table update cost differently per element.
+KIND_SEGMENT_SUM = 1
+KIND_SPARSE_STEP = {"lazy": 2, "dense": 3, "catchup": 4}
+
+
+def _threaded(kernel, args, work, nt, kind):
+    """``kernel(*args, threads)``: ``nt`` threads, or (nt == 0, num_threads=None) the count
+    fastadam/_threads.py measures as faster; one thread below the kernels' parallel minimum."""
+    if nt:
+        return kernel(*args, nt)
+    if work < _sparse.PARALLEL_MIN_WORK:
+        return kernel(*args, 1)
+    return adaptive_threads.run(kernel, args, work, kind)
+
+
+def csr_transpose_dot(X: Any, dz: np.ndarray) -> IndexedSlices:
+    """``X.T @ dz`` for a SciPy CSR ``X`` as an ``IndexedSlices`` with **sorted, unique**
+    indices: the weight gradient of a linear layer ``z = X @ W`` (``dz = d loss / d z``), ready
+    for ``sparse_step_inplace(..., indices_sorted_unique=True)``.
+
+    ``indices`` are the distinct column indices stored in ``X`` (int64, increasing) and
+    ``values[s] = +0 + X[i1, j] * dz[i1] + X[i2, j] * dz[i2] + ...`` over the stored entries of
+    column ``j = indices[s]``, added in storage order (row by row, then in each row's order).
+    That is bit for bit ``segment_sum(X.indices, X.data[:, None] * dz[row_of_each_entry])``,
+    the sum ``sparse_step_inplace`` would compute from the repeated indices, but found without a
+    sort: O(nnz(X) x dz.shape[1] + u log u) for u distinct columns, independent of
+    ``X.shape[1]``.  Explicitly stored zeros count as touched columns; duplicate entries are
+    summed in storage order.  Single-threaded.
+
+    Parameters
+    ----------
+    X : scipy.sparse CSR matrix or array, shape (n, n_features), float32 or float64
+        Only read; duplicate and unsorted column indices are allowed.
+    dz : ndarray, shape (n, K), X's dtype
+        Only read (a non-contiguous array is copied).
+
+    Returns
+    -------
+    IndexedSlices with ``dense_shape == (n_features, K)``.
+    """
+    import scipy.sparse
+
+    if not scipy.sparse.issparse(X) or X.format != "csr":
+        fmt = getattr(X, "format", type(X).__name__)
+        raise TypeError(f"X: expected a SciPy CSR matrix or array, got format {fmt!r} "
+                        f"(convert with .tocsr())")
+    if X.ndim != 2:
+        raise ValueError(f"X: expected a 2-D matrix, got shape {X.shape}")
+    n, n_cols = X.shape
+    if X.dtype not in _VALUE_TYPES:
+        raise TypeError(f"X: expected float32 or float64 data, got {X.dtype}")
+    indptr, cols, data = check_csr_structure(X, "X")
+    if not isinstance(dz, np.ndarray):
+        raise TypeError(f"dz: expected a numpy.ndarray, got {type(dz).__name__}")
+    if dz.dtype != X.dtype:
+        raise TypeError(f"dz: expected dtype {X.dtype} (the dtype of X), got {dz.dtype}")
+    if dz.ndim != 2 or dz.shape[0] != n:
+        raise ValueError(f"dz: expected shape ({n}, K) (one row per row of X), got {dz.shape}")
+    dz = np.ascontiguousarray(dz)
+    if dz.dtype.byteorder not in "=|":
+        dz = dz.astype(dz.dtype.newbyteorder("="))
+    rows = np.arange(n, dtype=np.int64)
+    unique, entry_rank = _csr.columns(indptr, cols, data, rows, n_cols)
+    sums = _csr.sum_rows(indptr, data, rows, entry_rank, dz, unique.shape[0])
+    return IndexedSlices(sums, unique, (n_cols, dz.shape[1]))
+
+
+def check_csr_structure(X, name):
+    """(indptr, indices, data) of a CSR matrix as contiguous native arrays the kernels may
+    walk: indptr from 0, non-decreasing, ending at nnz; every column index in [0, n_cols);
+    indptr and indices of one integer type (int32 or int64)."""
+    n, n_cols = X.shape
+    indptr, cols, data = X.indptr, X.indices, X.data
+    if indptr.shape != (n + 1,) or indptr[0] != 0:
+        raise ValueError(f"{name}: invalid CSR indptr (expected {n + 1} entries from 0)")
+    nnz = int(indptr[-1])
+    if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
+        raise ValueError(f"{name}: invalid CSR indptr (decreasing, or past the stored entries)")
+    cols = check_indices(np.asarray(cols[:nnz]), f"{name}.indices", n_cols, "columns")
+    index_type = np.int64 if max(cols.dtype.itemsize, indptr.dtype.itemsize) == 8 else np.int32
+    if indptr.dtype.kind not in "iu":
+        raise TypeError(f"{name}.indptr: expected an integer array, got {indptr.dtype}")
+    indptr = np.ascontiguousarray(indptr, dtype=index_type)
+    cols = np.ascontiguousarray(cols, dtype=index_type)
+    data = np.ascontiguousarray(data[:nnz], dtype=data.dtype.newbyteorder("="))
+    return indptr, cols, data
 
 
 def _is_scipy_sparse(grad):
@@ -126,6 +216,7 @@ def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, 
                         lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
                         eps: float = 1e-8, convention: str = "tf", weight_decay: float = 0.0,
                         decoupled_weight_decay: bool = False, maximize: bool = False,
+                        indices_sorted_unique: bool = False,
                         num_threads: Optional[int] = None) -> None:
     """One Adam step with a sparse gradient, in place.
 
@@ -189,6 +280,14 @@ def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, 
     mode : {"lazy", "dense", "catchup"}
     last_step : ndarray of int64, required in catchup mode only
         Shape ``x.shape[:1]`` (``x.shape`` for a CSR gradient); updated in place.
+    indices_sorted_unique : bool, default False
+        The caller's promise that the gradient's indices (for a CSR gradient: its entries'
+        flat positions ``row * ncols + col``) are strictly increasing, as
+        :func:`csr_transpose_dot` and :func:`segment_sum` return them.  Then no sort and no
+        segment sum run: each row's gradient is used as given, which is bit for bit what the
+        default path computes for such indices.  The promise is checked (O(k), one pass:
+        ValueError naming the first position where an index does not increase); on a GPU array
+        it is checked by nothing and changes nothing (the GPU path always sorts).
     num_threads : int, optional
         OpenMP threads (None: as many as OpenMP allows; negative counts back from that).
         The result is bit-identical for any thread count.
@@ -201,7 +300,8 @@ def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, 
     """
     coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
                                decoupled_weight_decay, maximize=maximize)
-    return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads)
+    return sparse_step(coeffs, x, grad, [("m", m), ("v", v)], t, mode, last_step, num_threads,
+                       indices_sorted_unique)
 
 
 def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int, *,
@@ -209,6 +309,7 @@ def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int,
                                 lr: float = 1e-2, lr_decay: float = 0.0,
                                 eps: Optional[float] = None, weight_decay: float = 0.0,
                                 maximize: bool = False, convention: str = "torch",
+                                indices_sorted_unique: bool = False,
                                 num_threads: Optional[int] = None) -> None:
     """One Adagrad step with a sparse gradient, in place.
 
@@ -222,7 +323,8 @@ def sparse_adagrad_step_inplace(x: np.ndarray, grad: Any, h: np.ndarray, t: int,
     coeffs = adagrad_coefficients(t, lr=lr, lr_decay=lr_decay, eps=eps,
                                   weight_decay=weight_decay, maximize=maximize,
                                   convention=convention)
-    return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads)
+    return sparse_step(coeffs, x, grad, [("h", h)], t, mode, last_step, num_threads,
+                       indices_sorted_unique)
 
 
 def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int, *,
@@ -230,12 +332,13 @@ def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int
                                  lr: float = 1e-2, momentum: float = 0.9, dampening: float = 0.0,
                                  nesterov: bool = False, weight_decay: float = 0.0,
                                  maximize: bool = False, convention: str = "torch",
+                                 indices_sorted_unique: bool = False,
                                  num_threads: Optional[int] = None) -> None:
     """One SGD-with-momentum step with a sparse gradient, in place.
 
     The update of a row is :func:`fastadam.momentum_step_inplace`'s formula and conventions,
-    with ``g`` the row's summed gradient.  Modes, gradient forms, weight-decay rule and checks
-    are those of :func:`sparse_step_inplace`: ``"dense"`` keeps every row moving with its
+    with ``g`` the row's summed gradient.  Modes, gradient forms, ``indices_sorted_unique``,
+    weight-decay rule and checks are those of :func:`sparse_step_inplace`: ``"dense"`` keeps every row moving with its
     decaying buffer (as the dense step on the densified gradient, bit for bit), ``"lazy"`` only
     touched rows, and ``"catchup"`` first decays a returning row's buffer by ``momentum`` once
     per missed step (the idle steps' movement of ``x`` is not replayed).  A row touched for the
@@ -244,12 +347,17 @@ def sparse_momentum_step_inplace(x: np.ndarray, grad: Any, v: np.ndarray, t: int
     coeffs = momentum_coefficients(t, lr=lr, momentum=momentum, dampening=dampening,
                                    nesterov=nesterov, weight_decay=weight_decay,
                                    maximize=maximize, convention=convention)
-    return sparse_step(coeffs, x, grad, [("v", v)], t, mode, last_step, num_threads)
+    return sparse_step(coeffs, x, grad, [("v", v)], t, mode, last_step, num_threads,
+                       indices_sorted_unique)
 
 
-def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
+def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
+                indices_sorted_unique=False):
     """Validate and run one sparse step of the optimizer ``coeffs`` describes; ``slots`` are
     its state arguments as (name, array) pairs in slot order."""
+    if not isinstance(indices_sorted_unique, (bool, np.bool_)):
+        raise TypeError(f"indices_sorted_unique: expected a bool, got "
+                        f"{type(indices_sorted_unique).__name__}")
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     t = step_number(t)
@@ -258,15 +366,17 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
     if _gpu.is_device_array(x):  # CuPy: fastadam/gpu
         return _gpu.sparse_step(coeffs, x, grad, slots, t, mode, last_step)
     try:
-        return _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads)
+        return _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
+                                bool(indices_sorted_unique))
     except TypeError:
         grad_parts = [grad.indices, grad.values] if isinstance(grad, IndexedSlices) else grad
         _gpu.explain_mix(slots + [("grad", grad_parts), ("last_step", last_step)])
         raise
 
 
-def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
-    nt = resolve_num_threads(num_threads)
+def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
+                     indices_sorted_unique):
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
 
     x = check_array(x, "x", -1, None, True)
     if x.ndim < 1:
@@ -282,9 +392,14 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
     caller_indices = indices  # checked for overlap below; the kernels read a private copy
     if element_wise:
         n_rows, row_shape, rows_shape = x.size, (), x.shape
+        if indices_sorted_unique:
+            indices = _check_sorted_unique(indices, "grad", n_rows)
     else:
         n_rows, row_shape, rows_shape = x.shape[0], x.shape[1:], x.shape[:1]
-        indices = check_indices(indices, "indices", n_rows)
+        if indices_sorted_unique:
+            indices = _check_sorted_unique(indices, "indices", n_rows)
+        else:
+            indices = check_indices(indices, "indices", n_rows)
         values = check_rows(values, "values", indices.shape[0], row_shape, x.dtype)
 
     if mode == "catchup":
@@ -304,7 +419,10 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
         groups.append(("last_step", [last_step], True))
     check_disjoint(groups, True)
 
-    perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
+    if indices_sorted_unique:  # one segment per index, in the given order
+        perm, rows, offsets = _identity(indices.shape[0]), indices, _identity(indices.shape[0] + 1)
+    else:
+        perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
     if mode == "catchup" and rows.size:
         seen = last_step.reshape(-1)[rows]
         if seen.min() < 0 or seen.max() >= t:
@@ -313,7 +431,50 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads):
                              f"row, got {bad}")
 
     row_size = int(np.prod(row_shape, dtype=np.int64))
-    _sparse.sparse_step(
-        coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
-        values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
-        last_step.reshape(-1) if mode == "catchup" else None, t, nt)
+    args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
+            values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
+            last_step.reshape(-1) if mode == "catchup" else None, t)
+    work = (n_rows if mode == "dense" else values.shape[0]) * row_size
+    _threaded(_sparse.sparse_step, args, work, nt, KIND_SPARSE_STEP[mode])
+
+
+def _check_sorted_unique(indices, name, n_rows):
+    """A private int64 copy of indices promised strictly increasing, checked to be so and to
+    lie in [0, n_rows) (first and last entries, once the order holds)."""
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of int32 or int64, "
+                        f"got {type(indices).__name__}")
+    if indices.dtype.kind not in "iu" or indices.dtype.itemsize not in (4, 8):
+        raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
+    if indices.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
+    idx = np.array(indices, dtype=np.int64, order="C", copy=True)
+    if idx.size > 1:
+        steps = idx[1:] > idx[:-1]
+        if not steps.all():
+            at = int(np.argmin(steps)) + 1
+            raise ValueError(f"{name}: indices_sorted_unique=True needs strictly increasing "
+                             f"indices, but position {at} holds {int(idx[at])} after "
+                             f"{int(idx[at - 1])}")
+    if idx.size:
+        if idx[0] < 0:
+            raise IndexError(f"{name}: negative index {int(idx[0])}; negative indices are not "
+                             f"allowed (no wrap-around, as in TensorFlow and torch.sparse)")
+        if idx[-1] >= n_rows:
+            raise IndexError(f"{name}: index {int(idx[-1])} is out of range for {n_rows} rows")
+    return idx
+
+
+_iota = np.arange(4096, dtype=np.int64)
+_iota.flags.writeable = False
+
+
+def _identity(n):
+    """0, 1, ..., n-1 (int64; a read-only view of a shared buffer grown on demand)."""
+    global _iota
+    buf = _iota
+    if buf.shape[0] < n:
+        buf = np.arange(max(n, 2 * buf.shape[0]), dtype=np.int64)
+        buf.flags.writeable = False
+        _iota = buf
+    return buf[:n]

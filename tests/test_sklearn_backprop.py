@@ -1,0 +1,134 @@
+"""fastadam.sklearn._backprop: the MLP estimators' hand-written forward/backward pass.
+
+References: ``fastadam.autodiff.gradient`` of the same network recorded on the tape (one
+``_layers.dense`` node per layer and the loss primitive; must agree bit for bit, since the
+hand-written pass performs the tape's VJP operations), and central finite differences in
+float64 (independent of both)."""
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+import fastadam.autodiff as ad  # noqa: E402
+from fastadam.sklearn._backprop import loss_and_gradients  # noqa: E402
+from fastadam.sklearn._layers import dense  # noqa: E402
+from fastadam.sklearn._losses import (_wbce, _whse, _wsce,  # noqa: E402
+                                      weighted_binary_cross_entropy_grad,
+                                      weighted_half_squared_error_grad,
+                                      weighted_softmax_cross_entropy_grad)
+
+LOSSES = {"softmax": (_wsce, weighted_softmax_cross_entropy_grad, "labels", 4),
+          "binary": (_wbce, weighted_binary_cross_entropy_grad, "targets", 1),
+          "squared": (_whse, weighted_half_squared_error_grad, "targets", 3)}
+
+
+def _problem(rng, loss, dtype=np.float64, sizes=(6, 9, 7)):
+    value, gradient, key, n_out = LOSSES[loss]
+    n = 11
+    X = rng.standard_normal((n, sizes[0])).astype(dtype)
+    units = list(sizes) + [n_out]
+    coefs = [(rng.standard_normal((a, b)) * 0.5).astype(dtype) for a, b in zip(units, units[1:])]
+    intercepts = [(rng.standard_normal(b) * 0.1).astype(dtype) for b in units[1:]]
+    if loss == "softmax":
+        targets = rng.integers(0, n_out, n).astype(np.intp)
+    elif loss == "binary":
+        targets = rng.integers(0, 2, (n, 1)).astype(dtype)
+    else:
+        targets = rng.standard_normal((n, n_out)).astype(dtype)
+    w = rng.uniform(0.5, 2, n)
+    w = (w / w.sum()).astype(dtype)
+    kw = {key: targets, "weights": w}
+    return (X, coefs, intercepts, (lambda z: (value.fun(z, **kw), gradient.fun(z, **kw))),
+            (lambda z: value(z, **kw)))
+
+
+def _tape_gradients(X, coefs, intercepts, activation, tape_loss):
+    params = [ad.Tensor(p, requires_grad=True) for p in coefs + intercepts]
+    n = len(coefs)
+    h = ad.Tensor(X)
+    for i in range(n):
+        h = dense(h, params[i], params[n + i], activation if i != n - 1 else "identity")
+    loss = tape_loss(h)
+    return float(loss.data), [g.data for g in ad.gradient(loss, params)]
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_equals_the_autodiff_tape_bit_for_bit(rng, activation, loss, dtype):
+    X, coefs, intercepts, primitive_loss, tape_loss = _problem(rng, loss, dtype)
+    ours, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)
+    ref_value, ref = _tape_gradients(X, coefs, intercepts, activation, tape_loss)
+    assert float(ours) == ref_value
+    for a, b in zip(cg + ig, ref):
+        assert a.dtype == dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_gradients_by_finite_differences(rng, activation, loss):
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, loss)
+    _, cg, ig = loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)
+    params = coefs + intercepts
+    h = 1e-6
+    for p, g in zip(params, cg + ig):
+        flat, gflat = p.reshape(-1), g.reshape(-1)
+        for j in rng.choice(flat.size, min(6, flat.size), replace=False):
+            keep = flat[j]
+            flat[j] = keep + h
+            up = float(loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)[0])
+            flat[j] = keep - h
+            down = float(loss_and_gradients(X, coefs, intercepts, activation, primitive_loss)[0])
+            flat[j] = keep
+            assert gflat[j] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-8)
+
+
+def test_inputs_are_left_alone(rng):
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, "softmax")
+    copies = [a.copy() for a in [X] + coefs + intercepts]
+    loss_and_gradients(X, coefs, intercepts, "tanh", primitive_loss)
+    for a, b in zip([X] + coefs + intercepts, copies):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_loss_kernels_equal_the_loss_primitives(rng, loss, dtype):
+    """The estimators' one-pass loss kernels against the NumPy loss primitives (which the
+    finite-difference tests of test_sklearn_mlp.py check)."""
+    from fastadam.sklearn import _kernels
+    value, gradient, key, n_out = LOSSES[loss]
+    X, coefs, intercepts, primitive_loss, _ = _problem(rng, loss, dtype)
+    z = (rng.standard_normal((11, n_out)) * 3).astype(dtype)
+    ref_value, ref_grad = primitive_loss(z)
+    grad = np.full_like(z, np.nan)
+    # rebuild the targets and weights _problem drew, through the closure's defaults
+    cell = dict(zip(primitive_loss.__code__.co_freevars,
+                    (c.cell_contents for c in primitive_loss.__closure__)))["kw"]
+    if loss == "softmax":
+        ours = _kernels.softmax_cross_entropy(z, cell["labels"], cell["weights"], grad)
+    elif loss == "binary":
+        ours = _kernels.binary_cross_entropy(z, cell["targets"], cell["weights"], grad,
+                                             float(np.finfo(dtype).eps))
+    else:
+        ours = _kernels.half_squared_error(z, cell["targets"], cell["weights"], grad)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    assert ours == pytest.approx(float(ref_value), rel=tol)
+    np.testing.assert_allclose(grad, ref_grad, rtol=tol, atol=tol * 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_relu_kernels_equal_numpy_and_propagate_nan(rng, dtype):
+    from fastadam.sklearn import _kernels
+    h = rng.standard_normal((7, 5)).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    h[0, 0] = np.nan
+    ref = np.maximum(h + b, 0)
+    out = h.copy()
+    _kernels.bias_relu(out, b)
+    assert np.isnan(out[0, 0])
+    np.testing.assert_array_equal(out, ref)
+    g = rng.standard_normal((7, 5)).astype(dtype)
+    ref = g * (ref > 0)
+    _kernels.relu_backward(g, out)
+    assert g.tobytes() == ref.tobytes()
