@@ -131,8 +131,29 @@ def use_local_libraries(html_dir, vendor_dir):
     return count
 
 
+class HistoryUnavailable(RuntimeError):
+    """The checkout lacks the commits the stored results belong to (a shallow clone)."""
+
+
+def _git(*args):
+    return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True)
+
+
+def ensure_history():
+    """asv places each stored result by its commit on main, so a shallow clone (CI systems
+    often make one) shows nothing: fetch the rest of the history when the remote allows."""
+    if _git("rev-parse", "--is-shallow-repository").stdout.strip() != "true":
+        return
+    out = _git("fetch", "--quiet", "--unshallow")
+    if out.returncode != 0:
+        raise HistoryUnavailable(
+            "this is a shallow clone and `git fetch --unshallow` failed "
+            f"({out.stderr.strip()[:200]}): the dashboard needs main's history")
+
+
 def publish(results_dir=None, html_dir=None, offline=False, vendor_dir=None, quiet=True):
     """Run `asv publish` over the stored results; return the HTML folder."""
+    ensure_history()
     html_dir = os.path.abspath(html_dir or os.path.join(HERE, ".asv", "html"))
     with tempfile.TemporaryDirectory() as work:
         conf = asv_config(results_dir, html_dir, workdir=work)

@@ -315,6 +315,10 @@ def main(argv=None):
         old, base = load_results(read_json(args.baseline)), args.baseline
     else:
         by_commit = stored_by_commit(os.path.join(args.results_dir, MACHINE))
+        if git("rev-parse", "--is-shallow-repository")[0] == "true":
+            # a shallow CI clone has no ancestors to compare with: fetch them when possible
+            subprocess.run(["git", "fetch", "--quiet", "--unshallow"], cwd=REPO,
+                           capture_output=True)
         base = newest_stored_ancestor(git("rev-list", "HEAD"), by_commit)
         if base is None:
             print(f"gate: no ancestor of HEAD has stored results for {MACHINE} in "

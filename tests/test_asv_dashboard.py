@@ -80,7 +80,11 @@ def site(tmp_path_factory):
     except (subprocess.CalledProcessError, OSError) as exc:
         _missing(f"could not fetch asv's JavaScript libraries from PyPI: {exc}")
     html = str(tmp_path_factory.mktemp("asv-html"))
-    dashboard.publish(results_dir=RESULTS, html_dir=html, offline=True, vendor_dir=vendor)
+    try:
+        dashboard.publish(results_dir=RESULTS, html_dir=html, offline=True, vendor_dir=vendor)
+    except dashboard.HistoryUnavailable as exc:
+        # not an install problem that CI could fix: the clone itself has no history to show
+        pytest.skip(str(exc))
     shots = str(tmp_path_factory.mktemp("asv-shots"))
     report, paths = dashboard.check(html, screenshot_dir=shots)
     keep = os.environ.get("FASTADAM_DASHBOARD_SCREENSHOTS")
