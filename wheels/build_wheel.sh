@@ -72,10 +72,16 @@ if not any("libgomp" in n for n in libs):
     sys.exit("FAIL: libgomp is not bundled in fastadam.libs/")
 EOF
 check_wheel_contents() {  # LICENSE, metadata (version, no exact torch pin), stripped extensions
-    "$WORK/tools/bin/python" - "$1" <<'EOF'
-import re, sys, zipfile
+    "$WORK/tools/bin/python" - "$1" "$REPO" <<'EOF'
+import pathlib, re, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 names = z.namelist()
+# one extension per Cython module of the source tree (a .pyx the sdist lost builds nothing)
+pyx = sorted(str(p.relative_to(sys.argv[2]).with_suffix(""))
+             for p in pathlib.Path(sys.argv[2], "fastadam").rglob("_*.pyx"))
+lost = [m for m in pyx if not any(n.startswith(m + ".") and n.endswith(".so") for n in names)]
+if lost:
+    sys.exit(f"FAIL: the wheel lacks the extensions of {lost}")
 if not any(re.search(r"\.dist-info/(licenses/)?LICENSE$", n) for n in names):
     sys.exit("FAIL: the wheel has no LICENSE")
 meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
