@@ -122,6 +122,8 @@ cp -r "$TESTS" "$RUN/tests"
 # Some tests check the benchmark workloads (tests/test_autodiff_bench.py): they sit beside tests/.
 mkdir -p "$RUN/asv_bench"
 cp -r "$REPO/asv_bench/benchmarks" "$RUN/asv_bench/benchmarks"
+# tests/test_asv_gate.py checks the gate's comparison logic (plain Python, no asv run).
+cp "$REPO/asv_bench/gate.py" "$RUN/asv_bench/gate.py"
 find "$RUN" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$RUN/installed_only.py" <<'EOF'
 """pytest plugin: fail the session unless fastadam was imported from the venv's site-packages."""
