@@ -160,7 +160,7 @@ def test_direction_from_unit():
     assert gate.direction(None) is None
 
 
-def test_newest_stored_ancestor_and_merge(tmp_path):
+def test_newest_stored_commit_and_merge(tmp_path):
     mdir = tmp_path / gate.MACHINE
     mdir.mkdir()
     (mdir / "machine.json").write_text(json.dumps({"machine": gate.MACHINE}))
@@ -173,8 +173,9 @@ def test_newest_stored_ancestor_and_merge(tmp_path):
     by_commit = gate.stored_by_commit(str(mdir))
     assert sorted(by_commit) == ["a" * 40, "c" * 40]
     # newest first: "b" has no results, "a" is the newest with some, "c" is older
-    assert gate.newest_stored_ancestor(["b" * 40, "a" * 40, "c" * 40], by_commit) == "a" * 40
-    assert gate.newest_stored_ancestor(["b" * 40], by_commit) is None
+    _, commits = gate.baseline(["b" * 40, "a" * 40, "c" * 40], by_commit, depth=1)
+    assert commits == ["a" * 40]
+    assert gate.baseline(["b" * 40], by_commit) == ({}, [])
     merged = gate.merged_results(by_commit["a" * 40])
     assert merged[(SPARSE, ("uniform",))][0] == 6.0      # the later file wins
     assert merged[(SPARSE, ("zipf",))][0] == 3.0
@@ -211,3 +212,34 @@ def test_factor_per_parameter_combination_and_too_noisy():
     assert status[(SPEEDUP, ("100000", "2"))] == "too noisy"
     assert status[(SPEEDUP, ("10000000", "1"))] == "ok"          # 4x is within 5
     assert status[(SPEEDUP, ("10000000", "2"))] == "REGRESSED"   # 4x is beyond 1.5
+
+
+def test_baseline_is_the_median_of_the_newest_stored_runs(tmp_path):
+    # one stored run that caught a noisy moment (8.5 between 3.3 and 3.7) must not set the bar
+    by_commit = {}
+    for commit, value, version in [("a" * 40, 8.5, "v1"), ("b" * 40, 3.3, "v1"),
+                                   ("c" * 40, 3.7, "v1"), ("d" * 40, 100.0, "v1"),
+                                   ("e" * 40, 1.0, "v1")]:
+        by_commit[commit] = [results_file(commit, {SPEEDUP: ([value] * 4, SPEEDUP_PARAMS),
+                                                   SPARSE: ([value, None], [["uniform", "zipf"]],
+                                                            version)})]
+    ancestors = ["x" * 40, "a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40]
+    old, commits = gate.baseline(ancestors, by_commit)
+    assert commits == ["a" * 40, "b" * 40, "c" * 40]  # the newest three, "d" and "e" unused
+    assert old[(SPEEDUP, ("100000", "1"))] == (3.7, "v1")
+    assert old[(SPARSE, ("zipf",))] == (None, "v1")  # skipped everywhere: no value
+    new = gate.load_results(results_file("f" * 40, {SPEEDUP: ([2.0] * 4, SPEEDUP_PARAMS)}))
+    status = {(r[0], r[1]): r[5] for r in gate.compare(old, new, UNITS, [("", 2.0)])}
+    assert status[(SPEEDUP, ("100000", "1"))] == "ok"  # 2.0 / 3.7 = 0.54 > 1/2
+    # against the newest run alone (8.5) the same value would have failed
+    alone = gate.merged_results(by_commit["a" * 40])
+    status = {(r[0], r[1]): r[5] for r in gate.compare(alone, new, UNITS, [("", 2.0)])}
+    assert status[(SPEEDUP, ("100000", "1"))] == "REGRESSED"
+
+
+def test_baseline_counts_only_the_newest_benchmark_version():
+    by_commit = {c: [results_file(c, {SPARSE: ([v, v], [["uniform", "zipf"]], ver)})]
+                 for c, v, ver in [("a" * 40, 2.0, "v2"), ("b" * 40, 50.0, "v1"),
+                                   ("c" * 40, 60.0, "v1")]}
+    old, _ = gate.baseline(["a" * 40, "b" * 40, "c" * 40], by_commit)
+    assert old[(SPARSE, ("uniform",))] == (2.0, "v2")
