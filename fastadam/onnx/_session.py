@@ -27,6 +27,7 @@ from onnx import numpy_helper
 
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
+from ._codegen import generate_step
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
                      opsets)
@@ -94,7 +95,12 @@ class _Schedule:
     (``Graph.compile``) of the nodes before and of the in-place optimizer nodes run last, and
     the bindings to apply."""
 
-    __slots__ = ("wanted", "first", "last", "copied", "fresh")
+    __slots__ = ("wanted", "first", "last", "copied", "fresh", "run")
+
+
+def binding_error(key, value, new, old):
+    raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape {new.shape}, "
+                     f"but initializer '{key}' has {old.dtype} and {old.shape}")
 
 
 def _own(a, private):
@@ -164,6 +170,8 @@ class TrainingSession:
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
         self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
         self._state_ids = None  # {id(array) of every initializer}, kept by _bind
+        # steps run as generated functions (``_codegen``); False: interpret the programs
+        self._codegen = True
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -242,10 +250,18 @@ class TrainingSession:
             split = [None if alg.input_names.issuperset(names) else
                      [n for n in names if n in alg.input_names] for alg in self._algorithms]
             self._feed_split = (names, split)
-        results = {}
-        for alg, mine in zip(self._algorithms, split):
-            results.update(self._step_one(
-                alg, feeds if mine is None else {n: feeds[n] for n in mine}, wanted))
+        if len(split) == 1 and split[0] is None:  # one algorithm, fed as it is
+            alg = self._algorithms[0]
+            sched = alg.schedules.get(tuple(wanted))
+            if sched is None:
+                sched = self._schedule(alg, wanted)
+            results = sched.run(feeds) if sched.run is not None else \
+                self._step_one(alg, feeds, wanted, interpreted=True)
+        else:
+            results = {}
+            for alg, mine in zip(self._algorithms, split):
+                results.update(self._step_one(
+                    alg, feeds if mine is None else {n: feeds[n] for n in mine}, wanted))
         if len(results) != len(wanted):
             missing = [n for n in wanted if n not in results]
             raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
@@ -279,6 +295,7 @@ class TrainingSession:
             keep.update(n for k in last for n in plan.steps[k].inputs)
             sched.first = plan.compile([k for k in order if not plan.steps[k].inplace], keep)
             sched.last = plan.compile(last)
+            sched.run = generate_step(self, alg, sched) if self._codegen else None
             alg.schedules[key] = sched
         return sched
 
@@ -308,11 +325,22 @@ class TrainingSession:
                 base[key] = Tensor(array, requires_grad=key in alg.plan.grad_names
                                    and array.dtype.kind == "f")
 
-    def _step_one(self, alg, feeds, wanted):
+    def _state_array_ids(self):
+        """``{id(array)}`` of every initializer (to copy outputs that alias one)."""
+        ids = self._state_ids
+        if ids is None:
+            ids = self._state_ids = {id(a) for a in self._state.values()}
+        return ids
+
+    def _step_one(self, alg, feeds, wanted, interpreted=False):
+        """One algorithm's step: its generated function (``_codegen``) when there is one and
+        not ``interpreted``, else its programs run by ``Graph.run_program``."""
         plan = alg.plan
         sched = alg.schedules.get(tuple(wanted))
         if sched is None:
             sched = self._schedule(alg, wanted)
+        if sched.run is not None and not interpreted:
+            return sched.run(feeds)
         checked = alg.check_feeds(feeds)
         env = self._state_env(alg)
         if plan.grad_names.isdisjoint(checked):
@@ -330,16 +358,14 @@ class TrainingSession:
                 new = env[value].data
                 old = state[key]
                 if new.dtype != old.dtype or new.shape != old.shape:
-                    raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
-                                     f"{new.shape}, but initializer '{key}' has {old.dtype} and "
-                                     f"{old.shape}")
+                    binding_error(key, value, new, old)
                 pending.append((key, _own(new, is_private)))
             result = {}
             if sched.wanted:
-                state_ids = self._state_ids
-                if state_ids is None:
-                    state_ids = self._state_ids = {id(a) for a in state.values()}
+                state_ids = self._state_array_ids()
                 for n in sched.wanted:
+                    if n in sched.fresh:  # not computed yet: reported after the update
+                        continue
                     a = env[n].data
                     result[n] = a.copy() if id(a) in state_ids else a
             plan.run_program(env, sched.last)  # the in-place optimizer updates, once nothing
