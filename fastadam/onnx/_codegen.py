@@ -21,12 +21,14 @@ program cannot be written this way (a Gradient node that re-evaluates its sub-gr
 generated and the session keeps interpreting.  The source is kept on the function
 (``step._program_source``) for reading and for tests.
 """
+import functools
 import keyword
 import operator
 import re
 
 from ..autodiff import set_grad_enabled
 from ._graph import LABELLED_ERRORS
+from ._training_ops import OPTIMIZERS, contiguous
 
 
 def _identifiers(names):
@@ -158,6 +160,28 @@ def generate_step(session, alg, sched):
     return fun
 
 
+def _write_inplace(w, ns, step, args, targets):
+    """An in-place optimizer node (``Graph._inplace_runner``): the update on the arrays of its
+    inputs (the gradients made C-contiguous, as it does), then its outputs are its written inputs,
+    which now hold the new values."""
+    _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
+    k = step.index
+    ns[f"n{k}"] = functools.partial(apply, **step.attrs)
+    ns["_contiguous"] = contiguous
+    n = (len(args) - 2) // per
+    lists = []
+    for j in range(per):
+        group = args[2 + j * n:2 + (j + 1) * n]
+        wrap = "_contiguous({}.data)" if j == 1 else "{}.data"  # gradients are only read
+        lists.append("[" + ", ".join(wrap.format(a) for a in group) + "]")
+    w(f"n{k}({args[0]}.data, {args[1]}.data, [{', '.join(lists)}])")
+    sources = [args[2 + j * n + i] for j in written for i in range(n)]
+    pairs = [(t, a) for t, a in zip(targets, sources) if t != "_"]
+    if pairs:
+        w(", ".join(t for t, _ in pairs) + " = " + ", ".join(a for _, a in pairs) +
+          "  # now the new values")
+
+
 def _write_program(w, ns, plan, program, ident, what):
     if not program:
         return
@@ -174,6 +198,9 @@ def _write_program(w, ns, plan, program, ident, what):
             ns[f"n{k}"] = plan._gradient_direct(step)
             nx = len(step.xs)
             call = f"n{k}({_tuple(args[:nx])}, {_tuple(args[nx:])}, {ident[step.y]})"
+        elif step.inplace:
+            _write_inplace(w, ns, step, args, targets)
+            continue
         else:
             ns[f"n{k}"] = fun
             # run_program hands a list when some optional input is omitted, else a tuple

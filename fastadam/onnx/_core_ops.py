@@ -194,22 +194,26 @@ def matmul(inputs, attrs, opset):
 def compile_gemm(attrs, opset):
     ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    ia, ib = (0 if ta else 1), (1 if tb else 0)  # where the inner dimension is in A and in B
+    gemm = ad.gemm
 
     def run(inputs):
-        a, b = inputs[0], inputs[1]
-        c = inputs[2] if len(inputs) > 2 else None
-        dtype = a.data.dtype
-        if b.data.dtype != dtype or (c is not None and c.data.dtype != dtype):
+        if len(inputs) > 2:
+            a, b, c = inputs
+        else:
+            (a, b), c = inputs, None
+        ad_, bd = a.data, b.data
+        dtype = ad_.dtype
+        if bd.dtype != dtype or (c is not None and c.data.dtype != dtype):
             same_dtype("Gemm", a, b, c)
-        sa, sb = a.data.shape, b.data.shape
+        sa, sb = ad_.shape, bd.shape
         if len(sa) != 2 or len(sb) != 2:
             raise ValueError(f"Gemm: expected 2-D A and B, got shapes {sa} and {sb}")
-        ka = sa[0] if ta else sa[1]
-        kb = sb[1] if tb else sb[0]
-        if ka != kb:
+        if sa[ia] != sb[ib]:
             raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {sa} and "
-                             f"B{' (transposed)' if tb else ''} has shape {sb}: {ka} != {kb}")
-        return [ad.gemm(a, b, c, alpha, beta, ta, tb)]
+                             f"B{' (transposed)' if tb else ''} has shape {sb}: {sa[ia]} != "
+                             f"{sb[ib]}")
+        return [gemm(a, b, c, alpha, beta, ta, tb)]
     return run
 
 

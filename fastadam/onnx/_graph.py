@@ -56,6 +56,19 @@ def attributes(node):
     return out
 
 
+def _dense_gradients(xs, grads):
+    """Gradients as dense Tensors: zeros for None (y does not depend on x), IndexedSlices made
+    dense."""
+    out = []
+    for x, g in zip(xs, grads):
+        if g is None:
+            g = Tensor(np.zeros_like(x.data))
+        elif not isinstance(g, Tensor):  # an IndexedSlices
+            g = Tensor(g.to_dense())
+        out.append(g)
+    return out
+
+
 def node_label(node, index):
     name = f"'{node.name}'" if node.name else f"#{index}"
     return f"node {name} ({node.op_type})"
@@ -446,15 +459,32 @@ class Graph:
 
     def _gradient_direct(self, step):
         """``run(xs, zs, y)``: the Gradient node's outputs when ``y`` was computed from these
-        very ``xs`` and ``zs`` in this pass (its forward pass is on the tape): one backward walk."""
-        xs_names = step.xs
+        very ``xs`` and ``zs`` in this pass (its forward pass is on the tape): one backward walk.
+        What ``_differentiate`` does, with the node's constants bound once."""
+        xs_names, y_name = step.xs, step.y
+        retain, create = self.retain_graph, step.differentiated
+        gradient, ones_like = ad.gradient, np.ones_like
 
         def run(xs, zs, y):
-            for n, x in zip(xs_names, xs):
+            for x in xs:
                 if x.data.dtype.kind != "f":
+                    n, x = next((n, x) for n, x in zip(xs_names, xs) if x.data.dtype.kind != "f")
                     raise TypeError(f"xs '{n}': expected a floating-point tensor, got "
                                     f"{x.data.dtype}")
-            return self._differentiate(step, y, xs, zs)
+            yd = y.data
+            if yd.dtype.kind != "f":
+                raise TypeError(f"y '{y_name}': expected a floating-point tensor, got {yd.dtype}")
+            for z in zs:
+                if z._node is not None or z.requires_grad:
+                    break
+            else:  # no z is on the tape (feeds, constants): stopping at them changes nothing
+                zs = ()
+            grads = gradient(y, xs, zs, grad_output=None if yd.size == 1 else ones_like(yd),
+                             retain_graph=retain, create_graph=create, allow_unused=True)
+            for g in grads:
+                if g.__class__ is not Tensor:  # None (y does not depend on x) or IndexedSlices
+                    return _dense_gradients(xs, grads)
+            return grads
         return run
 
     def _differentiate(self, step, y, xs, zs):
@@ -470,14 +500,7 @@ class Graph:
             zs = ()
         grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
                             create_graph=step.differentiated, allow_unused=True)
-        out = []
-        for x, g in zip(xs, grads):
-            if g is None:
-                g = Tensor(np.zeros_like(x.data))
-            elif not isinstance(g, Tensor):  # an IndexedSlices
-                g = Tensor(g.to_dense())
-            out.append(g)
-        return out
+        return _dense_gradients(xs, grads)
 
     def _run_gradient(self, step, inputs, env):
         nx = len(step.xs)

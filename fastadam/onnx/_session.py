@@ -15,8 +15,10 @@ The per-step path.  The first step with a given set of outputs compiles its node
 (``Graph.compile``: callables and input getters resolved, attributes folded, intermediates
 dropped after their last use); the feed check has a fast path for feeds with the names, dtypes
 and shapes of the last ones that passed (anything else takes the full check); the Tensors around
-the state arrays are kept between steps (a binding or ``initialize()`` replaces them).  Every
-check a step makes is still made; only the work of deciding again what was decided is skipped.
+the state arrays are kept between steps (bindings write into the arrays, ``initialize()``
+replaces them).  Every check a step makes is still made; only the work of deciding again what
+was decided is skipped.  Each compiled step then runs as one generated Python function
+(``_codegen``): locals instead of an environment dict, one call per node.
 """
 import itertools
 import sys
@@ -169,7 +171,7 @@ class TrainingSession:
         self._tensors = {}
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
         self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
-        self._state_ids = None  # {id(array) of every initializer}, kept by _bind
+        self._state_ids = None  # {id(array) of every initializer}; initialize() resets it
         # steps run as generated functions (``_codegen``); False: interpret the programs
         self._codegen = True
 
@@ -188,7 +190,7 @@ class TrainingSession:
     def _env(self, plan, names):
         """Tensors around the state arrays (no copies); a tensor some Gradient differentiates
         is a leaf that requires gradients.  The Tensors are cached while their array stays the
-        same object (in-place updates keep it; a rebinding replaces it)."""
+        same object (in-place updates and bindings write into it; initialize() replaces it)."""
         state, leaves = self._state, plan.grad_names
         cache = self._tensors.setdefault(id(plan), {})
         env = {}
@@ -302,8 +304,8 @@ class TrainingSession:
     def _state_env(self, alg):
         """A fresh environment holding a Tensor around every state array of ``alg``.
 
-        The Tensors are kept between steps (``alg.base_env``): in-place updates keep their
-        arrays, a binding replaces its entry (``_bind``), ``initialize()`` drops them all."""
+        The Tensors are kept between steps (``alg.base_env``): in-place updates and bindings
+        (``_bind``) write into their arrays, ``initialize()`` replaces the arrays and drops them."""
         base = alg.base_env
         if base is None:
             state, leaves = self._state, alg.plan.grad_names
@@ -313,17 +315,9 @@ class TrainingSession:
         return dict(base)
 
     def _bind(self, key, array):
-        """``initializer[key] = array`` (an update_binding), and every algorithm's Tensor of it."""
-        ids = self._state_ids
-        if ids is not None:
-            ids.discard(id(self._state[key]))
-            ids.add(id(array))
-        self._state[key] = array
-        for alg in self._algorithms:
-            base = alg.base_env
-            if base is not None and key in base:
-                base[key] = Tensor(array, requires_grad=key in alg.plan.grad_names
-                                   and array.dtype.kind == "f")
+        """``initializer[key] = array`` (an update_binding, whose dtype and shape were checked):
+        written into the initializer's own array, so every Tensor around it stays valid."""
+        np.copyto(self._state[key], array)
 
     def _state_array_ids(self):
         """``{id(array)}`` of every initializer (to copy outputs that alias one)."""
