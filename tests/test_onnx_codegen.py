@@ -100,6 +100,7 @@ def test_generated_source_is_readable(digits):
     steps = session._algorithms[0].plan.steps
     at = [source.index(f"k = {s.index}  # {s.label}") for s in steps]
     assert at == sorted(at)  # one call per node, in order
-    assert "n6(t_fastadam_R.data, t_fastadam_T_next.data, [[t_b2.data, t_W2.data" in source
+    assert "n6(t_fastadam_R.data, t_fastadam_T_next.data, [" in source  # Adam, in place
+    assert "[t_b2.data, t_W2.data, t_b1.data, t_W1.data],  # X" in source
     assert "del t_h" in source  # intermediates dropped after their last use
     assert "env[" not in source.split("_load(env)")[1]  # locals only, after the load

@@ -26,7 +26,9 @@ import keyword
 import operator
 import re
 
-from ..autodiff import set_grad_enabled
+import numpy as np
+
+from ..autodiff import is_grad_enabled, set_grad_enabled
 from ._graph import LABELLED_ERRORS
 from ._training_ops import OPTIMIZERS, contiguous
 
@@ -91,7 +93,8 @@ def generate_step(session, alg, sched):
           "_relabel": plan.relabel, "_steps": plan.steps}
     w = _Writer()
     w("checked = _alg.check_feeds(feeds)")
-    w("env = _session._state_env(_alg)")
+    w("env = _alg.base_env  # the Tensors around the state arrays (_session._state_env)")
+    w("env = _session._state_env(_alg) if env is None else env.copy()")
     if plan.grad_names:
         w("if _plan.grad_names.isdisjoint(checked):")
         w("    env.update(checked)")
@@ -110,11 +113,16 @@ def generate_step(session, alg, sched):
         w("    return _session._step_one(_alg, feeds, _wanted, interpreted=True)")
     ns["_wanted"] = list(sched.wanted)
     if plan.grad_names:
-        ns["_set_grad_enabled"] = set_grad_enabled
-        w("previous = _set_grad_enabled(True)  # Gradient nodes need the forward pass recorded")
+        ns["_set_grad_enabled"], ns["_is_grad_enabled"] = set_grad_enabled, is_grad_enabled
+        w("previous = _is_grad_enabled()  # Gradient nodes need the forward pass recorded")
+        w("if not previous:")
+        w("    _set_grad_enabled(True)")
     w("try:")
     w.depth += 1
-    _write_program(w, ns, plan, sched.first, ident, "first")
+    # the locals read after the nodes that produce them: outputs, bound values, in-place inputs
+    later = {ident[n] for n in sched.wanted} | {ident[v] for _, v, _ in sched.copied}
+    later.update(ident[n] for step, *_ in sched.last for n in step.inputs if n)
+    _write_program(w, ns, plan, sched.first, ident, "first", later)
     if sched.copied:
         w("# update_binding: every bound value checked before the first in-place write")
         ns["_state"] = session._state
@@ -123,32 +131,36 @@ def generate_step(session, alg, sched):
     pending = []
     for j, (key, value, private) in enumerate(sched.copied):
         w(f"new = {ident[value]}.data")
-        w(f"old = _state[{key!r}]")
-        w("if new.dtype != old.dtype or new.shape != old.shape:")
-        w(f"    _binding_error({key!r}, {value!r}, new, old)")
-        w(f"bound{j} = _own(new, {private!r})")
-        pending.append((key, f"bound{j}"))
+        w(f"old{j} = _state[{key!r}]")
+        w(f"if new.dtype != old{j}.dtype or new.shape != old{j}.shape:")
+        w(f"    _binding_error({key!r}, {value!r}, new, old{j})")
+        # a copy, taken before the in-place updates (the value may alias what they write)
+        w(f"new{j} = _own(new, True)" if private else f"new{j} = new.copy()")
+        pending.append((f"old{j}", f"new{j}"))
     w("result = {}")
     if sched.wanted:
-        w("ids = _session._state_array_ids()")
+        w("ids = _session._state_ids")
+        w("if ids is None:")
+        w("    ids = _session._state_array_ids()")
         for n in sched.wanted:
             if n in sched.fresh:
                 continue
             w(f"a = {ident[n]}.data")
             w(f"result[{n!r}] = a.copy() if id(a) in ids else a")
     _write_program(w, ns, plan, sched.last, ident, "last (in-place updates, once nothing else "
-                   "can fail)")
+                   "can fail)", later)
     w.depth -= 1
     if plan.grad_names:
         w("finally:")
-        w("    _set_grad_enabled(previous)")
+        w("    if not previous:")
+        w("        _set_grad_enabled(False)")
     else:
         w("finally:")
         w("    pass")
-    if pending:
-        ns["_bind"] = session._bind
-    for key, var in pending:
-        w(f"_bind({key!r}, {var})")
+    if pending:  # (_session._bind) into the initializer's own array
+        ns["_copyto"] = np.copyto
+    for old, new in pending:
+        w(f"_copyto({old}, {new})")
     for n in sched.wanted:
         if n in sched.fresh:  # outputs of in-place updates: the new values
             w(f"result[{n!r}] = {ident[n]}.data.copy()")
@@ -174,7 +186,11 @@ def _write_inplace(w, ns, step, args, targets):
         group = args[2 + j * n:2 + (j + 1) * n]
         wrap = "_contiguous({}.data)" if j == 1 else "{}.data"  # gradients are only read
         lists.append("[" + ", ".join(wrap.format(a) for a in group) + "]")
-    w(f"n{k}({args[0]}.data, {args[1]}.data, [{', '.join(lists)}])")
+    kinds = {"Adam": "XGVH", "Adagrad": "XGH", "Momentum": "XGV"}.get(step.node.op_type)
+    w(f"n{k}({args[0]}.data, {args[1]}.data, [  # R, T, then the lists")
+    for j, text in enumerate(lists):
+        end = "," if j < per - 1 else "])"
+        w(f"    {text}{end}" + (f"  # {kinds[j]}" if kinds else ""))
     sources = [args[2 + j * n + i] for j in written for i in range(n)]
     pairs = [(t, a) for t, a in zip(targets, sources) if t != "_"]
     if pairs:
@@ -182,9 +198,11 @@ def _write_inplace(w, ns, step, args, targets):
           "  # now the new values")
 
 
-def _write_program(w, ns, plan, program, ident, what):
+def _write_program(w, ns, plan, program, ident, what, later):
+    """The nodes of ``program``; ``later``: the locals read after the program."""
     if not program:
         return
+    produced = {n for step, *_ in program for n in step.outputs if n}
     w(f"# program: {what}")
     w("try:")
     w.depth += 1
@@ -197,9 +215,12 @@ def _write_program(w, ns, plan, program, ident, what):
         if step.kind == "gradient":
             ns[f"n{k}"] = plan._gradient_direct(step)
             nx = len(step.xs)
-            call = f"n{k}({_tuple(args[:nx])}, {_tuple(args[nx:])}, {ident[step.y]})"
+            # a z loaded from the environment and differentiated by no Gradient node is a
+            # Tensor that is not on the tape: stopping at it changes nothing (as _differentiate)
+            zs = [a for n, a in zip(step.zs, args[nx:]) if n in produced or n in plan.grad_names]
+            call = f"n{k}({_tuple(args[:nx])}, {_tuple(zs)}, {ident[step.y]})"
         elif step.inplace:
-            _write_inplace(w, ns, step, args, targets)
+            _write_inplace(w, ns, step, args, [t if t in later else "_" for t in targets])
             continue
         else:
             ns[f"n{k}"] = fun

@@ -197,23 +197,27 @@ def compile_gemm(attrs, opset):
     ia, ib = (0 if ta else 1), (1 if tb else 0)  # where the inner dimension is in A and in B
     gemm = ad.gemm
 
-    def run(inputs):
-        if len(inputs) > 2:
-            a, b, c = inputs
-        else:
-            (a, b), c = inputs, None
-        ad_, bd = a.data, b.data
-        dtype = ad_.dtype
-        if bd.dtype != dtype or (c is not None and c.data.dtype != dtype):
-            same_dtype("Gemm", a, b, c)
-        sa, sb = ad_.shape, bd.shape
+    def check_shapes(sa, sb):
         if len(sa) != 2 or len(sb) != 2:
             raise ValueError(f"Gemm: expected 2-D A and B, got shapes {sa} and {sb}")
         if sa[ia] != sb[ib]:
             raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {sa} and "
                              f"B{' (transposed)' if tb else ''} has shape {sb}: {sa[ia]} != "
                              f"{sb[ib]}")
-        return [gemm(a, b, c, alpha, beta, ta, tb)]
+
+    def run(inputs):
+        if len(inputs) > 2:
+            a, b, c = inputs
+        else:
+            (a, b), c = inputs, None
+        dtype = a.data.dtype
+        if b.data.dtype is not dtype or (c is not None and c.data.dtype is not dtype):
+            same_dtype("Gemm", a, b, c)  # raises unless the dtypes are equal after all
+        try:
+            return [gemm(a, b, c, alpha, beta, ta, tb)]
+        except ValueError:  # nothing was recorded; wrong shapes of A and B are named here
+            check_shapes(a.data.shape, b.data.shape)
+            raise
     return run
 
 

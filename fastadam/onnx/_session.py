@@ -174,6 +174,9 @@ class TrainingSession:
         self._state_ids = None  # {id(array) of every initializer}; initialize() resets it
         # steps run as generated functions (``_codegen``); False: interpret the programs
         self._codegen = True
+        # (feed names, generated step) of the last step with the default outputs and one
+        # algorithm fed as it is: the next such step goes straight to the generated function
+        self._fast_step = (None, None)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -235,6 +238,10 @@ class TrainingSession:
         """One training step: every ``algorithm`` graph in order, each followed by its
         ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
         algorithm outputs bound to no initializer, e.g. the loss)."""
+        if output_names is None and feeds.__class__ is dict:
+            names, run = self._fast_step  # the step below decided once for these feed names
+            if names == tuple(feeds):
+                return run(feeds)
         if not self._algorithms:
             raise ValueError("model: it has no training_info, so there is nothing to step")
         if not isinstance(feeds, dict):
@@ -257,8 +264,12 @@ class TrainingSession:
             sched = alg.schedules.get(tuple(wanted))
             if sched is None:
                 sched = self._schedule(alg, wanted)
-            results = sched.run(feeds) if sched.run is not None else \
-                self._step_one(alg, feeds, wanted, interpreted=True)
+            if sched.run is None:
+                results = self._step_one(alg, feeds, wanted, interpreted=True)
+            else:
+                results = sched.run(feeds)
+                if output_names is None and len(sched.wanted) == len(wanted):
+                    self._fast_step = (names, sched.run)
         else:
             results = {}
             for alg, mine in zip(self._algorithms, split):
