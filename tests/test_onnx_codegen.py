@@ -10,7 +10,7 @@ onnx = pytest.importorskip("onnx")
 
 import fastadam.onnx as fo  # noqa: E402
 
-from test_onnx_session import cnn_model, mlp_model  # noqa: E402
+from test_onnx_session import cnn_model, mlp_model, torch_forward  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,82 @@ def test_generated_source_is_readable(digits):
     assert "[t_b2.data, t_W2.data, t_b1.data, t_W1.data],  # X" in source
     assert "del t_h" in source  # intermediates dropped after their last use
     assert "env[" not in source.split("_load(env)")[1]  # locals only, after the load
+
+
+def test_generated_step_runs_the_forward_pass_once(digits, monkeypatch):
+    """The Gradient node differentiates the forward pass the step just ran: each Gemm runs once
+    per step (a re-evaluation of the sub-graph would run it twice)."""
+    import fastadam.autodiff as ad
+    calls = []
+    real = ad.gemm
+
+    def counting_gemm(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ad, "gemm", counting_gemm)  # before the runners bind it
+    X, y = digits
+    model, _ = mlp_model(16)
+    for codegen in (True, False):
+        session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
+        session._codegen = codegen
+        for k in range(3):
+            session.step({"X": X[:16], "labels": y[:16]})
+            assert len(calls) == 2 * (k + 1)
+        calls.clear()
+
+
+def test_generated_step_restores_the_grad_mode(digits):
+    import fastadam.autodiff as ad
+    X, y = digits
+    model, _ = mlp_model(16)
+    generated, interpreted = _pair(fo.make_training_model(model, lr=1e-2))
+    feeds = {"X": X[:16], "labels": y[:16]}
+    with ad.no_grad():
+        a = generated.step(feeds)
+        assert not ad.is_grad_enabled()
+        b = interpreted.step(feeds)
+        before = {k: v.copy() for k, v in generated.initializers.items()}
+        bad = np.full(16, 99, np.int64)  # fails inside the loss node, with recording on
+        with pytest.raises(IndexError, match=r"node 'fastadam.loss' \(SoftmaxCrossEntropyLoss\)"):
+            generated.step({"X": X[:16], "labels": bad})
+        assert not ad.is_grad_enabled()
+        for name, v in generated.initializers.items():
+            np.testing.assert_array_equal(v, before[name], err_msg=name)
+    assert ad.is_grad_enabled()
+    np.testing.assert_array_equal(a["fastadam.loss"], b["fastadam.loss"])
+    for name, v in generated.initializers.items():
+        np.testing.assert_array_equal(v, interpreted.initializers[name], err_msg=name)
+
+
+def _model_with_gradient_of_an_intermediate():
+    """The MLP behind ``Xs = Mul(X, scale)`` (``scale`` not trained, so ``Xs`` is computed
+    from tensors nothing records), and a second Gradient node giving d loss / d Xs."""
+    from onnx import TensorProto, helper, numpy_helper
+    model, _ = mlp_model(16)
+    graph = model.graph
+    graph.node[0].input[0] = "Xs"
+    graph.node.insert(0, helper.make_node("Mul", ["X", "scale"], ["Xs"]))
+    graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "scale"))
+    trained = fo.make_training_model(model, lr=1e-2, params=["W1", "b1", "W2", "b2"])
+    alg = trained.training_info[0].algorithm
+    zs = ["W1", "b1", "W2", "b2", "labels"]
+    alg.node.append(helper.make_node("Gradient", ["Xs"] + zs, ["grad.Xs"], domain=fo.TRAINING_DOMAIN,
+                                     xs=["Xs"], zs=zs, y="fastadam.loss"))
+    alg.output.append(helper.make_tensor_value_info("grad.Xs", TensorProto.FLOAT, ["N", 64]))
+    return trained
+
+
+def test_generated_step_gradient_of_an_intermediate(digits):
+    trained = _model_with_gradient_of_an_intermediate()
+    session = _train_both(trained, digits, output_names=["fastadam.loss", "grad.Xs"])
+    assert "_leaf(t_Xs)" in _schedules(session)[0].run._program_source
+    # the reference: PyTorch's d loss / d Xs at the weights before the step
+    torch = pytest.importorskip("torch")
+    X, y = digits
+    weights = {k: torch.tensor(session.initializers[k].copy()) for k in ("W1", "b1", "W2", "b2")}
+    xs = torch.tensor(0.5 * X[:4], requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(torch_forward(torch, "mlp", weights, xs),
+                                             torch.from_numpy(y[:4]))
+    loss.backward()
+    out = session.step({"X": X[:4], "labels": y[:4]}, ["grad.Xs"])["grad.Xs"]
+    np.testing.assert_allclose(out, xs.grad.numpy(), rtol=1e-4, atol=1e-6)
