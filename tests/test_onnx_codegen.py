@@ -163,8 +163,8 @@ def _model_with_gradient_of_an_intermediate():
     trained = fo.make_training_model(model, lr=1e-2, params=["W1", "b1", "W2", "b2"])
     alg = trained.training_info[0].algorithm
     zs = ["W1", "b1", "W2", "b2", "labels"]
-    alg.node.append(helper.make_node("Gradient", ["Xs"] + zs, ["grad.Xs"], domain=fo.TRAINING_DOMAIN,
-                                     xs=["Xs"], zs=zs, y="fastadam.loss"))
+    alg.node.append(helper.make_node("Gradient", ["Xs"] + zs, ["grad.Xs"], xs=["Xs"], zs=zs,
+                                     y="fastadam.loss", domain=fo.TRAINING_DOMAIN))
     alg.output.append(helper.make_tensor_value_info("grad.Xs", TensorProto.FLOAT, ["N", 64]))
     return trained
 
