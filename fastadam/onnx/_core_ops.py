@@ -87,7 +87,7 @@ def _binary(op_type, ad_fun, np_fun):
             same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
         if a.data.dtype.kind == "f":
             return [ad_fun(a, b)]
-        return [const(np_fun(a.data, b.data))]
+        return [Tensor(np_fun(a.data, b.data))]  # a non-recorded Tensor (const)
 
     @register(op_type)
     def run(inputs, attrs, opset):
