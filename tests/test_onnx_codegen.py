@@ -183,3 +183,28 @@ def test_generated_step_gradient_of_an_intermediate(digits):
     loss.backward()
     out = session.step({"X": X[:4], "labels": y[:4]}, ["grad.Xs"])["grad.Xs"]
     np.testing.assert_allclose(out, xs.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.uint64])
+def test_integer_scalar_arithmetic_equals_numpy(dtype):
+    """0-d integer Add/Sub/Mul (a step counter's ``T + 1``) are computed on Python ints when the
+    result fits: NumPy's values and dtype, wrap-around included, with large and small operands."""
+    from onnx import helper
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    info = np.iinfo(dtype)
+    nodes = [helper.make_node(op, ["a", "b"], [op]) for op in ("Add", "Sub", "Mul")]
+    graph = helper.make_graph(nodes, "ints", [helper.make_tensor_value_info(n, elem, [])
+                                              for n in "ab"],
+                              [helper.make_tensor_value_info(op, elem, [])
+                               for op in ("Add", "Sub", "Mul")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    values = [0, 1, 3, int(info.max), int(info.max) - 1, int(info.min), int(info.min) + 1]
+    with np.errstate(over="ignore"):
+        for a in values:
+            for b in values:
+                x, y = np.array(a, dtype), np.array(b, dtype)
+                out = fo.run(model, {"a": x, "b": y})
+                for op, ref in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
+                    expected = np.asarray(ref(x, y))
+                    assert out[op].dtype == expected.dtype and out[op].shape == ()
+                    assert out[op] == expected, (op, a, b)

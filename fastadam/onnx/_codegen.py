@@ -26,8 +26,6 @@ import keyword
 import operator
 import re
 
-import numpy as np
-
 from ..autodiff import is_grad_enabled, set_grad_enabled
 from ._graph import LABELLED_ERRORS
 from ._training_ops import OPTIMIZERS, contiguous
@@ -157,10 +155,8 @@ def generate_step(session, alg, sched):
     else:
         w("finally:")
         w("    pass")
-    if pending:  # (_session._bind) into the initializer's own array
-        ns["_copyto"] = np.copyto
-    for old, new in pending:
-        w(f"_copyto({old}, {new})")
+    for old, new in pending:  # (_session._bind) into the initializer's own array
+        w(f"{old}[...] = {new}")
     for n in sched.wanted:
         if n in sched.fresh:  # outputs of in-place updates: the new values
             w(f"result[{n!r}] = {ident[n]}.data.copy()")

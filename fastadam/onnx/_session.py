@@ -328,7 +328,7 @@ class TrainingSession:
     def _bind(self, key, array):
         """``initializer[key] = array`` (an update_binding, whose dtype and shape were checked):
         written into the initializer's own array, so every Tensor around it stays valid."""
-        np.copyto(self._state[key], array)
+        self._state[key][...] = array
 
     def _state_array_ids(self):
         """``{id(array)}`` of every initializer (to copy outputs that alias one)."""
