@@ -132,9 +132,12 @@ def generate_step(session, alg, sched):
         w(f"old{j} = _state[{key!r}]")
         w(f"if new.dtype != old{j}.dtype or new.shape != old{j}.shape:")
         w(f"    _binding_error({key!r}, {value!r}, new, old{j})")
-        # a copy, taken before the in-place updates (the value may alias what they write)
-        w(f"new{j} = _own(new, True)" if private else f"new{j} = new.copy()")
-        pending.append((f"old{j}", f"new{j}"))
+        if private:  # a fresh output of a functional optimizer node: it takes the place
+            w(f"new{j} = _own(new, True)")
+            pending.append((f"_bind({key!r}, new{j}, True)"))
+        else:  # a copy, taken before the in-place updates (the value may alias what they write)
+            w(f"new{j} = new.copy()")
+            pending.append(f"old{j}[...] = new{j}")
     w("result = {}")
     if sched.wanted:
         w("ids = _session._state_ids")
@@ -155,8 +158,11 @@ def generate_step(session, alg, sched):
     else:
         w("finally:")
         w("    pass")
-    for old, new in pending:  # (_session._bind) into the initializer's own array
-        w(f"{old}[...] = {new}")
+    if pending:
+        ns["_bind"] = session._bind
+        w("# the bindings (_session._bind), once nothing can fail")
+    for line in pending:
+        w(line)
     for n in sched.wanted:
         if n in sched.fresh:  # outputs of in-place updates: the new values
             w(f"result[{n!r}] = {ident[n]}.data.copy()")

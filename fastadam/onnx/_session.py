@@ -315,8 +315,9 @@ class TrainingSession:
     def _state_env(self, alg):
         """A fresh environment holding a Tensor around every state array of ``alg``.
 
-        The Tensors are kept between steps (``alg.base_env``): in-place updates and bindings
-        (``_bind``) write into their arrays, ``initialize()`` replaces the arrays and drops them."""
+        The Tensors are kept between steps (``alg.base_env``): in-place updates and most bindings
+        write into their arrays, a binding of a fresh array replaces its entry (``_bind``),
+        ``initialize()`` replaces the arrays and drops them all."""
         base = alg.base_env
         if base is None:
             state, leaves = self._state, alg.plan.grad_names
@@ -325,10 +326,26 @@ class TrainingSession:
                 for n in alg.init_names}
         return dict(base)
 
-    def _bind(self, key, array):
-        """``initializer[key] = array`` (an update_binding, whose dtype and shape were checked):
-        written into the initializer's own array, so every Tensor around it stays valid."""
-        self._state[key][...] = array
+    def _bind(self, key, array, private=False):
+        """``initializer[key] = array`` (an update_binding, whose dtype and shape were checked).
+
+        A copy is written into the initializer's own array, so every Tensor around it stays
+        valid.  A ``private`` array (a fresh output of a functional optimizer node, owned by
+        nobody else) takes the initializer's place instead of being copied; every algorithm's
+        Tensor of it and the set of state ids follow."""
+        if not private:
+            self._state[key][...] = array
+            return
+        ids = self._state_ids
+        if ids is not None:
+            ids.discard(id(self._state[key]))
+            ids.add(id(array))
+        self._state[key] = array
+        for alg in self._algorithms:
+            base = alg.base_env
+            if base is not None and key in base:
+                base[key] = Tensor(array, requires_grad=key in alg.plan.grad_names
+                                   and array.dtype.kind == "f")
 
     def _state_array_ids(self):
         """``{id(array)}`` of every initializer (to copy outputs that alias one)."""
@@ -364,7 +381,7 @@ class TrainingSession:
                 old = state[key]
                 if new.dtype != old.dtype or new.shape != old.shape:
                     binding_error(key, value, new, old)
-                pending.append((key, _own(new, is_private)))
+                pending.append((key, _own(new, is_private), is_private))
             result = {}
             if sched.wanted:
                 state_ids = self._state_array_ids()
@@ -378,8 +395,8 @@ class TrainingSession:
         finally:
             if previous is not None:
                 ad.set_grad_enabled(previous)
-        for key, new in pending:
-            self._bind(key, new)
+        for key, new, is_private in pending:
+            self._bind(key, new, is_private)
         for n in sched.fresh:  # outputs of in-place updates: report the new values
             result[n] = env[n].data.copy()
         return result
