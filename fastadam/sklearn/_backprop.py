@@ -18,6 +18,16 @@ NumPy expressions' roundings up to the last bit of C's exp/log against NumPy's:
                relu ``a > 0``, tanh ``1 - a*a``, logistic ``a * (1 - a)``)
 
 First order only (the estimators need nothing else); the tape remains the way to higher orders.
+
+``BatchPass`` is the same pass for the estimators' training loop: every temporary (the layers'
+values, the deltas, the gradients) lives in buffers allocated once per fit and reused by every
+mini-batch (matrix products written with ``out=``), the bias is added in the output layer's loss
+pass, the bias gradients are summed in the ReLU backward pass, and a one-column output layer's
+``dz @ W.T`` (a product with inner dimension 1, which BLAS runs slowly) is an outer-product
+loop.  Each of these rounds as the NumPy expression it replaces (a product with inner
+dimension 1 is one rounded multiplication; ``sum(axis=0)`` of a C-contiguous array with two or
+more columns adds the rows in order; one column is left to NumPy, which sums it pairwise), so
+``BatchPass`` gives the bits of ``loss_and_gradients`` (tested).
 """
 import numpy as np
 
@@ -76,3 +86,92 @@ def loss_and_gradients(X, coefs, intercepts, activation, loss):
         if i:
             dz = activation_backward_inplace(activation, dz @ coefs[i].T, a)
     return value, coef_grads, intercept_grads
+
+
+class BatchPass:
+    """Forward and backward pass over mini-batches of up to ``max_rows`` rows, into buffers
+    allocated once.
+
+    ``run(X, ...)`` fills ``coef_grads`` and ``intercept_grads`` (arrays owned by this
+    object, overwritten by the next call) and returns the loss value.  ``loss(z, targets,
+    weights, grad, *extra)`` (a ``_kernels`` loss) writes ``d loss / d z`` of the output values
+    ``z`` (bias included) into ``grad`` and returns the loss value.
+    """
+
+    def __init__(self, coefs, max_rows, activation, dtype):
+        dtype = np.dtype(dtype)
+        self.activation = activation
+        self.values = [np.empty((max_rows, w.shape[1]), dtype) for w in coefs]
+        self.deltas = [np.empty((max_rows, w.shape[1]), dtype) for w in coefs]
+        self.coef_grads = [np.empty(w.shape, dtype) for w in coefs]
+        self.intercept_grads = [np.empty(w.shape[1], dtype) for w in coefs]
+        self.scratch = [np.empty((max_rows, w.shape[1]), dtype)
+                        if activation in ("tanh", "logistic") else None for w in coefs]
+
+    def run(self, X, coefs, intercepts, loss, targets, weights, extra=()):
+        """``loss(network(X))`` and its gradients (in ``coef_grads``, ``intercept_grads``);
+        the loss is ``loss(z, targets, weights, grad, *extra)``."""
+        n = X.shape[0]
+        last = len(coefs) - 1
+        activation = self.activation
+        h = X
+        outputs = []
+        for i in range(last + 1):
+            z = self.values[i][:n]
+            np.matmul(h, coefs[i], out=z)
+            if i != last:
+                if activation == "relu":
+                    _kernels.bias_relu(z, intercepts[i])
+                else:
+                    z += intercepts[i]
+                    activation_inplace(activation, z)
+            else:
+                z += intercepts[i]
+            outputs.append(z)
+            h = z
+        dz = self.deltas[last][:n]
+        value = loss(h, targets, weights, dz, *extra)
+        for i in range(last, -1, -1):
+            a = outputs[i - 1] if i else X
+            np.matmul(a.T, dz, out=self.coef_grads[i])
+            if i == last:  # the output layer's bias gradient (hidden ones: below, fused)
+                self._column_sums(dz, self.intercept_grads[i])
+            if not i:
+                break
+            below = self.deltas[i - 1][:n]
+            w = coefs[i]
+            if w.shape[1] == 1:
+                if activation == "relu":
+                    _kernels.outer_relu_backward_column_sums(dz, w, a, below,
+                                                             self.intercept_grads[i - 1])
+                    dz = below
+                    continue
+                _kernels.outer_product(dz, w, below)
+            else:
+                np.matmul(dz, w.T, out=below)
+            if activation == "relu":
+                _kernels.relu_backward_column_sums(below, a, self.intercept_grads[i - 1])
+            else:
+                self._activation_backward(below, a, self.scratch[i - 1])
+                self._column_sums(below, self.intercept_grads[i - 1])
+            dz = below
+        return value
+
+    @staticmethod
+    def _column_sums(g, out):
+        if g.shape[1] == 1 or g.shape[0] == 0:
+            np.sum(g, axis=0, out=out)  # NumPy's pairwise order for one column
+        else:
+            _kernels.column_sums(g, out)
+
+    def _activation_backward(self, g, a, scratch):
+        """``g *= act'(a)`` with ``_layers``' roundings, temporaries in ``scratch``."""
+        name = self.activation
+        if name == "tanh":
+            d = np.multiply(a, a, out=scratch[:a.shape[0]])
+            np.subtract(1, d, out=d)
+            g *= d
+        elif name == "logistic":
+            d = np.subtract(1, a, out=scratch[:a.shape[0]])
+            g *= a
+            g *= d

@@ -103,17 +103,153 @@ def bias_relu(real_t[:, ::1] h, const real_t[::1] b):
     """h = max(h + b, 0), in place."""
     cdef Py_ssize_t n = h.shape[0], k = h.shape[1], i, j
     cdef real_t v
+    cdef real_t *row
+    cdef const real_t *bias = &b[0] if k else NULL
+    if n == 0 or k == 0:
+        return
     with nogil:
         for i in range(n):
+            row = &h[i, 0]
             for j in range(k):
-                v = h[i, j] + b[j]
-                h[i, j] = 0 if v <= 0 else v  # NaN stays NaN, as with np.maximum
+                v = row[j] + bias[j]
+                row[j] = 0 if v <= 0 else v  # NaN stays NaN, as with np.maximum
 
 
 def relu_backward(real_t[:, ::1] g, const real_t[:, ::1] a):
     """g = g * (a > 0), in place (g * 0 keeps g's sign of zero, as NumPy's product does)."""
     cdef Py_ssize_t n = g.shape[0], k = g.shape[1], i, j
+    cdef real_t *grow
+    cdef const real_t *arow
+    if n == 0 or k == 0:
+        return
     with nogil:
         for i in range(n):
+            grow = &g[i, 0]
+            arow = &a[i, 0]
             for j in range(k):
-                g[i, j] = g[i, j] * (1 if a[i, j] > 0 else 0)
+                grow[j] = grow[j] * (1 if arow[j] > 0 else 0)
+
+
+# ---- the estimators' batch pass (_backprop.BatchPass): in place, and column sums in row order
+
+cdef inline void _column_sums(const real_t *g, Py_ssize_t n, Py_ssize_t k,
+                              real_t *out) noexcept nogil:
+    """out[j] = (((g[0, j] + g[1, j]) + g[2, j]) + ...): NumPy's order for sum(axis=0) of a
+    C-contiguous array with more than one column (the rows are added one after the other)."""
+    cdef Py_ssize_t i, j
+    cdef const real_t *row
+    for j in range(k):
+        out[j] = g[j]
+    for i in range(1, n):
+        row = g + i * k
+        for j in range(k):
+            out[j] = out[j] + row[j]
+
+
+def column_sums(const real_t[:, ::1] g, real_t[::1] out):
+    """out = g.sum(axis=0) for g (n, k), n >= 1, k >= 2, added row after row (NumPy's order for
+    k >= 2; for one column NumPy sums pairwise, so callers use NumPy there)."""
+    cdef Py_ssize_t n = g.shape[0], k = g.shape[1]
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        _column_sums(&g[0, 0], n, k, &out[0])
+
+
+def relu_backward_column_sums(real_t[:, ::1] g, const real_t[:, ::1] a, real_t[::1] out):
+    """g = g * (a > 0) in place, then out = g.sum(axis=0) (row after row), in one pass."""
+    cdef Py_ssize_t n = g.shape[0], k = g.shape[1], i, j
+    cdef real_t *grow
+    cdef const real_t *arow
+    cdef real_t *acc
+    cdef real_t v
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        acc = &out[0]
+        for i in range(n):
+            grow = &g[i, 0]
+            arow = &a[i, 0]
+            if i == 0:
+                for j in range(k):
+                    v = grow[j] * (1 if arow[j] > 0 else 0)
+                    grow[j] = v
+                    acc[j] = v
+            else:
+                for j in range(k):
+                    v = grow[j] * (1 if arow[j] > 0 else 0)
+                    grow[j] = v
+                    acc[j] = acc[j] + v
+
+
+def outer_product(const real_t[:, ::1] d, const real_t[:, ::1] w, real_t[:, ::1] out):
+    """out = d @ w.T for one output column: d (n, 1), w (k, 1), out (n, k); each entry is the
+    one product d[i] * w[j], exactly what a matrix product with inner dimension 1 rounds to."""
+    cdef Py_ssize_t n = out.shape[0], k = out.shape[1], i, j
+    cdef real_t di
+    cdef real_t *row
+    cdef const real_t *wcol
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        wcol = &w[0, 0]
+        for i in range(n):
+            di = d[i, 0]
+            row = &out[i, 0]
+            for j in range(k):
+                row[j] = di * wcol[j]
+
+
+def outer_relu_backward_column_sums(const real_t[:, ::1] d, const real_t[:, ::1] w,
+                                    const real_t[:, ::1] a, real_t[:, ::1] out,
+                                    real_t[::1] sums):
+    """out = (d @ w.T) * (a > 0) for one output column (d (n, 1), w (k, 1), a and out (n, k)),
+    then sums = out.sum(axis=0) (row after row), in one pass: ``outer_product``, then
+    ``relu_backward_column_sums``, with the same roundings."""
+    cdef Py_ssize_t n = out.shape[0], k = out.shape[1], i, j
+    cdef real_t di, v
+    cdef real_t *row
+    cdef real_t *acc
+    cdef const real_t *arow
+    cdef const real_t *wcol
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        wcol = &w[0, 0]
+        acc = &sums[0]
+        for j in range(k):
+            acc[j] = 0
+        for i in range(n):
+            di = d[i, 0]
+            row = &out[i, 0]
+            arow = &a[i, 0]
+            if i == 0:
+                for j in range(k):
+                    v = (di * wcol[j]) * (1 if arow[j] > 0 else 0)
+                    row[j] = v
+                    acc[j] = v
+            else:
+                for j in range(k):
+                    v = (di * wcol[j]) * (1 if arow[j] > 0 else 0)
+                    row[j] = v
+                    acc[j] = acc[j] + v
+
+
+def add_l2_gradient(real_t[::1] g, const real_t[::1] w, double decay):
+    """g = g + decay * w in place (decay rounded to g's dtype first, as NumPy does with a
+    Python float; the L2 term of the weights' gradient); returns sum(w * w), accumulated in
+    double in index order (the penalty's value)."""
+    cdef Py_ssize_t n = g.shape[0], i
+    cdef real_t s = <real_t>decay
+    cdef real_t *gp
+    cdef const real_t *wp
+    cdef double sq = 0
+    if n == 0:
+        return 0.0
+    with nogil:
+        gp = &g[0]
+        wp = &w[0]
+        for i in range(n):
+            gp[i] = gp[i] + s * wp[i]
+            sq += <double>wp[i] * wp[i]
+    return sq

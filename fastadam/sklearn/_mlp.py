@@ -35,7 +35,7 @@ from scipy.special import expit, log_expit
 import fastadam
 from ._compat import validate_data
 from . import _kernels
-from ._backprop import loss_and_gradients
+from ._backprop import BatchPass
 from ._layers import ACTIVATIONS, activation_inplace
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -97,7 +97,7 @@ class _BaseMLP(BaseEstimator):
         self.dtype = dtype
         self.num_threads = num_threads
 
-    # ---- subclass hooks: _encode_targets, _n_outputs, _loss, _validation_score -------------
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_kernel, _validation_score -------------
 
     def _hidden_sizes(self):
         sizes = self.hidden_layer_sizes
@@ -147,22 +147,22 @@ class _BaseMLP(BaseEstimator):
                 activation_inplace(self.activation, h)
         return h
 
-    def _batch_step(self, Xb, targets, weights, penalty_scale):
-        """Forward, backward (``_backprop``) and one Adam step on one mini-batch; returns its
-        loss (float)."""
-        value, coef_grads, intercept_grads = loss_and_gradients(
-            Xb, self.coefs_, self.intercepts_, self.activation, self._loss(targets, weights))
-        value = float(value)
-        if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
-            value += 0.5 * self.alpha * penalty_scale * sum(
-                float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
-        self._adam_t += 1
-        if self.alpha:  # L2 on the weights only: g + decay * W, the step's coupled weight decay
+    def _batch_step(self, batch, loss, Xb, targets, weights, penalty_scale, params, grads):
+        """Forward, backward (``batch``, a ``_backprop.BatchPass``; ``loss`` from
+        ``_loss_kernel``) and one Adam step of ``params`` (the weights, then the intercepts)
+        with ``grads`` (``batch``'s gradient buffers) on one mini-batch; returns its loss."""
+        value = float(batch.run(Xb, self.coefs_, self.intercepts_, loss[0], targets, weights,
+                                loss[1]))
+        if self.alpha:
+            # L2 on the weights only: g + decay * W (the step's coupled weight decay), and the
+            # penalty of the weights the gradient was taken at, as sklearn reports it
             decay = self.alpha * penalty_scale
-            for g, w in zip(coef_grads, self.coefs_):
-                g += decay * w
-        fastadam.step_inplace(self.coefs_ + self.intercepts_, coef_grads + intercept_grads,
-                              self._adam_m, self._adam_v, self._adam_t,
+            squares = 0.0
+            for g, w in zip(batch.coef_grads, self.coefs_):
+                squares += _kernels.add_l2_gradient(g.reshape(-1), w.reshape(-1), decay)
+            value += 0.5 * self.alpha * penalty_scale * squares
+        self._adam_t += 1
+        fastadam.step_inplace(params, grads, self._adam_m, self._adam_v, self._adam_t,
                               lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                               eps=self.epsilon, convention="tf", num_threads=self.num_threads)
         return value
@@ -202,28 +202,41 @@ class _BaseMLP(BaseEstimator):
         progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
         stop_message = None
         order = np.arange(n_samples)
+        batch = BatchPass(self.coefs_, batch_size, self.activation, dtype)
+        loss = self._loss_kernel()
+        params = self.coefs_ + self.intercepts_  # updated in place: the same arrays all fit
+        grads = batch.coef_grads + batch.intercept_grads
+        uniform = {}  # batch length -> its weights 1/length (no sample_weight)
+        if self.shuffle:  # each epoch's shuffled copy, gathered into the same buffers
+            Xe, te = np.empty_like(X), np.empty_like(targets)
+            swe = None if sample_weight is None else np.empty_like(sample_weight)
+        else:
+            Xe, te, swe = X, targets, sample_weight
         try:
             for _ in range(epochs):
                 if self.shuffle:  # scikit-learn's draw: shuffle the previous epoch's order
                     perm = np.arange(n_samples)
                     rng.shuffle(perm)
                     order = order[perm]
-                Xe = X[order] if self.shuffle else X
-                te = targets[order] if self.shuffle else targets
-                swe = (sample_weight[order] if self.shuffle and sample_weight is not None
-                       else sample_weight)
+                    np.take(X, order, axis=0, out=Xe, mode="clip")  # valid rows: unbuffered
+                    np.take(targets, order, axis=0, out=te, mode="clip")
+                    if swe is not None:
+                        np.take(sample_weight, order, out=swe, mode="clip")
                 total = 0.0
                 for start in range(0, n_samples, batch_size):
                     stop = min(start + batch_size, n_samples)
+                    rows = stop - start
                     if swe is None:
-                        w_sum = float(stop - start)
-                        weights = np.full(stop - start, 1.0 / w_sum, dtype=dtype)
+                        w_sum = float(rows)
+                        weights = uniform.get(rows)
+                        if weights is None:
+                            weights = uniform[rows] = np.full(rows, 1.0 / w_sum, dtype=dtype)
                     else:
                         w_sum = float(swe[start:stop].sum(dtype=np.float64))
                         weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
-                    batch_loss = self._batch_step(Xe[start:stop], te[start:stop], weights,
-                                                  1.0 / w_sum)
-                    total += batch_loss * (stop - start)
+                    batch_loss = self._batch_step(batch, loss, Xe[start:stop], te[start:stop],
+                                                  weights, 1.0 / w_sum, params, grads)
+                    total += batch_loss * rows
                 self.n_iter_ += 1
                 self.t_ += n_samples
                 self.loss_ = total / n_samples
@@ -351,19 +364,14 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def _n_outputs(self, targets):
         return 1 if len(self.classes_) == 2 else len(self.classes_)
 
-    def _loss(self, targets, weights):
-        """``z -> (value, d value / d z)`` of the weighted log-loss (``_kernels``)."""
+    def _loss_kernel(self):
+        """``(kernel, extra)``: ``kernel(z, targets, weights, grad, *extra) -> value`` of the
+        weighted log-loss, its gradient with respect to the logits ``z`` written to ``grad``
+        (``_kernels``)."""
         if len(self.classes_) == 2:
-            eps = float(np.finfo(weights.dtype).eps)  # scikit-learn's clipping of p
-
-            def loss(z):
-                grad = np.empty_like(z)
-                return _kernels.binary_cross_entropy(z, targets, weights, grad, eps), grad
-        else:
-            def loss(z):
-                grad = np.empty_like(z)
-                return _kernels.softmax_cross_entropy(z, targets, weights, grad), grad
-        return loss
+            eps = float(np.finfo(self._train_dtype).eps)  # scikit-learn's clipping of p
+            return _kernels.binary_cross_entropy, (eps,)
+        return _kernels.softmax_cross_entropy, ()
 
     @staticmethod
     def _best_index(z):
@@ -439,12 +447,11 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         tags.target_tags.multi_output = True
         return tags
 
-    def _loss(self, targets, weights):
-        """``p -> (value, d value / d p)`` of the weighted half squared error (``_kernels``)."""
-        def loss(p):
-            grad = np.empty_like(p)
-            return _kernels.half_squared_error(p, targets, weights, grad), grad
-        return loss
+    def _loss_kernel(self):
+        """``(kernel, extra)``: ``kernel(p, targets, weights, grad) -> value`` of the weighted
+        half squared error, its gradient with respect to ``p`` written to ``grad``
+        (``_kernels``)."""
+        return _kernels.half_squared_error, ()
 
     def _validation_score(self, X, targets, sample_weight):
         return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))
