@@ -140,20 +140,23 @@ class BatchPass:
                 break
             below = self.deltas[i - 1][:n]
             w = coefs[i]
-            if w.shape[1] == 1:
-                if activation == "relu":
-                    _kernels.outer_relu_backward_column_sums(dz, w, a, below,
-                                                             self.intercept_grads[i - 1])
-                    dz = below
-                    continue
-                _kernels.outer_product(dz, w, below)
+            sums = self.intercept_grads[i - 1]
+            fused_sums = activation == "relu" and below.shape[1] > 1  # row order == NumPy's
+            if w.shape[1] == 1 and fused_sums:
+                _kernels.outer_relu_backward_column_sums(dz, w, a, below, sums)
             else:
-                np.matmul(dz, w.T, out=below)
-            if activation == "relu":
-                _kernels.relu_backward_column_sums(below, a, self.intercept_grads[i - 1])
-            else:
-                self._activation_backward(below, a, self.scratch[i - 1])
-                self._column_sums(below, self.intercept_grads[i - 1])
+                if w.shape[1] == 1:
+                    _kernels.outer_product(dz, w, below)
+                else:
+                    np.matmul(dz, w.T, out=below)
+                if fused_sums:
+                    _kernels.relu_backward_column_sums(below, a, sums)
+                else:
+                    if activation == "relu":
+                        _kernels.relu_backward(below, a)
+                    else:
+                        self._activation_backward(below, a, self.scratch[i - 1])
+                    self._column_sums(below, sums)
             dz = below
         return value
 

@@ -16,6 +16,18 @@ normalised sample weights, one per row):
   ``(z_ik - t_ik) * (w_i / K)``;
 - ``bias_relu``: ``h = max(h + b, 0)`` in place (NaN propagates); ``relu_backward``: ``g *= (a > 0)`` in place.
 
+For ``_backprop.BatchPass`` (the estimators' training pass), each equal bit for bit to the NumPy
+expression it replaces (tested):
+
+- ``column_sums``: ``g.sum(axis=0)`` for two or more columns (from +0, rows added in order, as
+  NumPy does; one column NumPy sums pairwise, and the callers leave that to NumPy);
+  ``relu_backward_column_sums``: ``relu_backward``, then ``column_sums``, in one pass;
+- ``outer_product``: ``d @ w.T`` with inner dimension 1 (one rounded product per entry; BLAS runs
+  this shape slowly); ``outer_relu_backward_column_sums``: that, ``relu_backward`` and
+  ``column_sums`` in one pass;
+- ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy rounds a
+  Python float), returning ``sum(w * w)`` accumulated in double (the reported L2 penalty).
+
 The gradients are computed in the arrays' dtype with the roundings of the NumPy expressions
 of ``_losses`` / ``_layers`` (C's exp/log may differ from NumPy's by an ulp); the values are
 accumulated in double.  Tested against the loss primitives and the estimators against
@@ -134,52 +146,58 @@ def relu_backward(real_t[:, ::1] g, const real_t[:, ::1] a):
 
 cdef inline void _column_sums(const real_t *g, Py_ssize_t n, Py_ssize_t k,
                               real_t *out) noexcept nogil:
-    """out[j] = (((g[0, j] + g[1, j]) + g[2, j]) + ...): NumPy's order for sum(axis=0) of a
-    C-contiguous array with more than one column (the rows are added one after the other)."""
+    """out[j] = (((0 + g[0, j]) + g[1, j]) + ...): NumPy's order for sum(axis=0) of a
+    C-contiguous array with more than one column (from +0, the rows added one after the other;
+    +0 first makes a column of -0 sum to +0, as NumPy's does)."""
     cdef Py_ssize_t i, j
     cdef const real_t *row
     for j in range(k):
-        out[j] = g[j]
-    for i in range(1, n):
+        out[j] = 0
+    for i in range(n):
         row = g + i * k
         for j in range(k):
             out[j] = out[j] + row[j]
 
 
 def column_sums(const real_t[:, ::1] g, real_t[::1] out):
-    """out = g.sum(axis=0) for g (n, k), n >= 1, k >= 2, added row after row (NumPy's order for
+    """out = g.sum(axis=0) for g (n, k), k >= 2, added row after row from +0 (NumPy's order for
     k >= 2; for one column NumPy sums pairwise, so callers use NumPy there)."""
-    cdef Py_ssize_t n = g.shape[0], k = g.shape[1]
-    if n == 0 or k == 0:
+    cdef Py_ssize_t n = g.shape[0], k = g.shape[1], j
+    if k == 0:
+        return
+    if n == 0:
+        for j in range(k):
+            out[j] = 0
         return
     with nogil:
         _column_sums(&g[0, 0], n, k, &out[0])
 
 
 def relu_backward_column_sums(real_t[:, ::1] g, const real_t[:, ::1] a, real_t[::1] out):
-    """g = g * (a > 0) in place, then out = g.sum(axis=0) (row after row), in one pass."""
+    """g = g * (a > 0) in place, then out = g.sum(axis=0) (``column_sums``' order), in one
+    pass."""
     cdef Py_ssize_t n = g.shape[0], k = g.shape[1], i, j
     cdef real_t *grow
     cdef const real_t *arow
     cdef real_t *acc
     cdef real_t v
-    if n == 0 or k == 0:
+    if k == 0:
+        return
+    if n == 0:
+        for j in range(k):
+            out[j] = 0
         return
     with nogil:
         acc = &out[0]
+        for j in range(k):
+            acc[j] = 0
         for i in range(n):
             grow = &g[i, 0]
             arow = &a[i, 0]
-            if i == 0:
-                for j in range(k):
-                    v = grow[j] * (1 if arow[j] > 0 else 0)
-                    grow[j] = v
-                    acc[j] = v
-            else:
-                for j in range(k):
-                    v = grow[j] * (1 if arow[j] > 0 else 0)
-                    grow[j] = v
-                    acc[j] = acc[j] + v
+            for j in range(k):
+                v = grow[j] * (1 if arow[j] > 0 else 0)
+                grow[j] = v
+                acc[j] = acc[j] + v
 
 
 def outer_product(const real_t[:, ::1] d, const real_t[:, ::1] w, real_t[:, ::1] out):
@@ -212,7 +230,11 @@ def outer_relu_backward_column_sums(const real_t[:, ::1] d, const real_t[:, ::1]
     cdef real_t *acc
     cdef const real_t *arow
     cdef const real_t *wcol
-    if n == 0 or k == 0:
+    if k == 0:
+        return
+    if n == 0:
+        for j in range(k):
+            sums[j] = 0
         return
     with nogil:
         wcol = &w[0, 0]
@@ -223,16 +245,10 @@ def outer_relu_backward_column_sums(const real_t[:, ::1] d, const real_t[:, ::1]
             di = d[i, 0]
             row = &out[i, 0]
             arow = &a[i, 0]
-            if i == 0:
-                for j in range(k):
-                    v = (di * wcol[j]) * (1 if arow[j] > 0 else 0)
-                    row[j] = v
-                    acc[j] = v
-            else:
-                for j in range(k):
-                    v = (di * wcol[j]) * (1 if arow[j] > 0 else 0)
-                    row[j] = v
-                    acc[j] = acc[j] + v
+            for j in range(k):
+                v = (di * wcol[j]) * (1 if arow[j] > 0 else 0)
+                row[j] = v
+                acc[j] = acc[j] + v
 
 
 def add_l2_gradient(real_t[::1] g, const real_t[::1] w, double decay):

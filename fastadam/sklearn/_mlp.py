@@ -9,17 +9,19 @@ early-stopping split, in scikit-learn's order) and the stopping rules (``tol``,
 the same trajectory as ``sklearn.neural_network.MLPClassifier(solver="adam")`` up to rounding.
 What differs is how a step is computed:
 
-- each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
-  ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
-- a mini-batch runs the forward and backward pass of ``_backprop``: the network's shape is
-  fixed, so its gradient is written out (dense layer, activation, then a fused, sample-weighted
-  loss whose value and gradient come from one pass of ``_kernels``) with the operations of the
-  autodiff VJPs of ``_layers.dense`` and the loss primitives of ``_losses``, without the tape's
-  per-operation cost (tests check it against ``fastadam.autodiff.gradient`` of the same network
-  and against finite differences);
+- the shuffled rows are gathered into buffers reused all fit (the whole epoch at once for a
+  small X, each mini-batch just before its pass for an X over 1 MiB), in ``dtype`` (X's own by
+  default; ``dtype="float32"`` halves the BLAS work);
+- a mini-batch runs ``_backprop.BatchPass``: the network's shape is fixed, so its gradient is
+  written out (dense layer, activation, then a fused, sample-weighted loss whose value and
+  gradient come from one pass of ``_kernels``) with the operations of the autodiff VJPs of
+  ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
+  (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
+  ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
 - the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
   parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
-  the step's own coupled weight-decay formula; the intercepts get none).
+  the step's own coupled weight-decay formula; the intercepts get none), in the same pass
+  that sums ``W * W`` for the reported penalty.
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
@@ -47,6 +49,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
+
+
+# X larger than this (bytes) is gathered one shuffled mini-batch at a time, not once per epoch
+_EPOCH_GATHER_BYTES = 1 << 20
 
 
 class _BaseMLP(BaseEstimator):
@@ -207,19 +213,29 @@ class _BaseMLP(BaseEstimator):
         params = self.coefs_ + self.intercepts_  # updated in place: the same arrays all fit
         grads = batch.coef_grads + batch.intercept_grads
         uniform = {}  # batch length -> its weights 1/length (no sample_weight)
-        if self.shuffle:  # each epoch's shuffled copy, gathered into the same buffers
+        # Shuffled rows are gathered into reused buffers: the whole epoch at once when X is
+        # small, else each mini-batch just before its pass (a large epoch copy has left the
+        # cache by the time its last batches are multiplied).
+        per_batch = self.shuffle and X.nbytes > _EPOCH_GATHER_BYTES
+        if per_batch:
+            Xe = np.empty((batch_size,) + X.shape[1:], X.dtype)
+            te = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
+        elif self.shuffle:
             Xe, te = np.empty_like(X), np.empty_like(targets)
-            swe = None if sample_weight is None else np.empty_like(sample_weight)
         else:
-            Xe, te, swe = X, targets, sample_weight
+            Xe, te = X, targets
+        swe = sample_weight
+        if self.shuffle and sample_weight is not None:
+            swe = np.empty_like(sample_weight)
         try:
             for _ in range(epochs):
-                if self.shuffle:  # scikit-learn's draw: shuffle the previous epoch's order
-                    perm = np.arange(n_samples)
-                    rng.shuffle(perm)
-                    order = order[perm]
-                    np.take(X, order, axis=0, out=Xe, mode="clip")  # valid rows: unbuffered
-                    np.take(targets, order, axis=0, out=te, mode="clip")
+                if self.shuffle:
+                    # scikit-learn's draw (it permutes the previous epoch's order with a
+                    # shuffled arange; shuffling the order in place makes the same swaps)
+                    rng.shuffle(order)
+                    if not per_batch:
+                        np.take(X, order, axis=0, out=Xe, mode="clip")  # valid rows: unbuffered
+                        np.take(targets, order, axis=0, out=te, mode="clip")
                     if swe is not None:
                         np.take(sample_weight, order, out=swe, mode="clip")
                 total = 0.0
@@ -234,9 +250,14 @@ class _BaseMLP(BaseEstimator):
                     else:
                         w_sum = float(swe[start:stop].sum(dtype=np.float64))
                         weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
-                    batch_loss = self._batch_step(batch, loss, Xe[start:stop], te[start:stop],
-                                                  weights, 1.0 / w_sum, params, grads)
-                    total += batch_loss * rows
+                    if per_batch:
+                        Xb, tb = Xe[:rows], te[:rows]
+                        np.take(X, order[start:stop], axis=0, out=Xb, mode="clip")
+                        np.take(targets, order[start:stop], axis=0, out=tb, mode="clip")
+                    else:
+                        Xb, tb = Xe[start:stop], te[start:stop]
+                    total += rows * self._batch_step(batch, loss, Xb, tb, weights, 1.0 / w_sum,
+                                                     params, grads)
                 self.n_iter_ += 1
                 self.t_ += n_samples
                 self.loss_ = total / n_samples
