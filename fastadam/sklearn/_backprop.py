@@ -92,8 +92,9 @@ class BatchPass:
     """Forward and backward pass over mini-batches of up to ``max_rows`` rows, into buffers
     allocated once.
 
-    ``run(X, ...)`` fills ``coef_grads`` and ``intercept_grads`` (arrays owned by this
-    object, overwritten by the next call) and returns the loss value.  ``loss(z, targets,
+    ``run(X, ...)`` fills ``coef_grads`` and ``intercept_grads`` (views of one array,
+    ``gradients``: the weights' gradients end to end, then the intercepts'; overwritten by the
+    next call) and returns the loss value.  ``loss(z, targets,
     weights, grad, *extra)`` (a ``_kernels`` loss) writes ``d loss / d z`` of the output values
     ``z`` (bias included) into ``grad`` and returns the loss value.
     """
@@ -103,8 +104,16 @@ class BatchPass:
         self.activation = activation
         self.values = [np.empty((max_rows, w.shape[1]), dtype) for w in coefs]
         self.deltas = [np.empty((max_rows, w.shape[1]), dtype) for w in coefs]
-        self.coef_grads = [np.empty(w.shape, dtype) for w in coefs]
-        self.intercept_grads = [np.empty(w.shape[1], dtype) for w in coefs]
+        # every gradient is a view of one array: the weights' end to end, then the intercepts'
+        shapes = [w.shape for w in coefs] + [(w.shape[1],) for w in coefs]
+        self.coef_size = sum(w.size for w in coefs)
+        self.gradients = np.empty(self.coef_size + sum(w.shape[1] for w in coefs), dtype)
+        views, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape))
+            views.append(self.gradients[start:start + size].reshape(shape))
+            start += size
+        self.coef_grads, self.intercept_grads = views[:len(coefs)], views[len(coefs):]
         self.scratch = [np.empty((max_rows, w.shape[1]), dtype)
                         if activation in ("tanh", "logistic") else None for w in coefs]
 
@@ -163,7 +172,7 @@ class BatchPass:
     @staticmethod
     def _column_sums(g, out):
         if g.shape[1] == 1 or g.shape[0] == 0:
-            np.sum(g, axis=0, out=out)  # NumPy's pairwise order for one column
+            np.add.reduce(g, axis=0, out=out)  # g.sum(axis=0): pairwise for one column
         else:
             _kernels.column_sums(g, out)
 

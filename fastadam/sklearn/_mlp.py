@@ -138,9 +138,26 @@ class _BaseMLP(BaseEstimator):
             self.best_loss_ = np.inf
 
     def _reset_optimizer(self):
+        """Adam restarts: step 0, and zero moments for the parameters laid end to end (weights,
+        then intercepts: ``_flatten_parameters``' order)."""
+        size = sum(p.size for p in self.coefs_ + self.intercepts_)
         self._adam_t = 0
-        self._adam_m = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
-        self._adam_v = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
+        self._adam_m = np.zeros(size, self._train_dtype)
+        self._adam_v = np.zeros(size, self._train_dtype)
+
+    def _flatten_parameters(self):
+        """Lay ``coefs_`` then ``intercepts_`` end to end in one new array and make them views
+        of it, so a step is one ``step_inplace`` call on one array; returns that array."""
+        params = self.coefs_ + self.intercepts_
+        flat = np.concatenate([p.reshape(-1) for p in params]).astype(self._train_dtype,
+                                                                        copy=False)
+        views, start = [], 0
+        for p in params:
+            views.append(flat[start:start + p.size].reshape(p.shape))
+            start += p.size
+        n = len(self.coefs_)
+        self.coefs_, self.intercepts_ = views[:n], views[n:]
+        return flat
 
     def _forward_numpy(self, X):
         """Output-layer values (before the output function) without recording anything."""
@@ -153,22 +170,21 @@ class _BaseMLP(BaseEstimator):
                 activation_inplace(self.activation, h)
         return h
 
-    def _batch_step(self, batch, loss, Xb, targets, weights, penalty_scale, params, grads):
+    def _batch_step(self, batch, loss, Xb, targets, weights, penalty_scale, params):
         """Forward, backward (``batch``, a ``_backprop.BatchPass``; ``loss`` from
-        ``_loss_kernel``) and one Adam step of ``params`` (the weights, then the intercepts)
-        with ``grads`` (``batch``'s gradient buffers) on one mini-batch; returns its loss."""
+        ``_loss_kernel``) and one Adam step of ``params`` (``_flatten_parameters``' array)
+        with ``batch.gradients`` (the same layout) on one mini-batch.  Returns its loss."""
         value = float(batch.run(Xb, self.coefs_, self.intercepts_, loss[0], targets, weights,
                                 loss[1]))
         if self.alpha:
             # L2 on the weights only: g + decay * W (the step's coupled weight decay), and the
             # penalty of the weights the gradient was taken at, as sklearn reports it
             decay = self.alpha * penalty_scale
-            squares = 0.0
-            for g, w in zip(batch.coef_grads, self.coefs_):
-                squares += _kernels.add_l2_gradient(g.reshape(-1), w.reshape(-1), decay)
+            n = batch.coef_size  # the weights come first in both flat arrays
+            squares = _kernels.add_l2_gradient(batch.gradients[:n], params[:n], decay)
             value += 0.5 * self.alpha * penalty_scale * squares
         self._adam_t += 1
-        fastadam.step_inplace(params, grads, self._adam_m, self._adam_v, self._adam_t,
+        fastadam.step_inplace(params, batch.gradients, self._adam_m, self._adam_v, self._adam_t,
                               lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                               eps=self.epsilon, convention="tf", num_threads=self.num_threads)
         return value
@@ -210,8 +226,7 @@ class _BaseMLP(BaseEstimator):
         order = np.arange(n_samples)
         batch = BatchPass(self.coefs_, batch_size, self.activation, dtype)
         loss = self._loss_kernel()
-        params = self.coefs_ + self.intercepts_  # updated in place: the same arrays all fit
-        grads = batch.coef_grads + batch.intercept_grads
+        params = self._flatten_parameters()  # coefs_, intercepts_: views, updated in place
         uniform = {}  # batch length -> its weights 1/length (no sample_weight)
         # Shuffled rows are gathered into reused buffers: the whole epoch at once when X is
         # small, else each mini-batch just before its pass (a large epoch copy has left the
@@ -257,7 +272,7 @@ class _BaseMLP(BaseEstimator):
                     else:
                         Xb, tb = Xe[start:stop], te[start:stop]
                     total += rows * self._batch_step(batch, loss, Xb, tb, weights, 1.0 / w_sum,
-                                                     params, grads)
+                                                     params)
                 self.n_iter_ += 1
                 self.t_ += n_samples
                 self.loss_ = total / n_samples
