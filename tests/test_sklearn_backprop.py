@@ -212,7 +212,7 @@ def test_outer_product_kernels_equal_the_matrix_product(rng, dtype, n, k):
     _kernels.outer_relu_backward_column_sums(d, w, a, out, sums)
     ref = (d @ w.T) * (a > 0)
     assert out.tobytes() == ref.tobytes()
-    if k >= 2:  # NumPy adds the rows in order (one column: pairwise, which BatchPass leaves to it)
+    if k >= 2:  # NumPy adds rows in order (one column: pairwise, left to NumPy by BatchPass)
         assert sums.tobytes() == ref.sum(axis=0).tobytes()
     np.testing.assert_allclose(sums, ref.astype(np.float64).sum(axis=0),
                                rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)

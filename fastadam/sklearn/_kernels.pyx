@@ -25,8 +25,8 @@ expression it replaces (tested):
 - ``outer_product``: ``d @ w.T`` with inner dimension 1 (one rounded product per entry; BLAS runs
   this shape slowly); ``outer_relu_backward_column_sums``: that, ``relu_backward`` and
   ``column_sums`` in one pass;
-- ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy rounds a
-  Python float), returning ``sum(w * w)`` accumulated in double (the reported L2 penalty).
+- ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy
+  rounds a Python float), returning ``sum(w * w)`` accumulated in double (the L2 penalty).
 
 The gradients are computed in the arrays' dtype with the roundings of the NumPy expressions
 of ``_losses`` / ``_layers`` (C's exp/log may differ from NumPy's by an ulp); the values are

@@ -103,7 +103,7 @@ class _BaseMLP(BaseEstimator):
         self.dtype = dtype
         self.num_threads = num_threads
 
-    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_kernel, _validation_score -------------
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_kernel, _validation_score ------
 
     def _hidden_sizes(self):
         sizes = self.hidden_layer_sizes
