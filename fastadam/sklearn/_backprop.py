@@ -21,12 +21,14 @@ First order only (the estimators need nothing else); the tape remains the way to
 
 ``BatchPass`` is the same pass for the estimators' training loop: every temporary (the layers'
 values, the deltas, the gradients) lives in buffers allocated once per fit and reused by every
-mini-batch (matrix products written with ``out=``), the bias is added in the output layer's loss
-pass, the bias gradients are summed in the ReLU backward pass, and a one-column output layer's
-``dz @ W.T`` (a product with inner dimension 1, which BLAS runs slowly) is an outer-product
-loop.  Each of these rounds as the NumPy expression it replaces (a product with inner
-dimension 1 is one rounded multiplication; ``sum(axis=0)`` of a C-contiguous array with two or
-more columns adds the rows in order; one column is left to NumPy, which sums it pairwise), so
+mini-batch (matrix products written with ``out=``).  With ReLU hidden layers the whole pass is
+compiled (``_kernels.relu_network_pass``: the same NumPy matrix products, the bias and ReLU in
+one loop, the bias gradients summed in the ReLU backward loop, and a one-column output layer's
+``dz @ W.T``, a product with inner dimension 1 that BLAS runs slowly, as an outer-product loop
+fused with them); other activations run the NumPy expressions below into the buffers.  Each
+fused loop rounds as the NumPy expression it replaces (a product with inner dimension 1 is one
+rounded multiplication; ``sum(axis=0)`` of a C-contiguous array with two or more columns adds
+the rows in order from +0; one column is left to NumPy, which sums it pairwise), so
 ``BatchPass`` gives the bits of ``loss_and_gradients`` (tested).
 """
 import numpy as np
@@ -116,11 +118,20 @@ class BatchPass:
         self.coef_grads, self.intercept_grads = views[:len(coefs)], views[len(coefs):]
         self.scratch = [np.empty((max_rows, w.shape[1]), dtype)
                         if activation in ("tanh", "logistic") else None for w in coefs]
+        self._views = {}  # rows -> (values, deltas) sliced to that many rows
 
     def run(self, X, coefs, intercepts, loss, targets, weights, extra=()):
         """``loss(network(X))`` and its gradients (in ``coef_grads``, ``intercept_grads``);
         the loss is ``loss(z, targets, weights, grad, *extra)``."""
         n = X.shape[0]
+        if self.activation == "relu":  # the same pass, compiled (_kernels.relu_network_pass)
+            views = self._views.get(n)
+            if views is None:
+                views = self._views[n] = ([v[:n] for v in self.values],
+                                          [d[:n] for d in self.deltas])
+            return _kernels.relu_network_pass(X, coefs, intercepts, views[0], views[1],
+                                              self.coef_grads, self.intercept_grads, loss,
+                                              targets, weights, extra)
         last = len(coefs) - 1
         activation = self.activation
         h = X
@@ -128,14 +139,9 @@ class BatchPass:
         for i in range(last + 1):
             z = self.values[i][:n]
             np.matmul(h, coefs[i], out=z)
+            z += intercepts[i]
             if i != last:
-                if activation == "relu":
-                    _kernels.bias_relu(z, intercepts[i])
-                else:
-                    z += intercepts[i]
-                    activation_inplace(activation, z)
-            else:
-                z += intercepts[i]
+                activation_inplace(activation, z)
             outputs.append(z)
             h = z
         dz = self.deltas[last][:n]
@@ -143,29 +149,16 @@ class BatchPass:
         for i in range(last, -1, -1):
             a = outputs[i - 1] if i else X
             np.matmul(a.T, dz, out=self.coef_grads[i])
-            if i == last:  # the output layer's bias gradient (hidden ones: below, fused)
-                self._column_sums(dz, self.intercept_grads[i])
+            self._column_sums(dz, self.intercept_grads[i])
             if not i:
                 break
             below = self.deltas[i - 1][:n]
             w = coefs[i]
-            sums = self.intercept_grads[i - 1]
-            fused_sums = activation == "relu" and below.shape[1] > 1  # row order == NumPy's
-            if w.shape[1] == 1 and fused_sums:
-                _kernels.outer_relu_backward_column_sums(dz, w, a, below, sums)
+            if w.shape[1] == 1:
+                _kernels.outer_product(dz, w, below)
             else:
-                if w.shape[1] == 1:
-                    _kernels.outer_product(dz, w, below)
-                else:
-                    np.matmul(dz, w.T, out=below)
-                if fused_sums:
-                    _kernels.relu_backward_column_sums(below, a, sums)
-                else:
-                    if activation == "relu":
-                        _kernels.relu_backward(below, a)
-                    else:
-                        self._activation_backward(below, a, self.scratch[i - 1])
-                    self._column_sums(below, sums)
+                np.matmul(dz, w.T, out=below)
+            self._activation_backward(below, a, self.scratch[i - 1])
             dz = below
         return value
 
