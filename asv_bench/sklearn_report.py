@@ -19,7 +19,7 @@ hits all of them alike.  Usage, from the repository root after
 ``python setup.py build_ext --inplace`` (unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for this
 command only, if your environment sets them)::
 
-    python asv_bench/sklearn_report.py [--quick] [--repeats N]
+    python asv_bench/sklearn_report.py [--quick] [--repeats N] [--only mlp|accelerate|sparse]
 """
 import argparse
 import os
@@ -133,12 +133,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 repeat")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=["mlp", "accelerate", "sparse"],
+                        help="run one section (default: all three)")
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
+    run = lambda name: args.only in (None, name)  # noqa: E731
     with B._limit_threads():
-        mlp_section(epochs=5 if args.quick else 50, repeats=repeats)
-        accelerate_section(repeats)
-        sparse_section(n_docs=5000 if args.quick else 10**5, epochs=5, repeats=repeats)
+        if run("mlp"):
+            mlp_section(epochs=5 if args.quick else 50, repeats=repeats)
+        if run("accelerate"):
+            accelerate_section(repeats)
+        if run("sparse"):
+            sparse_section(n_docs=5000 if args.quick else 10**5, epochs=5, repeats=repeats)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
 
 

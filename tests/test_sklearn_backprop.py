@@ -132,3 +132,100 @@ def test_fused_relu_kernels_equal_numpy_and_propagate_nan(rng, dtype):
     ref = g * (ref > 0)
     _kernels.relu_backward(g, out)
     assert g.tobytes() == ref.tobytes()
+
+
+# ---- BatchPass: the estimators' training pass, buffers reused across mini-batches ------------
+
+def _kernel_loss(loss, targets, weights, dtype):
+    """(kernel, extra) as the estimators pass them, and the same loss in ``loss_and_gradients``'
+    ``z -> (value, dz)`` form: both paths then share the loss's own roundings."""
+    from fastadam.sklearn import _kernels
+    kernel, extra = {"softmax": (_kernels.softmax_cross_entropy, ()),
+                     "binary": (_kernels.binary_cross_entropy, (float(np.finfo(dtype).eps),)),
+                     "squared": (_kernels.half_squared_error, ())}[loss]
+
+    def as_pair(z):
+        grad = np.empty_like(z)
+        return kernel(z, targets, weights, grad, *extra), grad
+    return kernel, extra, as_pair
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
+@pytest.mark.parametrize("loss,n_out", [("softmax", 4), ("binary", 1), ("squared", 1),
+                                        ("squared", 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sizes", [(6, 9), (6, 9, 7), (6, 1)])
+def test_batch_pass_equals_loss_and_gradients_bit_for_bit(rng, activation, loss, n_out, dtype,
+                                                          sizes):
+    """Full and short batches through the same buffers, each equal to the fresh-array pass."""
+    from fastadam.sklearn._backprop import BatchPass
+    units = list(sizes) + [n_out]
+    coefs = [(rng.standard_normal((a, b)) * 0.5).astype(dtype) for a, b in zip(units, units[1:])]
+    intercepts = [(rng.standard_normal(b) * 0.1).astype(dtype) for b in units[1:]]
+    batch = BatchPass(coefs, 13, activation, dtype)
+    for n in (13, 5, 13, 1):
+        X = rng.standard_normal((n, sizes[0])).astype(dtype)
+        if loss == "softmax":
+            targets = rng.integers(0, n_out, n).astype(np.intp)
+        elif loss == "binary":
+            targets = rng.integers(0, 2, (n, 1)).astype(dtype)
+        else:
+            targets = rng.standard_normal((n, n_out)).astype(dtype)
+        w = rng.uniform(0.5, 2, n)
+        w = (w / w.sum()).astype(dtype)
+        kernel, extra, as_pair = _kernel_loss(loss, targets, w, dtype)
+        ref_value, ref_cg, ref_ig = loss_and_gradients(X, coefs, intercepts, activation, as_pair)
+        value = batch.run(X, coefs, intercepts, kernel, targets, w, extra)
+        assert value == ref_value
+        for a, b in zip(batch.coef_grads + batch.intercept_grads, ref_cg + ref_ig):
+            assert a.dtype == dtype and a.shape == b.shape
+            assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 2), (2, 3), (13, 2), (200, 10), (37, 100)])
+def test_column_sums_kernels_equal_numpy_bit_for_bit(rng, dtype, shape):
+    from fastadam.sklearn import _kernels
+    g = (rng.standard_normal(shape) * rng.uniform(0.01, 100, shape)).astype(dtype)
+    out = np.full(shape[1], np.nan, dtype)
+    _kernels.column_sums(g, out)
+    assert out.tobytes() == g.sum(axis=0).tobytes()
+    a = rng.standard_normal(shape).astype(dtype)
+    ref = g * (a > 0)
+    _kernels.relu_backward_column_sums(g, a, out)
+    assert g.tobytes() == ref.tobytes()
+    assert out.tobytes() == ref.sum(axis=0).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 5), (7, 1), (200, 100)])
+def test_outer_product_kernels_equal_the_matrix_product(rng, dtype, n, k):
+    """A product with inner dimension 1 is one rounded multiplication per entry."""
+    from fastadam.sklearn import _kernels
+    d = rng.standard_normal((n, 1)).astype(dtype)
+    w = rng.standard_normal((k, 1)).astype(dtype)
+    a = rng.standard_normal((n, k)).astype(dtype)
+    out = np.full((n, k), np.nan, dtype)
+    _kernels.outer_product(d, w, out)
+    assert out.tobytes() == (d @ w.T).tobytes()
+    sums = np.full(k, np.nan, dtype)
+    _kernels.outer_relu_backward_column_sums(d, w, a, out, sums)
+    ref = (d @ w.T) * (a > 0)
+    assert out.tobytes() == ref.tobytes()
+    if k >= 2:  # NumPy adds rows in order (one column: pairwise, left to NumPy by BatchPass)
+        assert sums.tobytes() == ref.sum(axis=0).tobytes()
+    np.testing.assert_allclose(sums, ref.astype(np.float64).sum(axis=0),
+                               rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_l2_gradient_equals_numpy(rng, dtype):
+    from fastadam.sklearn import _kernels
+    g = rng.standard_normal(1001).astype(dtype)
+    w = rng.standard_normal(1001).astype(dtype)
+    decay = 3.7e-4
+    ref = g + decay * w
+    squares = _kernels.add_l2_gradient(g, w, decay)
+    assert g.tobytes() == ref.tobytes()
+    assert squares == pytest.approx(float(np.dot(w.astype(np.float64), w.astype(np.float64))),
+                                    rel=1e-13)

@@ -9,17 +9,19 @@ early-stopping split, in scikit-learn's order) and the stopping rules (``tol``,
 the same trajectory as ``sklearn.neural_network.MLPClassifier(solver="adam")`` up to rounding.
 What differs is how a step is computed:
 
-- each epoch gathers the shuffled rows once, then takes contiguous mini-batch views, in
-  ``dtype`` (X's own by default; ``dtype="float32"`` halves the BLAS work);
-- a mini-batch runs the forward and backward pass of ``_backprop``: the network's shape is
-  fixed, so its gradient is written out (dense layer, activation, then a fused, sample-weighted
-  loss whose value and gradient come from one pass of ``_kernels``) with the operations of the
-  autodiff VJPs of ``_layers.dense`` and the loss primitives of ``_losses``, without the tape's
-  per-operation cost (tests check it against ``fastadam.autodiff.gradient`` of the same network
-  and against finite differences);
+- the shuffled rows are gathered into buffers reused all fit (the whole epoch at once for a
+  small X, each mini-batch just before its pass for an X over 1 MiB), in ``dtype`` (X's own by
+  default; ``dtype="float32"`` halves the BLAS work);
+- a mini-batch runs ``_backprop.BatchPass``: the network's shape is fixed, so its gradient is
+  written out (dense layer, activation, then a fused, sample-weighted loss whose value and
+  gradient come from one pass of ``_kernels``) with the operations of the autodiff VJPs of
+  ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
+  (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
+  ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
 - the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
   parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
-  the step's own coupled weight-decay formula; the intercepts get none).
+  the step's own coupled weight-decay formula; the intercepts get none), in the same pass
+  that sums ``W * W`` for the reported penalty.
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
@@ -35,7 +37,7 @@ from scipy.special import expit, log_expit
 import fastadam
 from ._compat import validate_data
 from . import _kernels
-from ._backprop import loss_and_gradients
+from ._backprop import BatchPass
 from ._layers import ACTIVATIONS, activation_inplace
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -47,6 +49,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
+
+
+# X larger than this (bytes) is gathered one shuffled mini-batch at a time, not once per epoch
+_EPOCH_GATHER_BYTES = 1 << 20
 
 
 class _BaseMLP(BaseEstimator):
@@ -97,7 +103,7 @@ class _BaseMLP(BaseEstimator):
         self.dtype = dtype
         self.num_threads = num_threads
 
-    # ---- subclass hooks: _encode_targets, _n_outputs, _loss, _validation_score -------------
+    # ---- subclass hooks: _encode_targets, _n_outputs, _loss_kernel, _validation_score ------
 
     def _hidden_sizes(self):
         sizes = self.hidden_layer_sizes
@@ -132,9 +138,26 @@ class _BaseMLP(BaseEstimator):
             self.best_loss_ = np.inf
 
     def _reset_optimizer(self):
+        """Adam restarts: step 0, and zero moments for the parameters laid end to end (weights,
+        then intercepts: ``_flatten_parameters``' order)."""
+        size = sum(p.size for p in self.coefs_ + self.intercepts_)
         self._adam_t = 0
-        self._adam_m = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
-        self._adam_v = [np.zeros_like(p) for p in self.coefs_ + self.intercepts_]
+        self._adam_m = np.zeros(size, self._train_dtype)
+        self._adam_v = np.zeros(size, self._train_dtype)
+
+    def _flatten_parameters(self):
+        """Lay ``coefs_`` then ``intercepts_`` end to end in one new array and make them views
+        of it, so a step is one ``step_inplace`` call on one array; returns that array."""
+        params = self.coefs_ + self.intercepts_
+        flat = np.concatenate([p.reshape(-1) for p in params]).astype(self._train_dtype,
+                                                                        copy=False)
+        views, start = [], 0
+        for p in params:
+            views.append(flat[start:start + p.size].reshape(p.shape))
+            start += p.size
+        n = len(self.coefs_)
+        self.coefs_, self.intercepts_ = views[:n], views[n:]
+        return flat
 
     def _forward_numpy(self, X):
         """Output-layer values (before the output function) without recording anything."""
@@ -147,22 +170,21 @@ class _BaseMLP(BaseEstimator):
                 activation_inplace(self.activation, h)
         return h
 
-    def _batch_step(self, Xb, targets, weights, penalty_scale):
-        """Forward, backward (``_backprop``) and one Adam step on one mini-batch; returns its
-        loss (float)."""
-        value, coef_grads, intercept_grads = loss_and_gradients(
-            Xb, self.coefs_, self.intercepts_, self.activation, self._loss(targets, weights))
-        value = float(value)
-        if self.alpha:  # the L2 term of the weights the gradient was taken at, as sklearn reports
-            value += 0.5 * self.alpha * penalty_scale * sum(
-                float(np.dot(w.ravel(), w.ravel())) for w in self.coefs_)
-        self._adam_t += 1
-        if self.alpha:  # L2 on the weights only: g + decay * W, the step's coupled weight decay
+    def _batch_step(self, batch, loss, Xb, targets, weights, penalty_scale, params):
+        """Forward, backward (``batch``, a ``_backprop.BatchPass``; ``loss`` from
+        ``_loss_kernel``) and one Adam step of ``params`` (``_flatten_parameters``' array)
+        with ``batch.gradients`` (the same layout) on one mini-batch.  Returns its loss."""
+        value = float(batch.run(Xb, self.coefs_, self.intercepts_, loss[0], targets, weights,
+                                loss[1]))
+        if self.alpha:
+            # L2 on the weights only: g + decay * W (the step's coupled weight decay), and the
+            # penalty of the weights the gradient was taken at, as sklearn reports it
             decay = self.alpha * penalty_scale
-            for g, w in zip(coef_grads, self.coefs_):
-                g += decay * w
-        fastadam.step_inplace(self.coefs_ + self.intercepts_, coef_grads + intercept_grads,
-                              self._adam_m, self._adam_v, self._adam_t,
+            n = batch.coef_size  # the weights come first in both flat arrays
+            squares = _kernels.add_l2_gradient(batch.gradients[:n], params[:n], decay)
+            value += 0.5 * self.alpha * penalty_scale * squares
+        self._adam_t += 1
+        fastadam.step_inplace(params, batch.gradients, self._adam_m, self._adam_v, self._adam_t,
                               lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                               eps=self.epsilon, convention="tf", num_threads=self.num_threads)
         return value
@@ -202,28 +224,55 @@ class _BaseMLP(BaseEstimator):
         progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
         stop_message = None
         order = np.arange(n_samples)
+        batch = BatchPass(self.coefs_, batch_size, self.activation, dtype)
+        loss = self._loss_kernel()
+        params = self._flatten_parameters()  # coefs_, intercepts_: views, updated in place
+        uniform = {}  # batch length -> its weights 1/length (no sample_weight)
+        # Shuffled rows are gathered into reused buffers: the whole epoch at once when X is
+        # small, else each mini-batch just before its pass (a large epoch copy has left the
+        # cache by the time its last batches are multiplied).
+        per_batch = self.shuffle and X.nbytes > _EPOCH_GATHER_BYTES
+        if per_batch:
+            Xe = np.empty((batch_size,) + X.shape[1:], X.dtype)
+            te = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
+        elif self.shuffle:
+            Xe, te = np.empty_like(X), np.empty_like(targets)
+        else:
+            Xe, te = X, targets
+        swe = sample_weight
+        if self.shuffle and sample_weight is not None:
+            swe = np.empty_like(sample_weight)
         try:
             for _ in range(epochs):
-                if self.shuffle:  # scikit-learn's draw: shuffle the previous epoch's order
-                    perm = np.arange(n_samples)
-                    rng.shuffle(perm)
-                    order = order[perm]
-                Xe = X[order] if self.shuffle else X
-                te = targets[order] if self.shuffle else targets
-                swe = (sample_weight[order] if self.shuffle and sample_weight is not None
-                       else sample_weight)
+                if self.shuffle:
+                    # scikit-learn's draw (it permutes the previous epoch's order with a
+                    # shuffled arange; shuffling the order in place makes the same swaps)
+                    rng.shuffle(order)
+                    if not per_batch:
+                        np.take(X, order, axis=0, out=Xe, mode="clip")  # valid rows: unbuffered
+                        np.take(targets, order, axis=0, out=te, mode="clip")
+                    if swe is not None:
+                        np.take(sample_weight, order, out=swe, mode="clip")
                 total = 0.0
                 for start in range(0, n_samples, batch_size):
                     stop = min(start + batch_size, n_samples)
+                    rows = stop - start
                     if swe is None:
-                        w_sum = float(stop - start)
-                        weights = np.full(stop - start, 1.0 / w_sum, dtype=dtype)
+                        w_sum = float(rows)
+                        weights = uniform.get(rows)
+                        if weights is None:
+                            weights = uniform[rows] = np.full(rows, 1.0 / w_sum, dtype=dtype)
                     else:
                         w_sum = float(swe[start:stop].sum(dtype=np.float64))
                         weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
-                    batch_loss = self._batch_step(Xe[start:stop], te[start:stop], weights,
-                                                  1.0 / w_sum)
-                    total += batch_loss * (stop - start)
+                    if per_batch:
+                        Xb, tb = Xe[:rows], te[:rows]
+                        np.take(X, order[start:stop], axis=0, out=Xb, mode="clip")
+                        np.take(targets, order[start:stop], axis=0, out=tb, mode="clip")
+                    else:
+                        Xb, tb = Xe[start:stop], te[start:stop]
+                    total += rows * self._batch_step(batch, loss, Xb, tb, weights, 1.0 / w_sum,
+                                                     params)
                 self.n_iter_ += 1
                 self.t_ += n_samples
                 self.loss_ = total / n_samples
@@ -351,19 +400,14 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     def _n_outputs(self, targets):
         return 1 if len(self.classes_) == 2 else len(self.classes_)
 
-    def _loss(self, targets, weights):
-        """``z -> (value, d value / d z)`` of the weighted log-loss (``_kernels``)."""
+    def _loss_kernel(self):
+        """``(kernel, extra)``: ``kernel(z, targets, weights, grad, *extra) -> value`` of the
+        weighted log-loss, its gradient with respect to the logits ``z`` written to ``grad``
+        (``_kernels``)."""
         if len(self.classes_) == 2:
-            eps = float(np.finfo(weights.dtype).eps)  # scikit-learn's clipping of p
-
-            def loss(z):
-                grad = np.empty_like(z)
-                return _kernels.binary_cross_entropy(z, targets, weights, grad, eps), grad
-        else:
-            def loss(z):
-                grad = np.empty_like(z)
-                return _kernels.softmax_cross_entropy(z, targets, weights, grad), grad
-        return loss
+            eps = float(np.finfo(self._train_dtype).eps)  # scikit-learn's clipping of p
+            return _kernels.binary_cross_entropy, (eps,)
+        return _kernels.softmax_cross_entropy, ()
 
     @staticmethod
     def _best_index(z):
@@ -439,12 +483,11 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         tags.target_tags.multi_output = True
         return tags
 
-    def _loss(self, targets, weights):
-        """``p -> (value, d value / d p)`` of the weighted half squared error (``_kernels``)."""
-        def loss(p):
-            grad = np.empty_like(p)
-            return _kernels.half_squared_error(p, targets, weights, grad), grad
-        return loss
+    def _loss_kernel(self):
+        """``(kernel, extra)``: ``kernel(p, targets, weights, grad) -> value`` of the weighted
+        half squared error, its gradient with respect to ``p`` written to ``grad``
+        (``_kernels``)."""
+        return _kernels.half_squared_error, ()
 
     def _validation_score(self, X, targets, sample_weight):
         return float(r2_score(targets, self._forward_numpy(X), sample_weight=sample_weight))
