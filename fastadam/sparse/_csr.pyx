@@ -5,8 +5,9 @@ The kernels walk a list of the matrix's rows (``batch_rows``, in that order), so
 mini-batch is read in place, without gathering a new CSR matrix.  Two calls per batch:
 
 - ``dot_and_columns`` (``columns`` without the product): one walk that finds the distinct
-  columns the rows touch (a hash table sized to the batch, at most half full, so neither the
-  cost nor the memory depends on the number of columns), sorts them (``cols``), records for every stored entry the position of its column in ``cols``
+  columns the rows touch (a hash table of int32 slots sized to the batch, at most half full,
+  so neither the cost nor the memory depends on the number of columns), sorts them
+  (``cols``), records for every stored entry the position of its column in ``cols``
   (``entry_rank``), and, in the same walk, computes the forward product
   ``z[i] = sum_p data[p] * W[indices[p]]`` over row ``batch_rows[i]``'s entries in storage
   order (scipy's ``csr_matvecs`` order);
@@ -47,6 +48,9 @@ ctypedef fused real_t:
 # fewer than 2**32 distinct columns per batch, implied by the walk's int64 sizes staying far
 # below that) sort as one uint64 array; wider matrices use a stable argsort instead.
 PACK_LIMIT = 1 << 31
+# The hash table holds int32 slots (a quarter of the cache lines of (column, slot) int64
+# pairs), so one walk may hold at most 2**31 - 1 stored entries.
+SLOT_LIMIT = (1 << 31) - 1
 
 
 cdef int _table_bits(Py_ssize_t total):
@@ -75,14 +79,17 @@ def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
     cdef cnp.ndarray first = np.empty(total, dtype=np.int64)
     cdef int64_t *pfirst = <int64_t *>cnp.PyArray_DATA(first)
     cdef int64_t *prank = <int64_t *>cnp.PyArray_DATA(entry_rank)
+    if total > SLOT_LIMIT:
+        raise ValueError(f"the rows hold {total} stored entries; at most {SLOT_LIMIT} per call "
+                         f"(pass fewer rows at a time)")
     cdef int bits = _table_bits(total)
     cdef Py_ssize_t cap = <Py_ssize_t>1 << bits
-    cdef cnp.ndarray table = np.full(2 * cap, -1, dtype=np.int64)  # (column, slot) pairs
+    cdef cnp.ndarray table = np.full(cap, -1, dtype=np.int32)  # slots; first[slot] the column
     cdef int shift = 64 - bits
     with nogil:
         u = _walk(&indptr[0], &indices[0], &data[0], &batch_rows[0], n,
                   &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k,
-                  <int64_t *>cnp.PyArray_DATA(table), cap - 1, shift, pfirst, prank)
+                  <int32_t *>cnp.PyArray_DATA(table), cap - 1, shift, pfirst, prank)
     seen = first[:u]
     rank_of_first = np.empty(u, dtype=np.int64)
     if n_cols <= PACK_LIMIT:  # one sort of (column, slot) keys
@@ -110,26 +117,29 @@ def columns(const index_t[::1] indptr, const index_t[::1] indices, const real_t[
     return dot_and_columns(indptr, indices, data, batch_rows, n_cols, none, none)
 
 
-cdef inline Py_ssize_t _probe(const int64_t *table, int64_t mask, int shift,
-                             int64_t c) noexcept nogil:
-    """The table position holding column c, or the empty one where it goes (linear probing
-    from a Fibonacci hash of c)."""
+cdef inline Py_ssize_t _probe(const int32_t *table, const int64_t *first, int64_t mask,
+                             int shift, int64_t c) noexcept nogil:
+    """The table position whose slot holds column c (first[slot] == c), or the empty one (-1)
+    where it goes (linear probing from a Fibonacci hash of c)."""
     cdef int64_t h = <int64_t>((<uint64_t>c * <uint64_t>0x9E3779B97F4A7C15ULL) >> shift)
-    while table[2 * h] != c and table[2 * h] != -1:
+    while table[h] != -1 and first[table[h]] != c:
         h = (h + 1) & mask
     return h
 
 
 cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_t *data,
                       const int64_t *batch_rows, Py_ssize_t n, const real_t *w, real_t *z,
-                      Py_ssize_t k, int64_t *table, int64_t mask, int shift, int64_t *first,
+                      Py_ssize_t k, int32_t *table, int64_t mask, int shift, int64_t *first,
                       int64_t *entry_slot) noexcept nogil:
     """The distinct columns in order of first appearance (first[0:u]), each entry's
     first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table is
-    a (column, slot) hash table of at least twice as many pairs as there are entries."""
+    a hash table of int32 slots (-1: empty) with at least twice as many positions as there
+    are entries.  With k == 4 (four classes) a row's sums stay in registers; the additions
+    and their order are the same."""
     cdef Py_ssize_t i, j, u = 0, e = 0, h
-    cdef int64_t p, r, c
-    cdef real_t a
+    cdef int64_t p, r, c, end
+    cdef int32_t slot
+    cdef real_t a, z0, z1, z2, z3
     cdef real_t *row = z
     cdef const real_t *src
     for i in range(n):
@@ -142,23 +152,41 @@ cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_
             __builtin_prefetch(&data[p])
         if k:
             row = z + i * k
+        z0 = z1 = z2 = z3 = 0
+        if k != 4:
             for j in range(k):
                 row[j] = 0
-        for p in range(indptr[r], indptr[r + 1]):
+        end = indptr[r + 1]
+        for p in range(indptr[r], end):
             c = indices[p]
-            h = _probe(table, mask, shift, c)
-            if table[2 * h] == -1:
-                table[2 * h] = c
-                table[2 * h + 1] = u
+            if k and p + AHEAD < end:  # the weight rows are random rows of w
+                __builtin_prefetch(w + indices[p + AHEAD] * k)
+            h = _probe(table, first, mask, shift, c)
+            slot = table[h]
+            if slot == -1:
+                slot = <int32_t>u
+                table[h] = slot
                 first[u] = c
                 u += 1
-            entry_slot[e] = table[2 * h + 1]
+            entry_slot[e] = slot
             e += 1
-            if k:
+            if k == 4:
+                a = data[p]
+                src = w + c * 4
+                z0 = z0 + a * src[0]
+                z1 = z1 + a * src[1]
+                z2 = z2 + a * src[2]
+                z3 = z3 + a * src[3]
+            elif k:
                 a = data[p]
                 src = w + c * k
                 for j in range(k):
                     row[j] = row[j] + a * src[j]
+        if k == 4:
+            row[0] = z0
+            row[1] = z1
+            row[2] = z2
+            row[3] = z3
     return u
 
 
@@ -180,12 +208,23 @@ cdef void _sum_rows(const index_t *indptr, const real_t *data, const int64_t *ba
                     real_t *out) noexcept nogil:
     cdef Py_ssize_t i, j, e = 0
     cdef int64_t p, r
-    cdef real_t a
+    cdef real_t a, g0, g1, g2, g3
     cdef real_t *dst
     cdef const real_t *g
     for i in range(n):
         r = batch_rows[i]
         g = dz + i * k
+        if k == 4:  # the row of dz in registers (same products and sums)
+            g0, g1, g2, g3 = g[0], g[1], g[2], g[3]
+            for p in range(indptr[r], indptr[r + 1]):
+                dst = out + entry_rank[e] * 4
+                e += 1
+                a = data[p]
+                dst[0] = dst[0] + a * g0
+                dst[1] = dst[1] + a * g1
+                dst[2] = dst[2] + a * g2
+                dst[3] = dst[3] + a * g3
+            continue
         for p in range(indptr[r], indptr[r + 1]):
             dst = out + entry_rank[e] * k
             e += 1
