@@ -100,7 +100,7 @@ def csr_transpose_dot(X: Any, dz: np.ndarray) -> IndexedSlices:
     column ``j = indices[s]``, added in storage order (row by row, then in each row's order).
     That is bit for bit ``segment_sum(X.indices, X.data[:, None] * dz[row_of_each_entry])``,
     the sum ``sparse_step_inplace`` would compute from the repeated indices, but found without a
-    sort: O(nnz(X) x dz.shape[1] + u log u) for u distinct columns, independent of
+    sort: O(nnz(X) x dz.shape[1] + u) for u distinct columns, independent of
     ``X.shape[1]``.  Explicitly stored zeros count as touched columns; duplicate entries are
     summed in storage order.  Single-threaded.
 
