@@ -267,7 +267,11 @@ def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, 
     x, m, v : ndarray
         Parameters and moments: C-contiguous, writable, float32 or float64, one shape (rank >= 1;
         rows are the first axis; 2-D for a CSR gradient), not overlapping each other nor the
-        gradient.  Updated in place.
+        gradient.  Updated in place.  With an IndexedSlices or (indices, values) gradient, an
+        array of rank >= 2 may also be row-strided: C-contiguous rows, at least a row apart, as
+        a block of columns of a wider table (``buf[:, 0:4]``, ``buf[:, 4:8]``, ... keep a
+        row's parameters and moments side by side); blocks of one buffer may interleave but
+        not overlap.  The same holds for the Adagrad and momentum sparse steps.
     grad : IndexedSlices, (indices, values) pair, or SciPy CSR matrix/array
         ``indices``: 1-D int32 or int64, unsorted, duplicates allowed, each in
         ``[0, x.shape[0])``; **negative indices are rejected** (IndexError: there is no
