@@ -303,11 +303,13 @@ def test_a_walk_over_more_entries_than_its_slot_table_holds_is_rejected(rng, mon
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("k", [1, 3, 4, 5])
-def test_batch_walk_product_equals_scipy_bit_for_bit(rng, dtype, k):
+@pytest.mark.parametrize("lookup", ["column map", "hash table"])
+def test_batch_walk_product_equals_scipy_bit_for_bit(rng, dtype, k, lookup, monkeypatch):
     """dot_and_columns' forward product z = X[rows] @ W (k == 4 keeps a row's sums in
     registers) against SciPy's product of the gathered rows, and its columns / entry ranks
-    against np.unique."""
+    against np.unique, with either slot lookup (the direct column map is left all -1)."""
     from fastadam.sparse import _csr as csr_kernels
+    monkeypatch.setattr(csr_kernels, "DIRECT_MAP_RATIO", 10**6 if lookup == "column map" else 0)
     from fastadam.sparse._api import check_csr_structure
     X = _csr(rng, n=60, n_cols=500, density=0.05, dtype=dtype, canonical=False)
     W = rng.standard_normal((500, k)).astype(dtype)
@@ -319,3 +321,5 @@ def test_batch_walk_product_equals_scipy_bit_for_bit(rng, dtype, k):
     walked = np.concatenate([X.indices[X.indptr[r]:X.indptr[r + 1]] for r in rows])
     np.testing.assert_array_equal(touched, np.unique(walked))
     np.testing.assert_array_equal(touched[rank], walked)
+    if lookup == "column map":
+        assert np.all(csr_kernels._maps.map == -1)

@@ -5,8 +5,9 @@ The kernels walk a list of the matrix's rows (``batch_rows``, in that order), so
 mini-batch is read in place, without gathering a new CSR matrix.  Two calls per batch:
 
 - ``dot_and_columns`` (``columns`` without the product): one walk that finds the distinct
-  columns the rows touch (a hash table of int32 slots sized to the batch, at most half full,
-  so neither the cost nor the memory depends on the number of columns), sorts them with an
+  columns the rows touch (int32 slots in a direct column map for matrices not much wider
+  than the batch, else in a hash table sized to the batch, at most half full, so neither the
+  cost nor the memory depends on the number of columns), sorts them with an
   LSD radix sort (``cols``), records for every stored entry the position of its column in ``cols``
   (``entry_rank``), and, in the same walk, computes the forward product
   ``z[i] = sum_p data[p] * W[indices[p]]`` over row ``batch_rows[i]``'s entries in storage
@@ -22,6 +23,8 @@ checks a training matrix once per fit).  ``-ffp-contract=off`` (setup.py) keeps 
 as two roundings, as NumPy computes it.  Written directly in Cython (typed pointer loops): the
 kernels are a few lines each and have no SIMD or dispatch to share with include/fastadam.
 """
+import threading
+
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -50,6 +53,23 @@ ctypedef fused real_t:
 # fewer than 2**32 distinct columns per batch, implied by the walk's int64 sizes staying far
 # below that) sort as one uint64 array; wider matrices use a stable argsort instead.
 PACK_LIMIT = 1 << 31
+# A walk finds each column's slot in a direct column -> slot map (one int32 per column, kept
+# per thread and reset after each walk) when the matrix has at most DIRECT_MAP_RATIO times as
+# many columns as the hash table would have positions, else in the hash table: the map costs
+# one load per entry, but for wide matrices it is a large table read at random.
+DIRECT_MAP_RATIO = 4
+_maps = threading.local()
+
+
+cdef cnp.ndarray _column_map(Py_ssize_t n_cols):
+    """This thread's int32 map of at least n_cols entries, every entry -1."""
+    cdef cnp.ndarray m = getattr(_maps, "map", None)
+    if m is None or m.shape[0] < n_cols:
+        m = np.full(n_cols, -1, dtype=np.int32)
+        _maps.map = m
+    return m
+
+
 # The hash table holds int32 slots (a quarter of the cache lines of (column, slot) int64
 # pairs), so one walk may hold at most 2**31 - 1 stored entries.
 SLOT_LIMIT = (1 << 31) - 1
@@ -86,12 +106,21 @@ def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
                          f"(pass fewer rows at a time)")
     cdef int bits = _table_bits(total)
     cdef Py_ssize_t cap = <Py_ssize_t>1 << bits
-    cdef cnp.ndarray table = np.full(cap, -1, dtype=np.int32)  # slots; first[slot] the column
+    cdef bint direct = n_cols <= DIRECT_MAP_RATIO * cap
+    cdef cnp.ndarray table
+    if direct:  # this thread's column -> slot map (all -1 between calls)
+        table = _column_map(n_cols)
+    else:
+        table = np.full(cap, -1, dtype=np.int32)  # hash positions -> slots
+    cdef int32_t *ptable = <int32_t *>cnp.PyArray_DATA(table)
     cdef int shift = 64 - bits
     with nogil:
         u = _walk(&indptr[0], &indices[0], &data[0], &batch_rows[0], n,
-                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k,
-                  <int32_t *>cnp.PyArray_DATA(table), cap - 1, shift, pfirst, prank)
+                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k, direct,
+                  ptable, cap - 1, shift, pfirst, prank)
+        if direct:
+            for i in range(u):
+                ptable[pfirst[i]] = -1
     seen = first[:u]
     cdef cnp.ndarray cols
     cdef cnp.ndarray rank_of_first = np.empty(u, dtype=np.int64)
@@ -176,12 +205,12 @@ cdef inline Py_ssize_t _probe(const int32_t *table, const int64_t *first, int64_
 
 cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_t *data,
                       const int64_t *batch_rows, Py_ssize_t n, const real_t *w, real_t *z,
-                      Py_ssize_t k, int32_t *table, int64_t mask, int shift, int64_t *first,
-                      int64_t *entry_slot) noexcept nogil:
+                      Py_ssize_t k, bint direct, int32_t *table, int64_t mask, int shift,
+                      int64_t *first, int64_t *entry_slot) noexcept nogil:
     """The distinct columns in order of first appearance (first[0:u]), each entry's
-    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table is
-    a hash table of int32 slots (-1: empty) with at least twice as many positions as there
-    are entries.  With k == 4 (four classes) a row's sums stay in registers; the additions
+    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table
+    holds int32 slots (-1: empty): indexed by column when direct, else a hash table with at
+    least twice as many positions as there are entries.  With k == 4 (four classes) a row's sums stay in registers; the additions
     and their order are the same."""
     cdef Py_ssize_t i, j, u = 0, e = 0, h
     cdef int64_t p, r, c, end
@@ -208,7 +237,7 @@ cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_
             c = indices[p]
             if k and p + AHEAD < end:  # the weight rows are random rows of w
                 __builtin_prefetch(w + indices[p + AHEAD] * k)
-            h = _probe(table, first, mask, shift, c)
+            h = c if direct else _probe(table, first, mask, shift, c)
             slot = table[h]
             if slot == -1:
                 slot = <int32_t>u
