@@ -8,6 +8,7 @@ Indices are copied once into a private buffer before they are range-checked: the
 only that copy, so another thread changing the caller's array mid-call cannot make them read
 out of bounds.
 """
+import math
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -442,7 +443,7 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
             raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
                              f"row, got {bad}")
 
-    row_size = int(np.prod(row_shape, dtype=np.int64))
+    row_size = math.prod(row_shape)  # Python ints: no overflow, no NumPy call
     args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
             values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)
@@ -457,7 +458,7 @@ def _check_table(a, name, typenum, shape):
     if not isinstance(a, np.ndarray) or a.ndim < 2 or a.flags.c_contiguous:
         return check_array(a, name, typenum, shape, True)
     check_array(a, name, typenum, shape, True, contiguous=False)
-    row_bytes = a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+    row_bytes = a.itemsize * math.prod(a.shape[1:])
     stride = a.strides[0]
     if not a[:1].flags.c_contiguous or (a.shape[0] > 1 and (
             stride < row_bytes or stride % a.itemsize)):
