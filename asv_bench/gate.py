@@ -227,6 +227,23 @@ def merged_results(datas):
     return out
 
 
+def slowest(datas, n=12):
+    """Lines naming the ``n`` benchmarks that took longest (asv's ``duration``, seconds, which
+    includes setup), and the total: where the CI's asv step spends its time."""
+    durations = {}
+    for data in datas:
+        columns = data.get("result_columns", [])
+        for name, row in data.get("results", {}).items():
+            fields = dict(zip(columns, row))
+            if isinstance(fields.get("duration"), (int, float)):
+                durations[name] = float(fields["duration"])
+    ranked = sorted(durations.items(), key=lambda kv: -kv[1])
+    lines = [f"asv durations: {sum(durations.values()):.0f} s over {len(durations)} benchmarks; "
+             f"slowest:"]
+    lines += [f"  {seconds:7.1f} s  {name}" for name, seconds in ranked[:n]]
+    return lines
+
+
 def git(*args):
     return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True,
                           text=True).stdout.split()
@@ -268,6 +285,8 @@ def run_asv(python, regex, quick, out_dir):
     if quick:
         cmd.append("--quick")
     env = dict(os.environ, ASV_PYTHONPATH=REPO)
+    if quick:  # the smoke run: smaller grids for the absolute-time benchmarks (_api.smoke_grid)
+        env["FASTADAM_ASV_SMOKE"] = "1"
     proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     failed = []
@@ -281,6 +300,8 @@ def run_asv(python, regex, quick, out_dir):
              if f.endswith(".json") and f != "machine.json"] if os.path.isdir(mdir) else []
     bench_json = os.path.join(out_dir, "results", "benchmarks.json")
     units = units_of(read_json(bench_json)) if os.path.exists(bench_json) else {}
+    if datas:
+        print("\n".join(slowest(datas)))
     return merged_results(datas), units, rc, failed
 
 

@@ -11,7 +11,10 @@ root after ``python setup.py build_ext --inplace``::
 Ratios: ``session / hand-written`` (the claim: at most 1.3) and ``torch / session`` (> 1 means
 the session is faster than PyTorch eager).  A second line per model gives ``session /
 hand-written`` in CPU time of this thread (``time.thread_time``, same interleaved rounds): time
-the process spent descheduled on a shared machine does not count there.
+the process spent descheduled on a shared machine does not count there.  A third line counts
+the Python bytecode instructions one step executes (``sys.settrace`` with opcode events, after
+the timings): a measure of the per-step interpretation work that load on the machine does not
+change.
 """
 import argparse
 import os
@@ -52,6 +55,24 @@ def cpu_ratio(steps, repeats, min_time):
     return float(np.median(ratios))
 
 
+def bytecodes_per_step(step):
+    """Python bytecode instructions executed by one call of ``step`` (every frame it enters)."""
+    count = [0]
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count[0] += 1
+        return trace
+    step()  # warm: first-call work (compilation, caches) is not counted
+    sys.settrace(trace)
+    try:
+        step()
+    finally:
+        sys.settrace(None)
+    return count[0]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
@@ -71,6 +92,9 @@ def main():
                   f"{t['torch'] / t['session']:13.2f}x")
             print(f"{'  in CPU time (thread_time)':28s} {'':11s} {'':13s} {'':12s} "
                   f"{cpu_ratio(steps, repeats, min_time):12.2f}x")
+            ops = {impl: bytecodes_per_step(steps[impl]) for impl in ("session", "autodiff")}
+            print(f"{'  Python bytecodes per step':28s} {ops['session']:11d} "
+                  f"{ops['autodiff']:13d} {'':12s} {ops['session'] / ops['autodiff']:12.2f}x")
     finally:
         undo()
 

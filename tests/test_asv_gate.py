@@ -244,3 +244,13 @@ def test_baseline_counts_only_the_newest_benchmark_version():
                                    ("c" * 40, 60.0, "v1")]}
     old, _ = gate.baseline(["a" * 40, "b" * 40, "c" * 40], by_commit)
     assert old[(SPARSE, ("uniform",))] == (2.0, "v2")
+
+
+def test_slowest_ranks_benchmarks_by_duration_across_files():
+    a = results_file("a" * 40, {SPEEDUP: ([1.0], [["1"]]), SPARSE: ([1.0], [["1"]])})
+    b = results_file("a" * 40, {TIME: ([1.0], [["1"]])})
+    col = COLUMNS.index("duration")
+    a["results"][SPEEDUP][col], a["results"][SPARSE][col], b["results"][TIME][col] = 3.0, 40.0, 7.5
+    lines = gate.slowest([a, b], n=2)
+    assert "50 s over 3 benchmarks" in lines[0]
+    assert [line.split()[-1] for line in lines[1:]] == [SPARSE, TIME]

@@ -12,8 +12,19 @@ modules import only ``numpy`` and ``fastadam`` at module level and ask this modu
   ``arrays=3``: its read-3/write-2 form);
 - ``need(*names)``: public fastadam attributes (``"sparse_step_inplace"``,
   ``"adagrad_step_inplace"``) or modules (``"fastadam.onnx"``), else NotImplementedError.
+
+``smoke_grid(full, smoke)``: the parameter values of a ``time_*``/``peakmem_*`` benchmark, ``full``
+normally and ``smoke`` when ``FASTADAM_ASV_SMOKE=1`` (set by ``gate.py --all``, CI's smoke run:
+every benchmark must run once, and the largest combinations of the absolute-time benchmarks
+are most of its cost). The gated ``track_*`` ratios never use it: their grid is the history's.
 """
 import importlib
+import os
+
+
+def smoke_grid(full, smoke):
+    """``smoke`` inside CI's asv smoke run (``FASTADAM_ASV_SMOKE=1``), else ``full``."""
+    return smoke if os.environ.get("FASTADAM_ASV_SMOKE") == "1" else full
 
 
 def _first(places, name):

@@ -313,7 +313,7 @@ class _Workload:
 
 class TimeMLP(_Workload):
     """MLP 784-256-256-10 (ReLU, softmax cross-entropy): one forward + backward."""
-    params = [DTYPES, [32, 256], IMPLS]
+    params = [DTYPES, _api.smoke_grid([32, 256], [32]), IMPLS]
     builder = staticmethod(build_mlp)
 
     def time_forward_backward(self, dtype, batch, impl):

@@ -42,7 +42,7 @@ def _torch_or_skip(dtype, threads):
 class DenseStep:
     """One tensor: dtype x size x threads."""
 
-    params = (["float32", "float64"], SIZES, THREADS)
+    params = (["float32", "float64"], _api.smoke_grid(SIZES, [10**3, 10**6]), THREADS)
     param_names = ["dtype", "size", "threads"]
     timeout = 120
 
@@ -66,7 +66,7 @@ class DenseStepTorch:
     is about; one process per parameter set imports torch, which is what the smoke run's time
     goes on).  Skipped without torch."""
 
-    params = (["float32"], SIZES, THREADS)
+    params = (["float32"], _api.smoke_grid(SIZES, [10**3, 10**6]), THREADS)
     param_names = DenseStep.param_names
     timeout = 120
 

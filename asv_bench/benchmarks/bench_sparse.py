@@ -17,6 +17,11 @@ except ImportError:  # imported as a top-level module (tests put benchmarks/ on 
 
 N_ROWS = 1_000_000
 ROW = 64
+# the time_* grids: smaller in CI's smoke run (_api.smoke_grid), where each benchmark runs once
+TIME_ROWS = _api.smoke_grid(N_ROWS, 100_000)
+TIME_PARAMS = _api.smoke_grid(
+    (["float32", "float64"], [4096, 65536], ["uniform", "zipf"], [1, 2]),
+    (["float32", "float64"], [4096], ["zipf"], [1, 2]))
 ZIPF_A = 1.2  # exponent of the Zipf-like draw: the top row gets ~1/5 of a batch
 
 
@@ -91,16 +96,16 @@ def _torch_or_skip():
 class _LazyInputs:
     """Seeded table and gradient shared by SparseAdamLazy and SparseAdamLazyTorch."""
 
-    params = (["float32", "float64"], [4096, 65536], ["uniform", "zipf"], [1, 2])
+    params = TIME_PARAMS
     param_names = ["dtype", "batch", "distribution", "threads"]
     timeout = 300
 
     def setup(self, dtype, batch, distribution, threads):
         rng = np.random.default_rng(42)
-        self.x, self.m, self.v = make_table(N_ROWS, ROW, dtype)
-        self.indices = draw_indices(rng, N_ROWS, batch, distribution)
+        self.x, self.m, self.v = make_table(TIME_ROWS, ROW, dtype)
+        self.indices = draw_indices(rng, TIME_ROWS, batch, distribution)
         self.values = rng.standard_normal((batch, ROW)).astype(dtype)
-        self.last = np.zeros(N_ROWS, np.int64)
+        self.last = np.zeros(TIME_ROWS, np.int64)
         self.t = 1
 
 
@@ -134,7 +139,7 @@ class SparseAdamLazyTorch(_LazyInputs):
 
 
 class _SegmentInputs:
-    params = (["float32", "float64"], [4096, 65536], ["uniform", "zipf"], [1, 2])
+    params = TIME_PARAMS
     param_names = ["dtype", "batch", "distribution", "threads"]
 
     def setup(self, dtype, batch, distribution, threads):

@@ -9,6 +9,8 @@ selects the operator's form (attribute or input for ``axes``, Softmax's 2-D coer
 13, ...).  Floating-point tensors go through recorded autodiff primitives (so a Gradient node can
 differentiate them); integer and boolean tensors (shapes, indices, masks) are plain NumPy.
 """
+import operator
+
 import numpy as np
 
 from .. import autodiff as ad
@@ -80,14 +82,34 @@ def _int_divide(a, b):
     return (np.sign(a) * np.sign(b) * q).astype(a.dtype)
 
 
-def _binary(op_type, ad_fun, np_fun):
+_INT_RANGES = {}  # integer dtype -> (min, max)
+
+
+def _int_range(dtype):
+    r = _INT_RANGES.get(dtype)
+    if r is None:
+        info = np.iinfo(dtype)
+        r = _INT_RANGES[dtype] = (int(info.min), int(info.max))
+    return r
+
+
+def _binary(op_type, ad_fun, np_fun, py_fun=None):
+    """``py_fun``: the operator on Python ints, for two 0-d integer tensors (a step counter's
+    ``T + 1``): NumPy's answer whenever the result fits the dtype, else NumPy computes it."""
     def run_inputs(inputs):
         a, b = inputs
-        if a.data.dtype != b.data.dtype:
+        x, y = a.data, b.data
+        dtype = x.dtype
+        if y.dtype != dtype:
             same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
-        if a.data.dtype.kind == "f":
+        if dtype.kind == "f":
             return [ad_fun(a, b)]
-        return [const(np_fun(a.data, b.data))]
+        if py_fun is not None and not x.ndim and not y.ndim and dtype.kind in "iu":
+            lo, hi = _int_range(dtype)
+            v = py_fun(int(x), int(y))
+            if lo <= v <= hi:
+                return [Tensor(np.array(v, dtype))]
+        return [Tensor(np_fun(x, y))]  # a non-recorded Tensor (const)
 
     @register(op_type)
     def run(inputs, attrs, opset):
@@ -97,9 +119,9 @@ def _binary(op_type, ad_fun, np_fun):
     return run
 
 
-_binary("Add", ad.add, np.add)
-_binary("Sub", ad.subtract, np.subtract)
-_binary("Mul", ad.multiply, np.multiply)
+_binary("Add", ad.add, np.add, operator.add)
+_binary("Sub", ad.subtract, np.subtract, operator.sub)
+_binary("Mul", ad.multiply, np.multiply, operator.mul)
 _binary("Div", ad.divide, _int_divide)
 
 
@@ -194,22 +216,30 @@ def matmul(inputs, attrs, opset):
 def compile_gemm(attrs, opset):
     ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    ia, ib = (0 if ta else 1), (1 if tb else 0)  # where the inner dimension is in A and in B
+    gemm = ad.gemm
 
-    def run(inputs):
-        a, b = inputs[0], inputs[1]
-        c = inputs[2] if len(inputs) > 2 else None
-        dtype = a.data.dtype
-        if b.data.dtype != dtype or (c is not None and c.data.dtype != dtype):
-            same_dtype("Gemm", a, b, c)
-        sa, sb = a.data.shape, b.data.shape
+    def check_shapes(sa, sb):
         if len(sa) != 2 or len(sb) != 2:
             raise ValueError(f"Gemm: expected 2-D A and B, got shapes {sa} and {sb}")
-        ka = sa[0] if ta else sa[1]
-        kb = sb[1] if tb else sb[0]
-        if ka != kb:
+        if sa[ia] != sb[ib]:
             raise ValueError(f"Gemm: A{' (transposed)' if ta else ''} has shape {sa} and "
-                             f"B{' (transposed)' if tb else ''} has shape {sb}: {ka} != {kb}")
-        return [ad.gemm(a, b, c, alpha, beta, ta, tb)]
+                             f"B{' (transposed)' if tb else ''} has shape {sb}: {sa[ia]} != "
+                             f"{sb[ib]}")
+
+    def run(inputs):
+        if len(inputs) > 2:
+            a, b, c = inputs
+        else:
+            (a, b), c = inputs, None
+        dtype = a.data.dtype
+        if b.data.dtype is not dtype or (c is not None and c.data.dtype is not dtype):
+            same_dtype("Gemm", a, b, c)  # raises unless the dtypes are equal after all
+        try:
+            return [gemm(a, b, c, alpha, beta, ta, tb)]
+        except ValueError:  # nothing was recorded; wrong shapes of A and B are named here
+            check_shapes(a.data.shape, b.data.shape)
+            raise
     return run
 
 

@@ -37,6 +37,8 @@ from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
+# the exceptions a node raises that are re-raised with the node's label in front
+LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
 
 
 def attributes(node):
@@ -51,6 +53,19 @@ def attributes(node):
         elif isinstance(v, list) and v and isinstance(v[0], bytes):
             v = [s.decode() for s in v]
         out[a.name] = v
+    return out
+
+
+def _dense_gradients(xs, grads):
+    """Gradients as dense Tensors: zeros for None (y does not depend on x), IndexedSlices made
+    dense."""
+    out = []
+    for x, g in zip(xs, grads):
+        if g is None:
+            g = Tensor(np.zeros_like(x.data))
+        elif not isinstance(g, Tensor):  # an IndexedSlices
+            g = Tensor(g.to_dense())
+        out.append(g)
     return out
 
 
@@ -269,9 +284,27 @@ class Graph:
 
     def assign(self, env, name, value):
         """Bind ``value``; a tensor some Gradient differentiates becomes a recorded leaf."""
-        if name in self.grad_names and not value.requires_grad and value.data.dtype.kind == "f":
-            value = Tensor(value.data, requires_grad=True)
+        if name in self.grad_names:
+            value = self.leaf(value)
         env[name] = value
+
+    @staticmethod
+    def leaf(value):
+        """``value`` as a tensor some Gradient differentiates: a recorded leaf if floating."""
+        if not value.requires_grad and value.data.dtype.kind == "f":
+            value = Tensor(value.data, requires_grad=True)
+        return value
+
+    @staticmethod
+    def relabel(step, e):
+        """The error ``e`` raised by ``step`` with the step's label in front (``e`` itself when
+        it already names a node)."""
+        msg = str(e)
+        if msg.startswith("node "):
+            return e
+        if msg.startswith(step.node.op_type + ": "):
+            msg = msg[len(step.node.op_type) + 2:]
+        return type(e)(f"{step.label}: {msg}")
 
     def execute(self, env, order):
         """Run the steps ``order`` (indices) on ``env`` (name -> Tensor), in place.
@@ -302,14 +335,11 @@ class Graph:
                     outs = self.run_inplace(step, inputs)
                 else:
                     outs = step.run(inputs)
-            except (ValueError, TypeError, IndexError, NotImplementedError,
-                    ZeroDivisionError) as e:
-                msg = str(e)
-                if msg.startswith("node "):
+            except LABELLED_ERRORS as e:
+                labelled = self.relabel(step, e)
+                if labelled is e:
                     raise
-                if msg.startswith(step.node.op_type + ": "):
-                    msg = msg[len(step.node.op_type) + 2:]
-                raise type(e)(f"{step.label}: {msg}") from e
+                raise labelled from e
             leaves = self.grad_names
             for name, value in zip(step.outputs, outs):
                 if name in leaves:
@@ -391,13 +421,11 @@ class Graph:
                             env[name] = value
                 for name in drop:
                     del env[name]
-        except (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError) as e:
-            msg = str(e)
-            if step is None or msg.startswith("node "):
+        except LABELLED_ERRORS as e:
+            labelled = e if step is None else self.relabel(step, e)
+            if labelled is e:
                 raise
-            if msg.startswith(step.node.op_type + ": "):
-                msg = msg[len(step.node.op_type) + 2:]
-            raise type(e)(f"{step.label}: {msg}") from e
+            raise labelled from e
 
     def _inplace_runner(self, step):
         """``run_inplace`` with the X/G/state index ranges computed once."""
@@ -419,18 +447,44 @@ class Graph:
         zs?" decided once when the node's input names are those names (the usual case)."""
         if step.inputs != step.xs + step.zs:
             return lambda inputs, env: self._run_gradient(step, inputs, env)
-        nx, y_name, xs_names = len(step.xs), step.y, step.xs
+        nx, y_name = len(step.xs), step.y
+        direct = self._gradient_direct(step)
 
         def run(inputs, env):
             y = env.get(y_name)
             if y is None:  # y not computed yet: re-evaluate the sub-graph
                 return self._run_gradient(step, inputs, env)
-            xs = inputs[:nx]
-            for n, x in zip(xs_names, xs):
+            return direct(inputs[:nx], inputs[nx:], y)
+        return run
+
+    def _gradient_direct(self, step):
+        """``run(xs, zs, y)``: the Gradient node's outputs when ``y`` was computed from these
+        very ``xs`` and ``zs`` in this pass (its forward pass is on the tape): one backward walk.
+        What ``_differentiate`` does, with the node's constants bound once."""
+        xs_names, y_name = step.xs, step.y
+        retain, create = self.retain_graph, step.differentiated
+        gradient, ones_like = ad.gradient, np.ones_like
+
+        def run(xs, zs, y):
+            for x in xs:
                 if x.data.dtype.kind != "f":
+                    n, x = next((n, x) for n, x in zip(xs_names, xs) if x.data.dtype.kind != "f")
                     raise TypeError(f"xs '{n}': expected a floating-point tensor, got "
                                     f"{x.data.dtype}")
-            return self._differentiate(step, y, xs, inputs[nx:])
+            yd = y.data
+            if yd.dtype.kind != "f":
+                raise TypeError(f"y '{y_name}': expected a floating-point tensor, got {yd.dtype}")
+            for z in zs:
+                if z._node is not None or z.requires_grad:
+                    break
+            else:  # no z is on the tape (feeds, constants): stopping at them changes nothing
+                zs = ()
+            grads = gradient(y, xs, zs, grad_output=None if yd.size == 1 else ones_like(yd),
+                             retain_graph=retain, create_graph=create, allow_unused=True)
+            for g in grads:
+                if g.__class__ is not Tensor:  # None (y does not depend on x) or IndexedSlices
+                    return _dense_gradients(xs, grads)
+            return grads
         return run
 
     def _differentiate(self, step, y, xs, zs):
@@ -446,14 +500,7 @@ class Graph:
             zs = ()
         grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
                             create_graph=step.differentiated, allow_unused=True)
-        out = []
-        for x, g in zip(xs, grads):
-            if g is None:
-                g = Tensor(np.zeros_like(x.data))
-            elif not isinstance(g, Tensor):  # an IndexedSlices
-                g = Tensor(g.to_dense())
-            out.append(g)
-        return out
+        return _dense_gradients(xs, grads)
 
     def _run_gradient(self, step, inputs, env):
         nx = len(step.xs)

@@ -60,18 +60,18 @@ class FeedChecker:
     def __init__(self, inputs, optional=()):
         self.declared = {vi.name: _declared(vi) for vi in inputs}
         self.required = [n for n in self.declared if n not in optional]
-        self._passed = ()  # ((name, dtype, shape), ...) of the last feeds that passed, in order
+        # (names, ((dtype, shape), ...)) of the last feeds that passed, in order
+        self._passed = (None, ())
 
     def _as_passed(self, feeds):
         """The feeds as Tensors when they have the names, order, dtypes and shapes of the last
         feeds that passed, every value an ndarray (the full check would pass again); else None."""
-        passed = self._passed
-        if len(feeds) != len(passed) or not passed:
+        names, specs = self._passed
+        if names is None or tuple(feeds) != names:
             return None
         out = {}
-        for (name, dtype, shape), (key, a) in zip(passed, feeds.items()):
-            if key != name or a.__class__ is not np.ndarray or a.dtype is not dtype \
-                    or a.shape != shape:
+        for (dtype, shape), (key, a) in zip(specs, feeds.items()):
+            if a.__class__ is not np.ndarray or a.dtype is not dtype or a.shape != shape:
                 return None
             out[key] = Tensor(a)
         return out
@@ -83,7 +83,7 @@ class FeedChecker:
         out = self._as_passed(feeds)
         if out is not None:
             return out
-        self._passed = ()
+        self._passed = (None, ())
         declared = self.declared
         missing = [n for n in self.required if n not in feeds]
         if missing:
@@ -106,7 +106,7 @@ class FeedChecker:
                     raise ValueError(f"feeds['{name}']: expected shape {shown}, got {a.shape}")
             out[name] = Tensor(a)
         if all(v.__class__ is np.ndarray for v in feeds.values()):
-            self._passed = tuple((name, a.dtype, a.shape) for name, a in feeds.items())
+            self._passed = (tuple(feeds), tuple((a.dtype, a.shape) for a in feeds.values()))
         return out
 
 

@@ -15,8 +15,10 @@ The per-step path.  The first step with a given set of outputs compiles its node
 (``Graph.compile``: callables and input getters resolved, attributes folded, intermediates
 dropped after their last use); the feed check has a fast path for feeds with the names, dtypes
 and shapes of the last ones that passed (anything else takes the full check); the Tensors around
-the state arrays are kept between steps (a binding or ``initialize()`` replaces them).  Every
-check a step makes is still made; only the work of deciding again what was decided is skipped.
+the state arrays are kept between steps (bindings write into the arrays, ``initialize()``
+replaces them).  Every check a step makes is still made; only the work of deciding again what
+was decided is skipped.  Each compiled step then runs as one generated Python function
+(``_codegen``): locals instead of an environment dict, one call per node.
 """
 import itertools
 import sys
@@ -27,6 +29,7 @@ from onnx import numpy_helper
 
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
+from ._codegen import generate_step
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
                      opsets)
@@ -94,7 +97,12 @@ class _Schedule:
     (``Graph.compile``) of the nodes before and of the in-place optimizer nodes run last, and
     the bindings to apply."""
 
-    __slots__ = ("wanted", "first", "last", "copied", "fresh")
+    __slots__ = ("wanted", "first", "last", "copied", "fresh", "run")
+
+
+def binding_error(key, value, new, old):
+    raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape {new.shape}, "
+                     f"but initializer '{key}' has {old.dtype} and {old.shape}")
 
 
 def _own(a, private):
@@ -163,7 +171,12 @@ class TrainingSession:
         self._tensors = {}
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
         self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
-        self._state_ids = None  # {id(array) of every initializer}, kept by _bind
+        self._state_ids = None  # {id(array) of every initializer}; initialize() resets it
+        # steps run as generated functions (``_codegen``); False: interpret the programs
+        self._codegen = True
+        # (feed names, generated step) of the last step with the default outputs and one
+        # algorithm fed as it is: the next such step goes straight to the generated function
+        self._fast_step = (None, None)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -180,7 +193,7 @@ class TrainingSession:
     def _env(self, plan, names):
         """Tensors around the state arrays (no copies); a tensor some Gradient differentiates
         is a leaf that requires gradients.  The Tensors are cached while their array stays the
-        same object (in-place updates keep it; a rebinding replaces it)."""
+        same object (in-place updates and bindings write into it; initialize() replaces it)."""
         state, leaves = self._state, plan.grad_names
         cache = self._tensors.setdefault(id(plan), {})
         env = {}
@@ -225,6 +238,10 @@ class TrainingSession:
         """One training step: every ``algorithm`` graph in order, each followed by its
         ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
         algorithm outputs bound to no initializer, e.g. the loss)."""
+        if output_names is None and feeds.__class__ is dict:
+            names, run = self._fast_step  # the step below decided once for these feed names
+            if names == tuple(feeds):
+                return run(feeds)
         if not self._algorithms:
             raise ValueError("model: it has no training_info, so there is nothing to step")
         if not isinstance(feeds, dict):
@@ -242,10 +259,22 @@ class TrainingSession:
             split = [None if alg.input_names.issuperset(names) else
                      [n for n in names if n in alg.input_names] for alg in self._algorithms]
             self._feed_split = (names, split)
-        results = {}
-        for alg, mine in zip(self._algorithms, split):
-            results.update(self._step_one(
-                alg, feeds if mine is None else {n: feeds[n] for n in mine}, wanted))
+        if len(split) == 1 and split[0] is None:  # one algorithm, fed as it is
+            alg = self._algorithms[0]
+            sched = alg.schedules.get(tuple(wanted))
+            if sched is None:
+                sched = self._schedule(alg, wanted)
+            if sched.run is None:
+                results = self._step_one(alg, feeds, wanted, interpreted=True)
+            else:
+                results = sched.run(feeds)
+                if output_names is None and len(sched.wanted) == len(wanted):
+                    self._fast_step = (names, sched.run)
+        else:
+            results = {}
+            for alg, mine in zip(self._algorithms, split):
+                results.update(self._step_one(
+                    alg, feeds if mine is None else {n: feeds[n] for n in mine}, wanted))
         if len(results) != len(wanted):
             missing = [n for n in wanted if n not in results]
             raise ValueError(f"output_names: {missing} are not tensors of the training graphs")
@@ -279,14 +308,16 @@ class TrainingSession:
             keep.update(n for k in last for n in plan.steps[k].inputs)
             sched.first = plan.compile([k for k in order if not plan.steps[k].inplace], keep)
             sched.last = plan.compile(last)
+            sched.run = generate_step(self, alg, sched) if self._codegen else None
             alg.schedules[key] = sched
         return sched
 
     def _state_env(self, alg):
         """A fresh environment holding a Tensor around every state array of ``alg``.
 
-        The Tensors are kept between steps (``alg.base_env``): in-place updates keep their
-        arrays, a binding replaces its entry (``_bind``), ``initialize()`` drops them all."""
+        The Tensors are kept between steps (``alg.base_env``): in-place updates and most bindings
+        write into their arrays, a binding of a fresh array replaces its entry (``_bind``),
+        ``initialize()`` replaces the arrays and drops them all."""
         base = alg.base_env
         if base is None:
             state, leaves = self._state, alg.plan.grad_names
@@ -295,8 +326,16 @@ class TrainingSession:
                 for n in alg.init_names}
         return dict(base)
 
-    def _bind(self, key, array):
-        """``initializer[key] = array`` (an update_binding), and every algorithm's Tensor of it."""
+    def _bind(self, key, array, private=False):
+        """``initializer[key] = array`` (an update_binding, whose dtype and shape were checked).
+
+        A copy is written into the initializer's own array, so every Tensor around it stays
+        valid.  A ``private`` array (a fresh output of a functional optimizer node, owned by
+        nobody else) takes the initializer's place instead of being copied; every algorithm's
+        Tensor of it and the set of state ids follow."""
+        if not private:
+            self._state[key][...] = array
+            return
         ids = self._state_ids
         if ids is not None:
             ids.discard(id(self._state[key]))
@@ -308,11 +347,22 @@ class TrainingSession:
                 base[key] = Tensor(array, requires_grad=key in alg.plan.grad_names
                                    and array.dtype.kind == "f")
 
-    def _step_one(self, alg, feeds, wanted):
+    def _state_array_ids(self):
+        """``{id(array)}`` of every initializer (to copy outputs that alias one)."""
+        ids = self._state_ids
+        if ids is None:
+            ids = self._state_ids = {id(a) for a in self._state.values()}
+        return ids
+
+    def _step_one(self, alg, feeds, wanted, interpreted=False):
+        """One algorithm's step: its generated function (``_codegen``) when there is one and
+        not ``interpreted``, else its programs run by ``Graph.run_program``."""
         plan = alg.plan
         sched = alg.schedules.get(tuple(wanted))
         if sched is None:
             sched = self._schedule(alg, wanted)
+        if sched.run is not None and not interpreted:
+            return sched.run(feeds)
         checked = alg.check_feeds(feeds)
         env = self._state_env(alg)
         if plan.grad_names.isdisjoint(checked):
@@ -330,16 +380,14 @@ class TrainingSession:
                 new = env[value].data
                 old = state[key]
                 if new.dtype != old.dtype or new.shape != old.shape:
-                    raise ValueError(f"update_binding: '{value}' has dtype {new.dtype} and shape "
-                                     f"{new.shape}, but initializer '{key}' has {old.dtype} and "
-                                     f"{old.shape}")
-                pending.append((key, _own(new, is_private)))
+                    binding_error(key, value, new, old)
+                pending.append((key, _own(new, is_private), is_private))
             result = {}
             if sched.wanted:
-                state_ids = self._state_ids
-                if state_ids is None:
-                    state_ids = self._state_ids = {id(a) for a in state.values()}
+                state_ids = self._state_array_ids()
                 for n in sched.wanted:
+                    if n in sched.fresh:  # not computed yet: reported after the update
+                        continue
                     a = env[n].data
                     result[n] = a.copy() if id(a) in state_ids else a
             plan.run_program(env, sched.last)  # the in-place optimizer updates, once nothing
@@ -347,8 +395,8 @@ class TrainingSession:
         finally:
             if previous is not None:
                 ad.set_grad_enabled(previous)
-        for key, new in pending:
-            self._bind(key, new)
+        for key, new, is_private in pending:
+            self._bind(key, new, is_private)
         for n in sched.fresh:  # outputs of in-place updates: report the new values
             result[n] = env[n].data.copy()
         return result
