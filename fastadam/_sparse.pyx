@@ -36,19 +36,23 @@ cdef extern from "fastadam/sparse.h":
                             const int64_t *offsets, Py_ssize_t s0, Py_ssize_t s1,
                             double *out) nogil
     void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
-                            Py_ssize_t row_size, const float *values, const int64_t *perm,
+                            Py_ssize_t row_size, const Py_ssize_t *stride,
+                            const float *values, const int64_t *perm,
                             const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
                             Py_ssize_t s1, float *gbuf, int64_t *last_step, int64_t t) nogil
     void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
-                            Py_ssize_t row_size, const double *values, const int64_t *perm,
+                            Py_ssize_t row_size, const Py_ssize_t *stride,
+                            const double *values, const int64_t *perm,
                             const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
                             Py_ssize_t s1, double *gbuf, int64_t *last_step, int64_t t) nogil
     void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
-                             Py_ssize_t row_size, const float *values, const int64_t *perm,
+                             Py_ssize_t row_size, const Py_ssize_t *stride,
+                             const float *values, const int64_t *perm,
                              const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
                              Py_ssize_t r0, Py_ssize_t r1, float *gbuf) nogil
     void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
-                             Py_ssize_t row_size, const double *values, const int64_t *perm,
+                             Py_ssize_t row_size, const Py_ssize_t *stride,
+                             const double *values, const int64_t *perm,
                              const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
                              Py_ssize_t r0, Py_ssize_t r1, double *gbuf) nogil
 
@@ -126,6 +130,26 @@ def sort_segments(cnp.ndarray indices, n_rows):
     return perm, rows[:nseg], offsets[:nseg + 1]
 
 
+def copy_increasing(cnp.ndarray indices):
+    """(copy, at): an int64 copy of validated 1-D contiguous int32/int64 indices, and the first
+    position at that does not strictly increase (-1 when they all do), found in the same pass.
+    The sparse steps' check of ``indices_sorted_unique=True``."""
+    cdef Py_ssize_t k = indices.shape[0], j, at = -1
+    cdef cnp.ndarray out = np.empty(k, dtype=np.int64)
+    cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(out)
+    cdef const int32_t *p32 = <const int32_t *>cnp.PyArray_DATA(indices)
+    cdef const int64_t *p64 = <const int64_t *>cnp.PyArray_DATA(indices)
+    cdef bint wide = cnp.PyArray_TYPE(indices) != cnp.NPY_INT32
+    with nogil:
+        for j in range(k):
+            po[j] = p64[j] if wide else p32[j]
+        for j in range(1, k):
+            if po[j] <= po[j - 1]:
+                at = j
+                break
+    return out, at
+
+
 def _sort_segments_numpy(indices):
     perm = np.argsort(indices, kind="stable").astype(np.int64, copy=False)
     keys = indices[perm].astype(np.int64, copy=False)
@@ -197,6 +221,7 @@ cdef struct Job:
     int64_t *last_step
     int64_t t
     Py_ssize_t row_size
+    Py_ssize_t stride[3]  # row strides of x, st0, st1, in elements
     Py_ssize_t gbuf_stride
     Py_ssize_t nseg
 
@@ -208,28 +233,32 @@ cdef inline void run_part(Job *j, Py_ssize_t a, Py_ssize_t b, int tid) noexcept 
     if j.typenum == cnp.NPY_FLOAT:
         if j.mode == 1:
             fa_sparse_dense_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
-                                j.row_size, <const float *>j.values, j.perm, j.offsets, j.rows,
-                                j.nseg, a, b, <float *>gbuf)
+                                j.row_size, j.stride, <const float *>j.values, j.perm,
+                                j.offsets, j.rows, j.nseg, a, b, <float *>gbuf)
         else:
             fa_sparse_rows_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
-                               j.row_size, <const float *>j.values, j.perm, j.offsets, j.rows,
-                               a, b, <float *>gbuf, j.last_step, j.t)
+                               j.row_size, j.stride, <const float *>j.values, j.perm,
+                               j.offsets, j.rows, a, b, <float *>gbuf, j.last_step, j.t)
     else:
         if j.mode == 1:
             fa_sparse_dense_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
-                                <double *>j.st1, j.row_size, <const double *>j.values, j.perm,
-                                j.offsets, j.rows, j.nseg, a, b, <double *>gbuf)
+                                <double *>j.st1, j.row_size, j.stride,
+                                <const double *>j.values, j.perm, j.offsets, j.rows, j.nseg,
+                                a, b, <double *>gbuf)
         else:
             fa_sparse_rows_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
-                               <double *>j.st1, j.row_size, <const double *>j.values, j.perm,
-                               j.offsets, j.rows, a, b, <double *>gbuf, j.last_step, j.t)
+                               <double *>j.st1, j.row_size, j.stride,
+                               <const double *>j.values, j.perm, j.offsets, j.rows, a, b,
+                               <double *>gbuf, j.last_step, j.t)
 
 
 def sparse_step(Coefficients coeffs, cnp.ndarray x, list slots, cnp.ndarray values,
                 cnp.ndarray perm, cnp.ndarray rows, cnp.ndarray offsets, str mode, last_step,
                 long long t, int num_threads):
     """One sparse step of the optimizer `coeffs` describes, on validated (n_rows, row_size)
-    x and state slots (1 or 2 arrays like x) and (k, row_size) values."""
+    x and state slots (1 or 2 arrays like x) and (k, row_size) values.  The rows of x and of
+    the slots are contiguous; their row strides may exceed row_size (blocks of a wider table,
+    checked by the caller)."""
     cdef Job j
     j.typenum = cnp.PyArray_TYPE(x)
     j.mode = MODES[mode]
@@ -245,6 +274,11 @@ def sparse_step(Coefficients coeffs, cnp.ndarray x, list slots, cnp.ndarray valu
     j.last_step = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>last_step) if j.mode == 2 else NULL
     j.t = t
     j.row_size = x.shape[1]
+    cdef Py_ssize_t itemsize = x.itemsize, q
+    for q, table in enumerate([x] + slots):
+        j.stride[q] = (<cnp.ndarray>table).strides[0] // itemsize
+    if len(slots) < 2:
+        j.stride[2] = j.row_size
     j.nseg = rows.shape[0]
     cdef Py_ssize_t n_rows = x.shape[0], k = values.shape[0], nparts, p, rows_per_chunk
     cdef int nt = num_threads

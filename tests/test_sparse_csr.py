@@ -44,7 +44,7 @@ def _repeated_rows(X, dz):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("canonical", [True, False])
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 3, 4, 8])
 def test_csr_transpose_dot_equals_segment_sum_bit_for_bit(rng, dtype, index_dtype, canonical, k):
     X = _csr(rng, dtype=dtype, index_dtype=index_dtype, canonical=canonical)
     dz = rng.standard_normal((X.shape[0], k)).astype(dtype)
@@ -211,6 +211,22 @@ def test_sorted_unique_rejects_an_unsorted_csr_gradient(rng):
                                      indices_sorted_unique=True)
 
 
+@pytest.mark.parametrize("layout", ["int32", "int64", "big-endian", "strided", "uint32"])
+def test_sorted_unique_check_for_every_index_layout(layout):
+    """The one-pass check (native contiguous int32/int64) and the NumPy one (anything else)
+    accept the same increasing indices and name the same first bad position."""
+    good = np.array([0, 2, 3, 7, 9])
+    bad = np.array([0, 2, 2, 7, 9])
+    make = {"int32": lambda a: a.astype(np.int32), "int64": lambda a: a.astype(np.int64),
+            "big-endian": lambda a: a.astype(">i8"),
+            "strided": lambda a: np.repeat(a, 2)[::2],
+            "uint32": lambda a: a.astype(np.uint32)}[layout]
+    want = _step(good)
+    np.testing.assert_array_equal(_step(make(good), indices_sorted_unique=True), want)
+    with pytest.raises(ValueError, match="position 2 holds 2 after 2"):
+        _step(make(bad), indices_sorted_unique=True)
+
+
 # ---- csr_transpose_dot's errors (one per message) -------------------------------------------
 
 def test_csr_transpose_dot_rejects_a_dense_X():
@@ -271,3 +287,39 @@ def test_wide_matrix_ordering_fallback_gives_the_same_result(rng, monkeypatch):
     wide = csr_transpose_dot(X, dz)
     np.testing.assert_array_equal(packed.indices, wide.indices)
     assert packed.values.tobytes() == wide.values.tobytes()
+
+
+def test_a_walk_over_more_entries_than_its_slot_table_holds_is_rejected(rng, monkeypatch):
+    """The hash table holds int32 slots: more stored entries in one walk raise a ValueError
+    (the limit, 2**31 - 1, is lowered here to test the message)."""
+    from fastadam.sparse import _csr as csr_kernels
+    monkeypatch.setattr(csr_kernels, "SLOT_LIMIT", 5)
+    X = sp.csr_matrix(np.ones((2, 4)))
+    with pytest.raises(ValueError, match="the rows hold 8 stored entries; at most 5 per call"):
+        csr_transpose_dot(X, np.ones((2, 3)))
+    monkeypatch.setattr(csr_kernels, "SLOT_LIMIT", 8)
+    np.testing.assert_array_equal(csr_transpose_dot(X, np.ones((2, 3))).values, 2 * np.ones((4, 3)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 3, 4, 5])
+@pytest.mark.parametrize("lookup", ["column map", "hash table"])
+def test_batch_walk_product_equals_scipy_bit_for_bit(rng, dtype, k, lookup, monkeypatch):
+    """dot_and_columns' forward product z = X[rows] @ W (k == 4 keeps a row's sums in
+    registers) against SciPy's product of the gathered rows, and its columns / entry ranks
+    against np.unique, with either slot lookup (the direct column map is left all -1)."""
+    from fastadam.sparse import _csr as csr_kernels
+    monkeypatch.setattr(csr_kernels, "DIRECT_MAP_RATIO", 10**6 if lookup == "column map" else 0)
+    from fastadam.sparse._api import check_csr_structure
+    X = _csr(rng, n=60, n_cols=500, density=0.05, dtype=dtype, canonical=False)
+    W = rng.standard_normal((500, k)).astype(dtype)
+    rows = rng.permutation(60)[:45].astype(np.int64)
+    indptr, cols, data = check_csr_structure(X, "X")
+    z = np.empty((45, k), dtype=dtype)
+    touched, rank = csr_kernels.dot_and_columns(indptr, cols, data, rows, 500, W, z)
+    assert z.tobytes() == np.asarray(X[rows] @ W).astype(dtype).tobytes()
+    walked = np.concatenate([X.indices[X.indptr[r]:X.indptr[r + 1]] for r in rows])
+    np.testing.assert_array_equal(touched, np.unique(walked))
+    np.testing.assert_array_equal(touched[rank], walked)
+    if lookup == "column map":
+        assert np.all(csr_kernels._maps.map == -1)

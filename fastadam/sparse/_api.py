@@ -8,6 +8,7 @@ Indices are copied once into a private buffer before they are range-checked: the
 only that copy, so another thread changing the caller's array mid-call cannot make them read
 out of bounds.
 """
+import math
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -24,6 +25,7 @@ from ._indexed_slices import IndexedSlices
 
 MODES = ("lazy", "dense", "catchup")
 _VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native byte order
 
 
 def segment_sum(indices: np.ndarray, values: np.ndarray, *,
@@ -99,7 +101,7 @@ def csr_transpose_dot(X: Any, dz: np.ndarray) -> IndexedSlices:
     column ``j = indices[s]``, added in storage order (row by row, then in each row's order).
     That is bit for bit ``segment_sum(X.indices, X.data[:, None] * dz[row_of_each_entry])``,
     the sum ``sparse_step_inplace`` would compute from the repeated indices, but found without a
-    sort: O(nnz(X) x dz.shape[1] + u log u) for u distinct columns, independent of
+    sort: O(nnz(X) x dz.shape[1] + u) for u distinct columns, independent of
     ``X.shape[1]``.  Explicitly stored zeros count as touched columns; duplicate entries are
     summed in storage order.  Single-threaded.
 
@@ -266,7 +268,11 @@ def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, 
     x, m, v : ndarray
         Parameters and moments: C-contiguous, writable, float32 or float64, one shape (rank >= 1;
         rows are the first axis; 2-D for a CSR gradient), not overlapping each other nor the
-        gradient.  Updated in place.
+        gradient.  Updated in place.  With an IndexedSlices or (indices, values) gradient, an
+        array of rank >= 2 may also be row-strided: C-contiguous rows, at least a row apart, as
+        a block of columns of a wider table (``buf[:, 0:4]``, ``buf[:, 4:8]``, ... keep a
+        row's parameters and moments side by side); blocks of one buffer may interleave but
+        not overlap.  The same holds for the Adagrad and momentum sparse steps.
     grad : IndexedSlices, (indices, values) pair, or SciPy CSR matrix/array
         ``indices``: 1-D int32 or int64, unsorted, duplicates allowed, each in
         ``[0, x.shape[0])``; **negative indices are rejected** (IndexError: there is no
@@ -378,7 +384,7 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
                      indices_sorted_unique):
     nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
 
-    x = check_array(x, "x", -1, None, True)
+    x = _check_table(x, "x", -1, None)
     if x.ndim < 1:
         raise ValueError("x: expected at least one dimension (rows are the first axis), "
                          "got a 0-d array")
@@ -386,9 +392,13 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
     typenum = x.dtype.num
     check_compute_dtype(coeffs, typenum)
-    slot_arrays = [check_array(a, name, typenum, x.shape, True) for name, a in slots]
+    slot_arrays = [_check_table(a, name, typenum, x.shape) for name, a in slots]
+    strided = not all(a.flags.c_contiguous for a in [x] + slot_arrays)
 
     indices, values, element_wise = _gradient_rows(x, grad)
+    if element_wise and strided:
+        raise ValueError("grad: a CSR gradient (element-wise indices) needs C-contiguous x and "
+                         "state arrays, got row-strided ones")
     caller_indices = indices  # checked for overlap below; the kernels read a private copy
     if element_wise:
         n_rows, row_shape, rows_shape = x.size, (), x.shape
@@ -417,7 +427,10 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         groups.append(("indices", [caller_indices], False))
     if mode == "catchup":
         groups.append(("last_step", [last_step], True))
-    check_disjoint(groups, True)
+    if strided:
+        _check_disjoint_strided(groups)
+    else:
+        check_disjoint(groups, True)
 
     if indices_sorted_unique:  # one segment per index, in the given order
         perm, rows, offsets = _identity(indices.shape[0]), indices, _identity(indices.shape[0] + 1)
@@ -430,12 +443,61 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
             raise ValueError(f"last_step: expected 0 <= last_step < t={t} for every touched "
                              f"row, got {bad}")
 
-    row_size = int(np.prod(row_shape, dtype=np.int64))
+    row_size = math.prod(row_shape)  # Python ints: no overflow, no NumPy call
     args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
             values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)
     work = (n_rows if mode == "dense" else values.shape[0]) * row_size
     _threaded(_sparse.sparse_step, args, work, nt, KIND_SPARSE_STEP[mode])
+
+
+def _check_table(a, name, typenum, shape):
+    """x or a state array of a sparse step: written in place, C-contiguous, or (at least 2-D)
+    with C-contiguous rows whose stride along the first axis may exceed the row (a block of
+    columns of a wider table, e.g. x, m and v interleaved in one buffer)."""
+    if not isinstance(a, np.ndarray) or a.ndim < 2 or a.flags.c_contiguous:
+        return check_array(a, name, typenum, shape, True)
+    check_array(a, name, typenum, shape, True, contiguous=False)
+    row_bytes = a.itemsize * math.prod(a.shape[1:])
+    stride = a.strides[0]
+    if not a[:1].flags.c_contiguous or (a.shape[0] > 1 and (
+            stride < row_bytes or stride % a.itemsize)):
+        raise ValueError(f"{name}: expected a C-contiguous array, or one whose rows are "
+                         f"C-contiguous and at least a row apart (a row stride larger than the "
+                         f"row is fine), got shape {a.shape} and strides {a.strides}")
+    return a
+
+
+def _table_extent(a):
+    """(first byte, end byte, row stride, row bytes) of an array; one 'row' when contiguous."""
+    lo = a.__array_interface__["data"][0]
+    if a.flags.c_contiguous or a.ndim < 2 or a.shape[0] < 2:
+        return lo, lo + a.nbytes, 0, a.nbytes
+    row_bytes = a.nbytes // a.shape[0]
+    return lo, lo + (a.shape[0] - 1) * a.strides[0] + row_bytes, a.strides[0], row_bytes
+
+
+def _check_disjoint_strided(groups):
+    """check_disjoint for a step with row-strided tables: two arrays may share memory only if
+    neither is written.  Arrays whose byte ranges interleave are disjoint when they have one
+    row stride S and their rows occupy disjoint offsets modulo S (x, m, v as column blocks of
+    one buffer); any other interleaving counts as an overlap."""
+    items = [(name, a, written) for name, arrays, written in groups for a in arrays
+             if a.nbytes]
+    extents = [_table_extent(a) for _, a, _ in items]
+    for i in range(len(items)):
+        for j in range(i + 1, len(items)):
+            if not (items[i][2] or items[j][2]):
+                continue
+            (lo_a, hi_a, sa, wa), (lo_b, hi_b, sb, wb) = extents[i], extents[j]
+            if hi_a <= lo_b or hi_b <= lo_a:
+                continue
+            if sa and sa == sb:
+                d = (lo_b - lo_a) % sa
+                if wa <= d and d + wb <= sa:
+                    continue
+            raise ValueError(f"{items[i][0]} and {items[j][0]} share memory; arrays that are "
+                             f"updated in place must not overlap each other or the gradient")
 
 
 def _check_sorted_unique(indices, name, n_rows):
@@ -448,14 +510,16 @@ def _check_sorted_unique(indices, name, n_rows):
         raise TypeError(f"{name}: expected int32 or int64 indices, got {indices.dtype}")
     if indices.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {indices.shape}")
-    idx = np.array(indices, dtype=np.int64, order="C", copy=True)
-    if idx.size > 1:
+    if indices.dtype in _KERNEL_INDEX_TYPES and indices.flags.c_contiguous:
+        idx, at = _sparse.copy_increasing(indices)  # one pass: copy and order check
+    else:
+        idx = np.array(indices, dtype=np.int64, order="C", copy=True)
         steps = idx[1:] > idx[:-1]
-        if not steps.all():
-            at = int(np.argmin(steps)) + 1
-            raise ValueError(f"{name}: indices_sorted_unique=True needs strictly increasing "
-                             f"indices, but position {at} holds {int(idx[at])} after "
-                             f"{int(idx[at - 1])}")
+        at = int(np.argmin(steps)) + 1 if idx.size > 1 and not steps.all() else -1
+    if at >= 0:
+        raise ValueError(f"{name}: indices_sorted_unique=True needs strictly increasing "
+                         f"indices, but position {at} holds {int(idx[at])} after "
+                         f"{int(idx[at - 1])}")
     if idx.size:
         if idx[0] < 0:
             raise IndexError(f"{name}: negative index {int(idx[0])}; negative indices are not "

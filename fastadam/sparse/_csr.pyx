@@ -5,8 +5,10 @@ The kernels walk a list of the matrix's rows (``batch_rows``, in that order), so
 mini-batch is read in place, without gathering a new CSR matrix.  Two calls per batch:
 
 - ``dot_and_columns`` (``columns`` without the product): one walk that finds the distinct
-  columns the rows touch (a hash table sized to the batch, at most half full, so neither the
-  cost nor the memory depends on the number of columns), sorts them (``cols``), records for every stored entry the position of its column in ``cols``
+  columns the rows touch (int32 slots in a direct column map for matrices not much wider
+  than the batch, else in a hash table sized to the batch, at most half full, so neither the
+  cost nor the memory depends on the number of columns), sorts them with an
+  LSD radix sort (``cols``), records for every stored entry the position of its column in ``cols``
   (``entry_rank``), and, in the same walk, computes the forward product
   ``z[i] = sum_p data[p] * W[indices[p]]`` over row ``batch_rows[i]``'s entries in storage
   order (scipy's ``csr_matvecs`` order);
@@ -15,15 +17,18 @@ mini-batch is read in place, without gathering a new CSR matrix.  Two calls per 
   rounding of ``segment_sum(indices, data[:, None] * dz[row_of_entry])`` (a stable sort keeps
   the original order in each segment), without the sort.
 
-Cost O(nnz x K + u log u) for u distinct columns.  Arguments arrive validated
+Cost O(nnz x K + u) for u distinct columns.  Arguments arrive validated
 (fastadam/sparse/_api.py checks the CSR structure, index range and dtypes; fastadam/sklearn
 checks a training matrix once per fit).  ``-ffp-contract=off`` (setup.py) keeps ``a + b * c``
 as two roundings, as NumPy computes it.  Written directly in Cython (typed pointer loops): the
 kernels are a few lines each and have no SIMD or dispatch to share with include/fastadam.
 """
+import threading
+
 import numpy as np
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memset
 
 cnp.import_array()
 
@@ -34,6 +39,7 @@ cdef extern from *:
 # entries).  Batch rows are random rows of the matrix, so each costs cache misses otherwise.
 cdef enum:
     AHEAD = 4
+    RADIX_BITS = 11  # digits of the sort of a batch's distinct columns (2**11 counters: L1)
 
 ctypedef fused index_t:
     int32_t
@@ -47,6 +53,26 @@ ctypedef fused real_t:
 # fewer than 2**32 distinct columns per batch, implied by the walk's int64 sizes staying far
 # below that) sort as one uint64 array; wider matrices use a stable argsort instead.
 PACK_LIMIT = 1 << 31
+# A walk finds each column's slot in a direct column -> slot map (one int32 per column, kept
+# per thread and reset after each walk) when the matrix has at most DIRECT_MAP_RATIO times as
+# many columns as the hash table would have positions, else in the hash table: the map costs
+# one load per entry, but for wide matrices it is a large table read at random.
+DIRECT_MAP_RATIO = 4
+_maps = threading.local()
+
+
+cdef cnp.ndarray _column_map(Py_ssize_t n_cols):
+    """This thread's int32 map of at least n_cols entries, every entry -1."""
+    cdef cnp.ndarray m = getattr(_maps, "map", None)
+    if m is None or m.shape[0] < n_cols:
+        m = np.full(n_cols, -1, dtype=np.int32)
+        _maps.map = m
+    return m
+
+
+# The hash table holds int32 slots (a quarter of the cache lines of (column, slot) int64
+# pairs), so one walk may hold at most 2**31 - 1 stored entries.
+SLOT_LIMIT = (1 << 31) - 1
 
 
 cdef int _table_bits(Py_ssize_t total):
@@ -75,30 +101,87 @@ def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
     cdef cnp.ndarray first = np.empty(total, dtype=np.int64)
     cdef int64_t *pfirst = <int64_t *>cnp.PyArray_DATA(first)
     cdef int64_t *prank = <int64_t *>cnp.PyArray_DATA(entry_rank)
+    if total > SLOT_LIMIT:
+        raise ValueError(f"the rows hold {total} stored entries; at most {SLOT_LIMIT} per call "
+                         f"(pass fewer rows at a time)")
     cdef int bits = _table_bits(total)
     cdef Py_ssize_t cap = <Py_ssize_t>1 << bits
-    cdef cnp.ndarray table = np.full(2 * cap, -1, dtype=np.int64)  # (column, slot) pairs
+    cdef bint direct = n_cols <= DIRECT_MAP_RATIO * cap
+    cdef cnp.ndarray table
+    if direct:  # this thread's column -> slot map (all -1 between calls)
+        table = _column_map(n_cols)
+    else:
+        table = np.full(cap, -1, dtype=np.int32)  # hash positions -> slots
+    cdef int32_t *ptable = <int32_t *>cnp.PyArray_DATA(table)
     cdef int shift = 64 - bits
     with nogil:
         u = _walk(&indptr[0], &indices[0], &data[0], &batch_rows[0], n,
-                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k,
-                  <int64_t *>cnp.PyArray_DATA(table), cap - 1, shift, pfirst, prank)
+                  &w[0, 0] if k else NULL, &z[0, 0] if k else NULL, k, direct,
+                  ptable, cap - 1, shift, pfirst, prank)
+        if direct:
+            for i in range(u):
+                ptable[pfirst[i]] = -1
     seen = first[:u]
-    rank_of_first = np.empty(u, dtype=np.int64)
-    if n_cols <= PACK_LIMIT:  # one sort of (column, slot) keys
-        keys = np.sort((seen.astype(np.uint64) << np.uint64(32)) | np.arange(u, dtype=np.uint64))
-        cols = (keys >> np.uint64(32)).astype(np.int64)
-        rank_of_first[(keys & np.uint64(0xFFFFFFFF)).astype(np.int64)] = np.arange(u)
+    cdef cnp.ndarray cols
+    cdef cnp.ndarray rank_of_first = np.empty(u, dtype=np.int64)
+    cdef int64_t *pr = <int64_t *>cnp.PyArray_DATA(rank_of_first)
+    cdef cnp.ndarray keys, spare, count
+    cdef int key_bits
+    cdef Py_ssize_t e
+    if n_cols <= PACK_LIMIT:  # an LSD radix sort of (column << 32 | slot) keys, in C loops
+        keys = np.empty(u, dtype=np.uint64)
+        spare = np.empty(u, dtype=np.uint64)
+        count = np.empty(1 << RADIX_BITS, dtype=np.intp)
+        cols = np.empty(u, dtype=np.int64)
+        key_bits = int(max(n_cols - 1, 1)).bit_length()
+        with nogil:
+            _sort_first_columns(pfirst, u, key_bits, <uint64_t *>cnp.PyArray_DATA(keys),
+                                <uint64_t *>cnp.PyArray_DATA(spare),
+                                <Py_ssize_t *>cnp.PyArray_DATA(count),
+                                <int64_t *>cnp.PyArray_DATA(cols), pr)
     else:
         order = np.argsort(seen, kind="stable")
         cols = seen[order]
         rank_of_first[order] = np.arange(u)
-    cdef int64_t *pr = <int64_t *>cnp.PyArray_DATA(rank_of_first)
-    cdef Py_ssize_t e
     with nogil:
         for e in range(total):
             prank[e] = pr[prank[e]]
     return cols, entry_rank
+
+
+cdef void _sort_first_columns(const int64_t *first, Py_ssize_t u, int key_bits, uint64_t *a,
+                              uint64_t *b, Py_ssize_t *count, int64_t *cols,
+                              int64_t *rank_of_first) noexcept nogil:
+    """cols = the u distinct columns first[0:u] (each < 2**key_bits <= 2**31) in increasing
+    order, and rank_of_first[slot] = the position of first[slot] in cols: a stable LSD radix
+    sort of the keys (column << 32 | slot) on their column bits, RADIX_BITS per pass (a and b
+    are u-long scratch buffers, count 2**RADIX_BITS counters)."""
+    cdef Py_ssize_t i, run, c
+    cdef int shift = 32
+    cdef uint64_t d, mask = (1 << RADIX_BITS) - 1
+    cdef uint64_t *t
+    for i in range(u):
+        a[i] = (<uint64_t>first[i] << 32) | <uint64_t>i
+    while shift < 32 + key_bits:
+        memset(count, 0, (1 << RADIX_BITS) * sizeof(Py_ssize_t))
+        for i in range(u):
+            count[(a[i] >> shift) & mask] += 1
+        run = 0
+        for i in range(1 << RADIX_BITS):
+            c = count[i]
+            count[i] = run
+            run += c
+        for i in range(u):
+            d = (a[i] >> shift) & mask
+            b[count[d]] = a[i]
+            count[d] += 1
+        t = a
+        a = b
+        b = t
+        shift += RADIX_BITS
+    for i in range(u):
+        cols[i] = <int64_t>(a[i] >> 32)
+        rank_of_first[<uint32_t>a[i]] = i  # the low 32 bits: the slot
 
 
 def columns(const index_t[::1] indptr, const index_t[::1] indices, const real_t[::1] data,
@@ -110,26 +193,29 @@ def columns(const index_t[::1] indptr, const index_t[::1] indices, const real_t[
     return dot_and_columns(indptr, indices, data, batch_rows, n_cols, none, none)
 
 
-cdef inline Py_ssize_t _probe(const int64_t *table, int64_t mask, int shift,
-                             int64_t c) noexcept nogil:
-    """The table position holding column c, or the empty one where it goes (linear probing
-    from a Fibonacci hash of c)."""
+cdef inline Py_ssize_t _probe(const int32_t *table, const int64_t *first, int64_t mask,
+                             int shift, int64_t c) noexcept nogil:
+    """The table position whose slot holds column c (first[slot] == c), or the empty one (-1)
+    where it goes (linear probing from a Fibonacci hash of c)."""
     cdef int64_t h = <int64_t>((<uint64_t>c * <uint64_t>0x9E3779B97F4A7C15ULL) >> shift)
-    while table[2 * h] != c and table[2 * h] != -1:
+    while table[h] != -1 and first[table[h]] != c:
         h = (h + 1) & mask
     return h
 
 
 cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_t *data,
                       const int64_t *batch_rows, Py_ssize_t n, const real_t *w, real_t *z,
-                      Py_ssize_t k, int64_t *table, int64_t mask, int shift, int64_t *first,
-                      int64_t *entry_slot) noexcept nogil:
+                      Py_ssize_t k, bint direct, int32_t *table, int64_t mask, int shift,
+                      int64_t *first, int64_t *entry_slot) noexcept nogil:
     """The distinct columns in order of first appearance (first[0:u]), each entry's
-    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table is
-    a (column, slot) hash table of at least twice as many pairs as there are entries."""
+    first-appearance slot, and (k > 0) the forward product z = X[batch_rows] @ w.  table
+    holds int32 slots (-1: empty): indexed by column when direct, else a hash table with at
+    least twice as many positions as there are entries.  With k == 4 (four classes) a row's sums stay in registers; the additions
+    and their order are the same."""
     cdef Py_ssize_t i, j, u = 0, e = 0, h
-    cdef int64_t p, r, c
-    cdef real_t a
+    cdef int64_t p, r, c, end
+    cdef int32_t slot
+    cdef real_t a, z0, z1, z2, z3
     cdef real_t *row = z
     cdef const real_t *src
     for i in range(n):
@@ -142,23 +228,41 @@ cdef Py_ssize_t _walk(const index_t *indptr, const index_t *indices, const real_
             __builtin_prefetch(&data[p])
         if k:
             row = z + i * k
+        z0 = z1 = z2 = z3 = 0
+        if k != 4:
             for j in range(k):
                 row[j] = 0
-        for p in range(indptr[r], indptr[r + 1]):
+        end = indptr[r + 1]
+        for p in range(indptr[r], end):
             c = indices[p]
-            h = _probe(table, mask, shift, c)
-            if table[2 * h] == -1:
-                table[2 * h] = c
-                table[2 * h + 1] = u
+            if k and p + AHEAD < end:  # the weight rows are random rows of w
+                __builtin_prefetch(w + indices[p + AHEAD] * k)
+            h = c if direct else _probe(table, first, mask, shift, c)
+            slot = table[h]
+            if slot == -1:
+                slot = <int32_t>u
+                table[h] = slot
                 first[u] = c
                 u += 1
-            entry_slot[e] = table[2 * h + 1]
+            entry_slot[e] = slot
             e += 1
-            if k:
+            if k == 4:
+                a = data[p]
+                src = w + c * 4
+                z0 = z0 + a * src[0]
+                z1 = z1 + a * src[1]
+                z2 = z2 + a * src[2]
+                z3 = z3 + a * src[3]
+            elif k:
                 a = data[p]
                 src = w + c * k
                 for j in range(k):
                     row[j] = row[j] + a * src[j]
+        if k == 4:
+            row[0] = z0
+            row[1] = z1
+            row[2] = z2
+            row[3] = z3
     return u
 
 
@@ -180,12 +284,23 @@ cdef void _sum_rows(const index_t *indptr, const real_t *data, const int64_t *ba
                     real_t *out) noexcept nogil:
     cdef Py_ssize_t i, j, e = 0
     cdef int64_t p, r
-    cdef real_t a
+    cdef real_t a, g0, g1, g2, g3
     cdef real_t *dst
     cdef const real_t *g
     for i in range(n):
         r = batch_rows[i]
         g = dz + i * k
+        if k == 4:  # the row of dz in registers (same products and sums)
+            g0, g1, g2, g3 = g[0], g[1], g[2], g[3]
+            for p in range(indptr[r], indptr[r + 1]):
+                dst = out + entry_rank[e] * 4
+                e += 1
+                a = data[p]
+                dst[0] = dst[0] + a * g0
+                dst[1] = dst[1] + a * g1
+                dst[2] = dst[2] + a * g2
+                dst[3] = dst[3] + a * g3
+            continue
         for p in range(indptr[r], indptr[r + 1]):
             dst = out + entry_rank[e] * k
             e += 1

@@ -81,36 +81,43 @@ void fa_segment_sum_f64(const double *values, ptrdiff_t row_size, const int64_t 
  * float64, rounded to the dtype), which bounds the cost per row and agrees with dense mode to a
  * few ulps.
  *   kind, coeffs  IN                    the optimizer (FA_OPT_*) and its coefficient struct
- *   x, st0, st1   IN/OUT n_rows x row_size  only rows rows[s0..s1) are read or written
+ *   x, st0, st1   IN/OUT n_rows rows of row_size contiguous elements; only rows rows[s0..s1) are
+ *                        read or written
+ *   stride        IN     3  row strides (in elements, each >= row_size) of x, st0, st1: row r
+ *                        of x starts at x + r * stride[0].  Packed tables have stride row_size;
+ *                        a larger one reads a block of a wider table (several states
+ *                        interleaved in one buffer, so a touched row is one or two cache lines)
  *   values, perm, offsets, rows  IN     gradient and segment tables (rows unique, sorted)
  *   gbuf          OUT    row_size       scratch, private to the calling thread
  *   last_step     IN/OUT n_rows         catchup only (else NULL); entries rows[s0..s1)
  *   t             IN                    this step's number (catchup only)
- * Preconditions: x, the slots, values, gbuf do not overlap; rows[s] < n_rows; in catchup mode
+ * Preconditions: the elements of x, the slots, values, gbuf do not overlap (interleaved rows
+ * of one buffer are fine); rows[s] < n_rows; in catchup mode
  * 0 <= last_step[rows[s]] < t (checked by the caller).
  * O((offsets[s1] - offsets[s0] + s1 - s0) * row_size).  Disjoint [s0, s1) may run at once. */
 void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
-                        ptrdiff_t row_size, const float *values, const int64_t *perm,
-                        const int64_t *offsets, const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1,
-                        float *gbuf, int64_t *last_step, int64_t t);
+                        ptrdiff_t row_size, const ptrdiff_t *stride, const float *values,
+                        const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                        ptrdiff_t s0, ptrdiff_t s1, float *gbuf, int64_t *last_step, int64_t t);
 void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
-                        ptrdiff_t row_size, const double *values, const int64_t *perm,
-                        const int64_t *offsets, const int64_t *rows, ptrdiff_t s0, ptrdiff_t s1,
-                        double *gbuf, int64_t *last_step, int64_t t);
+                        ptrdiff_t row_size, const ptrdiff_t *stride, const double *values,
+                        const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                        ptrdiff_t s0, ptrdiff_t s1, double *gbuf, int64_t *last_step, int64_t t);
 
 /* fa_sparse_dense_<dtype>: dense-decay mode (TensorFlow 1's sparse Adam) on table rows
  * [r0, r1): every row is updated, with g = its segment sum when touched and +0 otherwise.
- * Runs of untouched rows are one contiguous loop that never reads a gradient.
+ * Runs of untouched rows are one contiguous loop that never reads a gradient (row by row when
+ * a table is strided).
  *   arguments as fa_sparse_rows, plus nseg (segments in the tables), r0, r1 (table rows)
  * O((r1 - r0) * row_size + log(nseg) + the touched rows' gradient rows).  Disjoint [r0, r1)
  * may run at once. */
 void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
-                         ptrdiff_t row_size, const float *values, const int64_t *perm,
-                         const int64_t *offsets, const int64_t *rows, ptrdiff_t nseg,
-                         ptrdiff_t r0, ptrdiff_t r1, float *gbuf);
+                         ptrdiff_t row_size, const ptrdiff_t *stride, const float *values,
+                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                         ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, float *gbuf);
 void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
-                         ptrdiff_t row_size, const double *values, const int64_t *perm,
-                         const int64_t *offsets, const int64_t *rows, ptrdiff_t nseg,
-                         ptrdiff_t r0, ptrdiff_t r1, double *gbuf);
+                         ptrdiff_t row_size, const ptrdiff_t *stride, const double *values,
+                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
+                         ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, double *gbuf);
 
 #endif /* FASTADAM_SPARSE_H */

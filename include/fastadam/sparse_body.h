@@ -98,44 +98,50 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
                            offsets[s1]);
 }
 
-/* Lazy and catchup share one loop over segments; KIND, FLAGS and CATCHUP are constants here. */
+/* Lazy and catchup share one loop over segments; KIND, FLAGS, CATCHUP and ROW are constants
+ * here.  ROW > 0 is the row length known at compile time (short rows: the loops over a row
+ * become a few whole vectors instead of a scalar remainder of the dispatch width's loop); 0
+ * means row_size. */
 static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
     const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,
-    ptrdiff_t row_size, const FA_S *restrict values, const int64_t *restrict perm,
-    const int64_t *restrict offsets, const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-    FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t, const int KIND,
-    const int FLAGS, const int CATCHUP)
+    ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,
+    const int64_t *restrict perm, const int64_t *restrict offsets, const int64_t *restrict rows,
+    ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t,
+    const int KIND, const int FLAGS, const int CATCHUP, const ptrdiff_t ROW)
 {
+    if (ROW) row_size = ROW;
     const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
     const FA_FN(fa_prepared) p = FA_FN(prepare)(KIND, coeffs);
     double r0 = 1.0, r1 = 1.0;
     if (CATCHUP) fa_idle_rates(KIND, coeffs, &r0, &r1);
+    const ptrdiff_t xs = stride[0], s0s = stride[1], s1s = stride[2];
     for (ptrdiff_t s = s0; s < s1; s++) {
-        const int64_t r = rows[s];
-        const ptrdiff_t at = (ptrdiff_t)r * row_size;
+        const ptrdiff_t r = (ptrdiff_t)rows[s];
         if (s + FA_PREFETCH_ROWS < s1) { /* the table rows are random too */
-            const ptrdiff_t ahead = (ptrdiff_t)rows[s + FA_PREFETCH_ROWS] * row_size;
-            fa_prefetch_write(x + ahead, row_bytes);
-            fa_prefetch_write(st0 + ahead, row_bytes);
-            if (st1) fa_prefetch_write(st1 + ahead, row_bytes);
+            const ptrdiff_t ahead = (ptrdiff_t)rows[s + FA_PREFETCH_ROWS];
+            fa_prefetch_write(x + ahead * xs, row_bytes);
+            fa_prefetch_write(st0 + ahead * s0s, row_bytes);
+            if (st1) fa_prefetch_write(st1 + ahead * s1s, row_bytes);
         }
+        FA_S *restrict a0 = st0 + r * s0s;
+        FA_S *restrict a1 = st1 ? st1 + r * s1s : NULL;
         if (CATCHUP) {
             const int64_t idle = t - 1 - last_step[r];
-            FA_FN(decay_slot)(st0 + at, row_size, r0, idle);
-            if (st1) FA_FN(decay_slot)(st1 + at, row_size, r1, idle);
+            FA_FN(decay_slot)(a0, row_size, r0, idle);
+            FA_FN(decay_slot)(a1, row_size, r1, idle);
             last_step[r] = t;
         }
         FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
-        FA_FN(row_update)(x + at, gbuf, st0 + at, st1 ? st1 + at : NULL, row_size, &p, KIND, FLAGS,
-                          0);
+        FA_FN(row_update)(x + r * xs, gbuf, a0, a1, row_size, &p, KIND, FLAGS, 0);
     }
 }
 
 static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,
-    ptrdiff_t row_size, const FA_S *restrict values, const int64_t *restrict perm,
-    const int64_t *restrict offsets, const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
-    ptrdiff_t r1, FA_S *restrict gbuf, const int KIND, const int FLAGS)
+    ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,
+    const int64_t *restrict perm, const int64_t *restrict offsets, const int64_t *restrict rows,
+    ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, FA_S *restrict gbuf, const int KIND,
+    const int FLAGS)
 {
     const FA_FN(fa_prepared) p = FA_FN(prepare)(KIND, coeffs);
     /* First segment whose row is >= r0 (binary search over the sorted rows). */
@@ -145,21 +151,25 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
         if (rows[mid] < r0) lo = mid + 1;
         else hi = mid;
     }
+    const ptrdiff_t xs = stride[0], s0s = stride[1], s1s = stride[2];
+    /* Packed tables: a run of untouched rows is one contiguous loop; strided rows go one by one */
+    const int packed = xs == row_size && s0s == row_size && (st1 == NULL || s1s == row_size);
     ptrdiff_t s = lo, r = r0;
     while (r < r1) {
         const ptrdiff_t next = (s < nseg && rows[s] < r1) ? (ptrdiff_t)rows[s] : r1;
-        if (next > r) { /* the untouched rows [r, next): g = +0, one contiguous loop */
-            const ptrdiff_t at = r * row_size;
-            FA_FN(row_update)(x + at, NULL, st0 + at, st1 ? st1 + at : NULL,
+        if (next > r && packed) { /* the untouched rows [r, next): g = +0 */
+            FA_FN(row_update)(x + r * xs, NULL, st0 + r * s0s, st1 ? st1 + r * s1s : NULL,
                               (next - r) * row_size, &p, KIND, FLAGS, 1);
             r = next;
         }
+        for (; r < next; r++)
+            FA_FN(row_update)(x + r * xs, NULL, st0 + r * s0s, st1 ? st1 + r * s1s : NULL,
+                              row_size, &p, KIND, FLAGS, 1);
         if (r < r1) { /* the touched row r == rows[s] */
-            const ptrdiff_t at = r * row_size;
             FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1],
                                offsets[nseg]);
-            FA_FN(row_update)(x + at, gbuf, st0 + at, st1 ? st1 + at : NULL, row_size, &p, KIND,
-                              FLAGS, 0);
+            FA_FN(row_update)(x + r * xs, gbuf, st0 + r * s0s, st1 ? st1 + r * s1s : NULL,
+                              row_size, &p, KIND, FLAGS, 0);
             r++;
             s++;
         }
@@ -185,34 +195,47 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
 
 FA_DISPATCH
 void FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                           FA_S *restrict st1, ptrdiff_t row_size, const FA_S *restrict values,
+                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                           const FA_S *restrict values,
                            const int64_t *restrict perm, const int64_t *restrict offsets,
                            const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
                            FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
 {
     const int flags = fa_coeffs_flags(kind, coeffs);
+#define FA_ROWS(K, F, LAST, T, CU, ROW)                                                        \
+    FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, s0, s1, \
+                     gbuf, LAST, T, K, F, CU, ROW)
+#define FA_BY_ROW(K, F, LAST, T, CU)                                                           \
+    switch (row_size) {                                                                        \
+    case 2: FA_ROWS(K, F, LAST, T, CU, 2); break;                                              \
+    case 4: FA_ROWS(K, F, LAST, T, CU, 4); break;                                              \
+    case 8: FA_ROWS(K, F, LAST, T, CU, 8); break;                                              \
+    default: FA_ROWS(K, F, LAST, T, CU, 0); break;                                             \
+    }
 #define FA_LOOP(K, F)                                                                          \
-    if (last_step)                                                                             \
-        FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, s0, s1,   \
-                         gbuf, last_step, t, K, F, 1);                                         \
-    else                                                                                       \
-        FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, s0, s1,   \
-                         gbuf, NULL, 0, K, F, 0)
+    if (last_step) {                                                                           \
+        FA_BY_ROW(K, F, last_step, t, 1)                                                       \
+    } else {                                                                                   \
+        FA_BY_ROW(K, F, NULL, 0, 0)                                                            \
+    }
     FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
 #undef FA_LOOP
+#undef FA_BY_ROW
+#undef FA_ROWS
 }
 
 FA_DISPATCH
 void FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                            FA_S *restrict st1, ptrdiff_t row_size, const FA_S *restrict values,
+                            FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                            const FA_S *restrict values,
                             const int64_t *restrict perm, const int64_t *restrict offsets,
                             const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
                             ptrdiff_t r1, FA_S *restrict gbuf)
 {
     const int flags = fa_coeffs_flags(kind, coeffs);
 #define FA_LOOP(K, F)                                                                          \
-    FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, values, perm, offsets, rows, nseg, r0, r1, \
-                      gbuf, K, F)
+    FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, nseg, \
+                      r0, r1, gbuf, K, F)
     FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
 #undef FA_LOOP
 }
