@@ -1,3 +1,4 @@
+# distutils: libraries = m
 """Fused loops of the MLP estimators' forward/backward pass (fastadam/sklearn/_backprop.py).
 
 A mini-batch of 200 rows makes every NumPy call on its (200, n_outputs) output layer cost more
