@@ -374,6 +374,7 @@ def add_l2_gradient(real_t[::1] g, const real_t[::1] w, double decay):
 # the loops above called on raw pointers (no memoryview per call, no interpreter glue)
 
 cdef object _matmul = np.matmul
+cdef object _dot = np.dot
 cdef object _add_reduce = np.add.reduce
 
 
@@ -387,6 +388,17 @@ cdef inline Py_ssize_t _rows(object a):
 
 cdef inline Py_ssize_t _cols(object a):
     return cnp.PyArray_DIM(<cnp.ndarray>a, 1)
+
+
+cdef inline _product(object a, object b, object out):
+    """out = a @ b for 2-D a (n, k) and b (k, m).  With n, k and m all above 1 this is
+    ``np.dot``: the same BLAS gemm call as ``np.matmul`` (the same bits) with less dispatch
+    (about 1 us less per call).  With a dimension of 1, dot takes its vector or scalar paths,
+    whose roundings can differ from matmul's, so matmul itself runs."""
+    if _rows(a) > 1 and _cols(a) > 1 and _cols(b) > 1:
+        _dot(a, b, out)
+    else:
+        _matmul(a, b, out)
 
 
 cdef void _sums_of(object g, object out, bint dbl):
@@ -453,7 +465,7 @@ cdef double _relu_pass(object X, list coefs, list intercepts, list values, list 
     h = X
     for i in range(last + 1):
         z = values[i]
-        _matmul(h, coefs[i], z)
+        _product(h, coefs[i], z)
         n, k = _rows(z), _cols(z)
         if i != last:
             if dbl:
@@ -469,7 +481,7 @@ cdef double _relu_pass(object X, list coefs, list intercepts, list values, list 
     value = _loss(loss_code, loss, h, targets, weights, dz, extra, eps, dbl)
     for i in range(last, -1, -1):
         a = values[i - 1] if i else X
-        _matmul(a.T, dz, coef_grads[i])
+        _product(a.T, dz, coef_grads[i])
         if i == last:  # the output layer's bias gradient (hidden ones: below, fused)
             _sums_of(dz, intercept_grads[i], dbl)
         if i == 0:
@@ -499,7 +511,7 @@ cdef double _relu_pass(object X, list coefs, list intercepts, list values, list 
                 _outer_product(<const float *>_data(dz), <const float *>_data(w), n, k,
                                <float *>_data(below))
         else:
-            _matmul(dz, w.T, below)
+            _product(dz, w.T, below)
         if k > 1:  # row order == NumPy's for two or more columns
             if dbl:
                 _relu_backward_column_sums(<double *>_data(below), <const double *>_data(a),
