@@ -29,8 +29,17 @@ expression it replaces (tested):
 - ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy
   rounds a Python float), returning ``sum(w * w)`` accumulated in double (the L2 penalty);
 - ``relu_network_pass``: ``BatchPass.run`` for ReLU networks, compiled: NumPy's matrix
-  products (``np.matmul`` with ``out=``) and the loss kernel, with the loops above called on
-  raw pointers in between (about 10 us less per mini-batch than the Python pass).
+  products (``np.matmul`` with ``out=``, or ``np.dot``, the same gemm call with less dispatch,
+  when no dimension is 1) and the loss kernel, with the loops above called on raw pointers in
+  between (about 10 us less per mini-batch than the Python pass);
+- ``EpochTrainer``: the estimators' mini-batch loop for one epoch in one call (gather, pass
+  with the loss loop called directly, L2 term, Adam step through fastadam's dense driver with
+  the arrays and hyper-parameters validated once per fit), bit for bit the Python loop with
+  ``fastadam.step_inplace`` (tested).
+
+libm is linked explicitly (the ``distutils`` line above) so that, built against a current
+glibc, exp and log bind to their current symbol versions rather than the SVID-wrapper
+compatibility ones (the same functions underneath, so the same bits, without the wrapper).
 
 The gradients are computed in the arrays' dtype with the roundings of the NumPy expressions
 of ``_losses`` / ``_layers`` (C's exp/log may differ from NumPy's by an ulp); the values are

@@ -18,10 +18,13 @@ What differs is how a step is computed:
   ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
   (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
   ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
-- the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
-  parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
-  the step's own coupled weight-decay formula; the intercepts get none), in the same pass
-  that sums ``W * W`` for the reported penalty.
+- the update is one Adam step (``fastadam.step_inplace(..., convention="tf")``'s driver and
+  kernel) over the whole parameter array, the L2 term added to the weights' gradients
+  beforehand (``g + decay * W``, the step's own coupled weight-decay formula; the intercepts
+  get none), in the same pass that sums ``W * W`` for the reported penalty;
+- an epoch's mini-batches run in one compiled call (``_kernels.EpochTrainer``: the gather,
+  the pass, the L2 term and the step, with the step's arrays and hyper-parameters validated
+  once per fit; tested bit for bit against the Python loop with ``fastadam.step_inplace``).
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
