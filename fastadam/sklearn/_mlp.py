@@ -207,7 +207,7 @@ class _BaseMLP(BaseEstimator):
             self.n_iter_ = 0
         progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
         stop_message = None
-        order = np.arange(n_samples)
+        order = np.arange(n_samples, dtype=np.intp)
         batch = BatchPass(self.coefs_, batch_size, self.activation, dtype)
         loss, extra = self._loss_kernel()
         params = self._flatten_parameters()  # coefs_, intercepts_: views, updated in place
@@ -224,7 +224,8 @@ class _BaseMLP(BaseEstimator):
             Xe = np.empty((batch_size,) + X.shape[1:], X.dtype)
             te = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
             xb, tb = [Xe[:b - a] for a, b in bounds], [te[:b - a] for a, b in bounds]
-            gather = (X, targets, order)
+            # the trainer copies whole rows: C-contiguous sources
+            gather = (np.ascontiguousarray(X), np.ascontiguousarray(targets), order)
         else:
             if self.shuffle:
                 Xe, te = np.empty_like(X), np.empty_like(targets)
