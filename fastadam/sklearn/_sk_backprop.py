@@ -87,11 +87,15 @@ class Workspace:
         self.decay = [np.empty_like(g) for g in self.coef_grads]
         self.grads = self.coef_grads + self.intercept_grads
         self.row = np.empty(rows, dtype=dtype)
-        self.out_cols = layer_units[-1]
-        self.col = np.empty(self.out_cols, dtype=dtype)
+        out_cols = layer_units[-1]
         self.eps = np.finfo(dtype).eps
         self.one_minus_eps = 1 - self.eps
-        self.clipped = np.empty((rows, self.out_cols), dtype=dtype)
+        self.clipped = np.empty((rows, out_cols), dtype=dtype)
+        # xlogy's loop is the first of its signatures the inputs cast to safely: for a boolean
+        # y and float32 probabilities that is 'dd->d', so the log terms are float64
+        xlogy_dtype = xlogy(np.zeros(1, dtype=bool), np.ones(1, dtype=dtype)).dtype
+        self.log_terms = np.empty((rows, out_cols), dtype=xlogy_dtype)
+        self.col = np.empty(out_cols, dtype=xlogy_dtype)
 
     def bind(self, coefs, intercepts):
         self.coefs = coefs
@@ -191,8 +195,11 @@ class Workspace:
         if name == "log_loss":
             clipped = self.clipped[:n]
             np.clip(p, self.eps, self.one_minus_eps, out=clipped)
-            xlogy(y, clipped, out=clipped)
-            return -self._mean_rows(clipped, count).sum()
+            if y.dtype != np.bool_:
+                return -_mean_rows_fresh(xlogy(y, clipped), count).sum()
+            terms = self.log_terms[:n]
+            xlogy(y, clipped, out=terms)
+            return -self._mean_rows(terms, count).sum()
         if name == "binary_log_loss":
             clipped = np.clip(p, self.eps, self.one_minus_eps)
             terms = xlogy(y, clipped) + xlogy(1 - y, 1 - clipped)
