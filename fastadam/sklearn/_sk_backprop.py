@@ -81,6 +81,8 @@ class Workspace:
         self.deltas = [np.empty((rows, u), dtype=dtype) for u in layer_units[1:]]
         self.scratch = [np.empty((rows, u), dtype=dtype) for u in layer_units[1:]]
         self.masks = [np.empty((rows, u), dtype=bool) for u in layer_units[1:]]
+        word = np.int64 if np.dtype(dtype).itemsize == 8 else np.int32
+        self.keep_bits = [np.empty((rows, u), dtype=word) for u in layer_units[1:]]
         self.coef_grads = [np.empty((a, b), dtype=dtype)
                            for a, b in zip(layer_units[:-1], layer_units[1:])]
         self.intercept_grads = [np.empty(b, dtype=dtype) for b in layer_units[1:]]
@@ -161,9 +163,15 @@ class Workspace:
     def _derivative(self, z, delta, layer):
         name = self.hidden
         if name == "relu":
-            mask = self.masks[layer][:delta.shape[0]]
-            np.equal(z, 0, out=mask)
-            np.copyto(delta, 0, where=mask)
+            # ``delta[z == 0] = 0``: clear every bit of the entries where z == 0 (what storing
+            # +0.0 does) with an AND against 0 / all-ones words; a masked store is 5x slower
+            n = delta.shape[0]
+            mask, keep = self.masks[layer][:n], self.keep_bits[layer][:n]
+            np.not_equal(z, 0, out=mask)
+            np.copyto(keep, mask)
+            np.negative(keep, out=keep)
+            words = delta.view(keep.dtype)
+            np.bitwise_and(words, keep, out=words)
         elif name == "tanh":
             tmp = self.scratch[layer][:delta.shape[0]]
             np.square(z, out=tmp)
@@ -221,6 +229,17 @@ def _mean_rows_fresh(a, count):
     return np.true_divide(col, count, out=col, casting="unsafe", subok=False)
 
 
+def _shuffled(sample_idx, random_state):
+    """``sklearn.utils.shuffle(sample_idx, random_state=random_state)``: for a RandomState it
+    draws ``random_state.shuffle(np.arange(n))`` and indexes with it (what ``resample`` does,
+    without its validation, about 0.3 ms per call); anything else goes to scikit-learn."""
+    if type(random_state) is not np.random.RandomState:
+        return shuffle(sample_idx, random_state=random_state)
+    order = np.arange(sample_idx.shape[0])
+    random_state.shuffle(order)
+    return sample_idx[order]
+
+
 def fit_stochastic(self, X, y, sample_weight, activations, deltas, coef_grads, intercept_grads,
                    layer_units, incremental):
     """Drop-in for ``BaseMultilayerPerceptron._fit_stochastic`` (same signature)."""
@@ -270,7 +289,7 @@ def fit_stochastic(self, X, y, sample_weight, activations, deltas, coef_grads, i
         self.n_iter_ = 0
         for _ in range(self.max_iter):
             if self.shuffle:
-                sample_idx = shuffle(sample_idx, random_state=self._random_state)
+                sample_idx = _shuffled(sample_idx, self._random_state)
             accumulated_loss = 0.0
             for batch_slice in gen_batches(n_samples, batch_size):
                 if self.shuffle:
