@@ -69,7 +69,6 @@ class Workspace:
     """Buffers for one fit: activations, deltas, gradients, for batches of up to ``rows``."""
 
     def __init__(self, est, layer_units, rows, dtype):
-        self.est = est
         self.n_layers = len(layer_units) - 1
         self.alpha = est.alpha
         self.hidden = est.activation
@@ -104,22 +103,65 @@ class Workspace:
         self.intercepts = intercepts
         self.flat_coefs = [c.ravel() for c in coefs]
         self.coefs_t = [c.T for c in coefs]
+        self.layers = list(zip(coefs, self.coef_grads, self.decay, self.intercept_grads))
+        self._rows = {}
+
+    def rows(self, n):
+        """The buffers cut to a batch of ``n`` rows (C-contiguous leading slices), cached: a fit
+        sees two batch sizes, the full one and the last."""
+        views = self._rows.get(n)
+        if views is None:
+            cut = lambda arrays: [a[:n] for a in arrays]  # noqa: E731
+            views = self._rows[n] = (
+                [None] + cut(self.acts[1:]), cut(self.deltas), cut(self.scratch),
+                cut(self.masks), cut(self.keep_bits), self.row[:n], self.clipped[:n],
+                self.log_terms[:n], np.intp(n))
+        return views
 
     # -- one mini-batch: scikit-learn's _backprop, operation for operation -------------------
     def backprop(self, X, y, sample_weight):
         n = X.shape[0]
+        acts, deltas, scratch, masks, keep_bits, row, clipped, log_terms, count = self.rows(n)
+        acts[0] = X
         L = self.n_layers
-        acts = [X] + [a[:n] for a in self.acts[1:]]
+        coefs, intercepts, hidden = self.coefs, self.intercepts, self.hidden
+        matmul, add = np.matmul, np.add
         for i in range(L):
             z = acts[i + 1]
-            np.matmul(acts[i], self.coefs[i], out=z)
-            np.add(z, self.intercepts[i], out=z)
-            if i + 1 != L:
-                self._activate(self.hidden, z, i)
+            matmul(acts[i], coefs[i], out=z)
+            add(z, intercepts[i], out=z)
+            if i + 1 == L:
+                break
+            if hidden == "relu":
+                np.maximum(z, 0, out=z)
+            elif hidden == "tanh":
+                np.tanh(z, out=z)
+            elif hidden == "logistic":
+                expit(z, out=z)
         out = acts[L]
-        self._activate(self.output, out, L - 1)
+        output = self.output
+        if output == "softmax":
+            shifted = scratch[L - 1]
+            np.maximum.reduce(out, axis=1, out=row)
+            np.subtract(out, row[:, np.newaxis], out=shifted)
+            np.exp(shifted, out=out)
+            add.reduce(out, axis=1, out=row)
+            np.true_divide(out, row[:, np.newaxis], out=out)
+        elif output == "logistic":
+            expit(out, out=out)
+        elif output == "exp":
+            np.exp(out, out=out)
 
-        loss = self._loss(y, out, sample_weight, n)
+        if sample_weight is None and self.loss_name == "log_loss" and y.dtype == np.bool_ \
+                and out.shape[1] > 1 and y.shape[1] > 1:
+            # log_loss: clip, xlogy, np.average over rows, sum, negate
+            np.clip(out, self.eps, self.one_minus_eps, out=clipped)
+            xlogy(y, clipped, out=log_terms)
+            col = self.col
+            add.reduce(log_terms, axis=0, out=col)
+            loss = -np.true_divide(col, count, out=col, casting="unsafe", subok=False).sum()
+        else:
+            loss = self._loss(y, out, sample_weight, count)
         values = 0
         for s in self.flat_coefs:
             values += np.dot(s, s)
@@ -127,87 +169,56 @@ class Workspace:
         loss += (0.5 * self.alpha) * values / sw_sum
 
         last = L - 1
-        delta = self.deltas[last][:n]
+        delta = deltas[last]
         np.subtract(out, y, out=delta)
         if sample_weight is not None:
             np.multiply(delta, sample_weight.reshape(-1, 1), out=delta)
-        self._layer_grads(last, sw_sum, acts, delta)
-        for i in range(last, 0, -1):
-            prev = self.deltas[i - 1][:n]
-            np.matmul(delta, self.coefs_t[i], out=prev)
-            self._derivative(acts[i], prev, i - 1)
+        layers, alpha, divide = self.layers, self.alpha, np.true_divide
+        for i in range(last, -1, -1):
+            # _compute_loss_grad(i): activations[i].T @ delta + alpha * W, / sw_sum; the
+            # intercept gradient np.sum(delta, axis=0) / sw_sum
+            coef, cg, decay, ig = layers[i]
+            matmul(acts[i].T, delta, out=cg)
+            np.multiply(coef, alpha, out=decay)
+            add(cg, decay, out=cg)
+            divide(cg, sw_sum, out=cg)
+            add.reduce(delta, axis=0, out=ig)
+            divide(ig, sw_sum, out=ig)
+            if i == 0:
+                break
+            # deltas[i - 1] = delta @ W[i].T, then the hidden activation's derivative at acts[i]
+            prev = deltas[i - 1]
+            matmul(delta, self.coefs_t[i], out=prev)
+            z = acts[i]
+            if hidden == "relu":
+                # ``prev[z == 0] = 0``: clear every bit of the entries where z == 0 (what
+                # storing +0.0 does) by an AND with 0 / all-ones words; 5x faster than the
+                # masked store
+                mask, keep = masks[i - 1], keep_bits[i - 1]
+                np.not_equal(z, 0, out=mask)
+                np.copyto(keep, mask)
+                np.negative(keep, out=keep)
+                words = prev.view(keep.dtype)
+                np.bitwise_and(words, keep, out=words)
+            elif hidden == "tanh":  # prev *= 1 - z**2
+                tmp = scratch[i - 1]
+                np.square(z, out=tmp)
+                np.subtract(1, tmp, out=tmp)
+                np.multiply(prev, tmp, out=prev)
+            elif hidden == "logistic":  # prev *= z; prev *= 1 - z
+                tmp = scratch[i - 1]
+                np.multiply(prev, z, out=prev)
+                np.subtract(1, z, out=tmp)
+                np.multiply(prev, tmp, out=prev)
             delta = prev
-            self._layer_grads(i - 1, sw_sum, acts, delta)
         return loss
 
-    def _activate(self, name, z, layer):
-        if name == "relu":
-            np.maximum(z, 0, out=z)
-        elif name == "tanh":
-            np.tanh(z, out=z)
-        elif name == "logistic":
-            expit(z, out=z)
-        elif name == "softmax":
-            n = z.shape[0]
-            row = self.row[:n]
-            shifted = self.scratch[layer][:n]
-            np.maximum.reduce(z, axis=1, out=row)
-            np.subtract(z, row[:, np.newaxis], out=shifted)
-            np.exp(shifted, out=z)
-            np.add.reduce(z, axis=1, out=row)
-            np.true_divide(z, row[:, np.newaxis], out=z)
-        elif name == "exp":
-            np.exp(z, out=z)
-        # identity: nothing
-
-    def _derivative(self, z, delta, layer):
-        name = self.hidden
-        if name == "relu":
-            # ``delta[z == 0] = 0``: clear every bit of the entries where z == 0 (what storing
-            # +0.0 does) with an AND against 0 / all-ones words; a masked store is 5x slower
-            n = delta.shape[0]
-            mask, keep = self.masks[layer][:n], self.keep_bits[layer][:n]
-            np.not_equal(z, 0, out=mask)
-            np.copyto(keep, mask)
-            np.negative(keep, out=keep)
-            words = delta.view(keep.dtype)
-            np.bitwise_and(words, keep, out=words)
-        elif name == "tanh":
-            tmp = self.scratch[layer][:delta.shape[0]]
-            np.square(z, out=tmp)
-            np.subtract(1, tmp, out=tmp)
-            np.multiply(delta, tmp, out=delta)
-        elif name == "logistic":
-            tmp = self.scratch[layer][:delta.shape[0]]
-            np.multiply(delta, z, out=delta)
-            np.subtract(1, z, out=tmp)
-            np.multiply(delta, tmp, out=delta)
-
-    def _layer_grads(self, layer, sw_sum, acts, delta):
-        cg = self.coef_grads[layer]
-        np.matmul(acts[layer].T, delta, out=cg)
-        decay = self.decay[layer]
-        np.multiply(self.coefs[layer], self.alpha, out=decay)
-        np.add(cg, decay, out=cg)
-        np.true_divide(cg, sw_sum, out=cg)
-        ig = self.intercept_grads[layer]
-        np.add.reduce(delta, axis=0, out=ig)
-        np.true_divide(ig, sw_sum, out=ig)
-
-    def _loss(self, y, p, sample_weight, n):
+    def _loss(self, y, p, sample_weight, count):
+        """scikit-learn's loss function for this batch (``LOSS_FUNCTIONS[name]`` itself when
+        weighted), with ``np.average(a, axis=0)`` as NumPy computes it."""
         name = self.loss_name
-        if sample_weight is not None or (name == "log_loss" and
-                                          (p.shape[1] == 1 or y.shape[1] == 1)):
+        if sample_weight is not None or name == "log_loss":
             return _sk_base.LOSS_FUNCTIONS[name](y, p, sample_weight)
-        count = np.intp(n)
-        if name == "log_loss":
-            clipped = self.clipped[:n]
-            np.clip(p, self.eps, self.one_minus_eps, out=clipped)
-            if y.dtype != np.bool_:
-                return -_mean_rows_fresh(xlogy(y, clipped), count).sum()
-            terms = self.log_terms[:n]
-            xlogy(y, clipped, out=terms)
-            return -self._mean_rows(terms, count).sum()
         if name == "binary_log_loss":
             clipped = np.clip(p, self.eps, self.one_minus_eps)
             terms = xlogy(y, clipped) + xlogy(1 - y, 1 - clipped)
@@ -216,11 +227,6 @@ class Workspace:
             return 0.5 * _mean_rows_fresh((y - p) ** 2, count).mean()
         # poisson
         return _mean_rows_fresh(xlogy(y, y / p) - y + p, count).sum()
-
-    def _mean_rows(self, a, count):
-        col = self.col
-        np.add.reduce(a, axis=0, out=col)
-        return np.true_divide(col, count, out=col, casting="unsafe", subok=False)
 
 
 def _mean_rows_fresh(a, count):
