@@ -425,3 +425,14 @@ def test_changed_activation_table_fails_loudly(monkeypatch):
     with pytest.raises(RuntimeError, match=r"_base.DERIVATIVES lacks \['identity', 'logistic', "
                                            r"'tanh'\]"):
         _accelerate.check_sklearn_contract()
+
+
+@pytest.mark.parametrize("hidden", [(), (4, 3, 5)])
+def test_no_hidden_layer_and_deep_network_equal_sklearn(rng, count_batches, hidden):
+    X = rng.standard_normal((64, 5))
+    y = rng.integers(0, 3, 64)
+    make = lambda: MLPClassifier(hidden_layer_sizes=hidden, batch_size=20, max_iter=4,  # noqa: E731
+                                 random_state=0)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert len(count_batches) == 16
