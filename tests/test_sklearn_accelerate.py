@@ -436,3 +436,28 @@ def test_no_hidden_layer_and_deep_network_equal_sklearn(rng, count_batches, hidd
     a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
     _assert_same_coefs(a, b)
     assert len(count_batches) == 16
+
+
+def test_subclass_with_its_own_backprop_or_patched_tables_use_sklearns_loop(rng, count_batches,
+                                                                             monkeypatch):
+    X = rng.standard_normal((40, 4))
+    y = rng.integers(0, 3, 40)
+
+    class DoubledLoss(MLPClassifier):
+        def _backprop(self, *args):
+            loss, coef_grads, intercept_grads = super()._backprop(*args)
+            return 2 * loss, coef_grads, intercept_grads
+
+    make = lambda: DoubledLoss(hidden_layer_sizes=(5,), max_iter=3, random_state=0)  # noqa: E731
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    plain = _fit_quiet(MLPClassifier(hidden_layer_sizes=(5,), max_iter=3, random_state=0), X, y)
+    assert a.loss_curve_[0] == 2 * plain.loss_curve_[0]  # the override ran
+    assert count_batches == []
+
+    squared = lambda z: np.square(z, out=z)  # noqa: E731
+    monkeypatch.setitem(sk_mlp.ACTIVATIONS, "relu", squared)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(5,), max_iter=3, random_state=0)  # noqa: E731
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert count_batches == []

@@ -48,11 +48,29 @@ _OUTPUT_LOSS = {("softmax", "log_loss"): "log_loss",
                 ("exp", "poisson"): "poisson"}
 
 
+# the per-batch methods the loop stands in for, and the table entries it reproduces, as this
+# module found them: a subclass overriding one, or a table entry replaced since, means the loop
+# would not do what scikit-learn would, so those fits take the stock loop
+_BASE_MLP = _sk_mlp.BaseMultilayerPerceptron
+_PER_BATCH_METHODS = {name: getattr(_BASE_MLP, name)
+                      for name in ("_backprop", "_forward_pass", "_compute_loss_grad")}
+_TABLES = (_sk_mlp.ACTIVATIONS, _sk_mlp.DERIVATIVES, _sk_mlp.LOSS_FUNCTIONS)
+_STOCK_ENTRIES = [dict(table) for table in _TABLES]
+
+
 def reproduced(est, X, y, sample_weight):
     """True when :func:`fit_stochastic` reproduces scikit-learn for this fit."""
     if est.solver != "adam" or est.activation not in _HIDDEN:
         return False
-    if (getattr(est, "out_activation_", None), est.loss) not in _OUTPUT_LOSS:
+    output = getattr(est, "out_activation_", None)
+    if (output, est.loss) not in _OUTPUT_LOSS:
+        return False
+    cls = type(est)
+    if any(getattr(cls, name, None) is not method for name, method in _PER_BATCH_METHODS.items()):
+        return False
+    used = ((est.activation, output), (est.activation,), (_OUTPUT_LOSS[(output, est.loss)],))
+    if any(table.get(name) is not stock.get(name)
+           for table, stock, names in zip(_TABLES, _STOCK_ENTRIES, used) for name in names):
         return False
     if type(X) is not np.ndarray or X.ndim != 2 or X.dtype not in (np.float32, np.float64):
         return False
