@@ -22,9 +22,9 @@ Inside the block the MLP's mini-batch loop is fastadam's too: ``accelerate_mlp()
 scikit-learn's very floating-point operations (same NumPy/SciPy/BLAS calls, same order) into
 buffers reused across batches, and hands configurations it does not reproduce (sparse ``X``,
 other solvers, mixed dtypes) to the stock method.  float64 parameters take the fused step;
-other dtypes take ``_numpy_update``, scikit-learn's NumPy update in place (scikit-learn computes
-float32 updates partly in float64, which the fused float32 kernel does not), so the coefficients
-are scikit-learn's bit for bit.
+other dtypes take ``_numpy_update``, scikit-learn's own update (it computes float32 updates
+partly in float64, which the fused float32 kernel does not), so the coefficients are
+scikit-learn's bit for bit.
 """
 import contextlib
 import inspect
@@ -144,11 +144,11 @@ class AdamOptimizer(_BASE):
             raise RuntimeError(
                 f"{_CONTRACT_HINT}: update_params got {len(params)} params and {len(grads)} grads "
                 f"for an optimizer built for {len(self.ms)} arrays")
-        # the MLP's gradients are fresh BLAS/NumPy results; a non-contiguous one (sparse X) is
-        # read only, so a contiguous copy of it is harmless
         if not all(isinstance(p, np.ndarray) and p.dtype == np.float64 for p in params):
             self._numpy_update(params, grads)
             return
+        # the MLP's gradients are fresh BLAS/NumPy results; a non-contiguous one (sparse X) is
+        # read only, so a contiguous copy of it is harmless
         grads = [g if isinstance(g, np.ndarray) and g.flags.c_contiguous and g.dtype == p.dtype
                  else np.ascontiguousarray(g, dtype=p.dtype) for p, g in zip(params, grads)]
         self._update_prepared(params, grads)
