@@ -461,3 +461,23 @@ def test_subclass_with_its_own_backprop_or_patched_tables_use_sklearns_loop(rng,
     a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
     _assert_same_coefs(a, b)
     assert count_batches == []
+
+
+def test_verbose_lines_and_warm_started_early_stopping_equal_sklearn(rng, count_batches, capsys):
+    X = rng.standard_normal((80, 4))
+    y = rng.integers(0, 2, 80)
+
+    def fit_twice(m):
+        _fit_quiet(m, X, y)
+        m.set_params(max_iter=3)
+        return _fit_quiet(m, X, y)
+
+    make = lambda: MLPClassifier(hidden_layer_sizes=(6,), max_iter=4, verbose=True,  # noqa: E731
+                                 warm_start=True, early_stopping=True, random_state=0)
+    a = fit_twice(make())
+    stock_out = capsys.readouterr().out
+    with fsk.accelerate_mlp():
+        b = fit_twice(make())
+    assert capsys.readouterr().out == stock_out and "Validation score" in stock_out
+    _assert_same_coefs(a, b)
+    assert count_batches
