@@ -15,8 +15,13 @@ place, the softmax as max-subtract/exp/sum-divide along rows, ``np.mean`` as ``n
 followed by ``true_divide`` by an ``intp`` count (what ``numpy._core._methods._mean`` does),
 ``x**2`` as ``np.square``, the L2 term as ``np.dot(w.ravel(), w.ravel())`` accumulated in the same
 scalar types.  What changes is only where results live (preallocated, C-contiguous, sliced to the
-batch) and the Python around them (no ``safe_sparse_dot``/``np.average``/``np.clip`` wrappers, no
-fresh lists per batch).  Weighted losses call scikit-learn's own loss function.
+batch) and the Python around them (no ``safe_sparse_dot``/``np.average`` wrappers, no fresh
+lists per batch).  Two steps are written differently with provably the same bits: the relu
+derivative ``delta[z == 0] = 0`` clears the entries' bits with an AND (the masked store was the
+largest non-BLAS cost), and the per-epoch ``shuffle`` draws ``RandomState.shuffle(arange(n))``
+as ``resample`` does, without its validation.  Weighted losses call scikit-learn's own loss
+function.  A subclass overriding ``_backprop``/``_forward_pass``/``_compute_loss_grad``, or an
+activation/loss table entry replaced at run time, takes the stock loop.
 
 The epoch loop keeps scikit-learn's observable behaviour: the optimizer is built through the
 module global ``AdamOptimizer`` (fastadam's inside the block), the same random draws (early
