@@ -1,8 +1,10 @@
-"""fastadam.sklearn.AdamOptimizer / accelerate_mlp(): scikit-learn's own MLP on the fused step.
+"""fastadam.sklearn.AdamOptimizer / accelerate_mlp(): scikit-learn's own MLP on the fused step
+and fastadam's mini-batch loop.
 
 The reference is scikit-learn itself: its private AdamOptimizer step by step, and its MLP fitted
 without the swap (same data, same random_state) for fit, partial_fit, warm_start,
-early_stopping, sample_weight and sparse X."""
+early_stopping, sample_weight and sparse X.  Every comparison is exact (np.array_equal, ==):
+the accelerated fit must perform scikit-learn's floating-point operations, not approximate them."""
 import inspect
 import pickle
 import subprocess
@@ -20,7 +22,11 @@ from sklearn.neural_network import _multilayer_perceptron as sk_mlp  # noqa: E40
 from sklearn.neural_network import _stochastic_optimizers as sk_opt  # noqa: E402
 
 import fastadam.sklearn as fsk  # noqa: E402
-from fastadam.sklearn import _accelerate  # noqa: E402
+from fastadam.sklearn import _accelerate, _sk_backprop  # noqa: E402
+
+HAS_SAMPLE_WEIGHT = "sample_weight" in inspect.signature(MLPRegressor.fit).parameters
+needs_sample_weight = pytest.mark.skipif(not HAS_SAMPLE_WEIGHT,
+                                         reason="scikit-learn's MLP takes sample_weight from 1.7 on")
 
 
 def test_import_fastadam_does_not_import_sklearn():
@@ -46,14 +52,11 @@ def test_update_params_matches_sklearn_step_by_step(rng, dtype):
         ours.update_params(params, grads)
         ref.update_params(ref_params, [g.copy() for g in grads])
         for p, q in zip(params, ref_params):
-            if dtype == np.float64:
-                np.testing.assert_array_equal(p, q)
-            else:
-                np.testing.assert_allclose(p, q, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(p, q)
     assert ours.t == ref.t == 6
-    assert ours.learning_rate == pytest.approx(ref.learning_rate, rel=1e-15)
+    assert ours.learning_rate == ref.learning_rate
     for a, b in zip(ours.ms + ours.vs, ref.ms + ref.vs):
-        np.testing.assert_allclose(a, b, rtol=1e-5 if dtype == np.float32 else 1e-14, atol=1e-30)
+        np.testing.assert_array_equal(a, b)
 
 
 def test_is_a_subclass_and_keeps_the_contract():
@@ -72,13 +75,22 @@ def _fit_both(make, fit):
     return reference, accelerated
 
 
-def _assert_same_coefs(a, b, rtol=1e-12, atol=1e-12):
+def _assert_same_coefs(a, b):
+    """Every fitted number of the two models is the same, bit for bit."""
     assert isinstance(b._optimizer, fsk.AdamOptimizer)
     assert not isinstance(a._optimizer, fsk.AdamOptimizer)
+    assert len(a.coefs_) == len(b.coefs_)
     for p, q in zip(a.coefs_ + a.intercepts_, b.coefs_ + b.intercepts_):
-        np.testing.assert_allclose(q, p, rtol=rtol, atol=atol)
-    assert a.n_iter_ == b.n_iter_
-    np.testing.assert_allclose(b.loss_curve_, a.loss_curve_, rtol=max(rtol, 1e-10))
+        assert p.dtype == q.dtype
+        assert np.array_equal(p, q), np.abs(p - q).max()
+    assert a.n_iter_ == b.n_iter_ and a.t_ == b.t_
+    assert a.loss_curve_ == b.loss_curve_
+    assert a.loss_ == b.loss_ and type(a.loss_) is type(b.loss_)
+    assert a.best_loss_ == b.best_loss_ or (a.best_loss_ is None and b.best_loss_ is None)
+    assert a.validation_scores_ == b.validation_scores_
+    assert a.best_validation_score_ == b.best_validation_score_
+    for p, q in zip(a._optimizer.ms + a._optimizer.vs, b._optimizer.ms + b._optimizer.vs):
+        assert np.array_equal(p, q)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -96,8 +108,7 @@ def test_classifier_fit_equals_sklearn(rng, kwargs):
     _assert_same_coefs(a, b)
 
 
-@pytest.mark.skipif("sample_weight" not in inspect.signature(MLPRegressor.fit).parameters,
-                    reason="scikit-learn's MLP takes sample_weight from 1.7 on")
+@needs_sample_weight
 def test_regressor_sample_weight_and_sparse_X_equal_sklearn(rng):
     X = sp.random(100, 12, density=0.3, format="csr", random_state=0)
     y = rng.standard_normal((100, 2))
@@ -109,7 +120,7 @@ def test_regressor_sample_weight_and_sparse_X_equal_sklearn(rng):
     _assert_same_coefs(a, b)
 
 
-def test_float32_fit_is_close_to_sklearn(rng):
+def test_float32_fit_equals_sklearn(rng):
     X, y = _data(rng)
     X = X.astype(np.float32)
     make = lambda: MLPClassifier(hidden_layer_sizes=(8,), max_iter=5, random_state=0)  # noqa: E731
@@ -117,7 +128,7 @@ def test_float32_fit_is_close_to_sklearn(rng):
         warnings.simplefilter("ignore", ConvergenceWarning)
         a, b = _fit_both(make, lambda m: m.fit(X, y))
     assert b.coefs_[0].dtype == np.float32
-    _assert_same_coefs(a, b, rtol=1e-4, atol=1e-5)
+    _assert_same_coefs(a, b)
 
 
 def test_partial_fit_and_warm_start_equal_sklearn(rng):
@@ -201,3 +212,272 @@ def test_update_params_with_other_arrays_fails_loudly():
     with pytest.raises(RuntimeError, match="update_params got 1 params and 1 grads for an "
                                            "optimizer built for 2 arrays"):
         opt.update_params([np.zeros(3)], [np.ones(3)])
+
+
+# -- the mini-batch loop (_sk_backprop): every configuration it reproduces, exactly -----------
+
+@pytest.fixture
+def count_batches(monkeypatch):
+    """How many mini-batches went through fastadam's loop (so a test cannot pass by falling
+    back to scikit-learn's own)."""
+    calls = []
+    original = _sk_backprop.Workspace.backprop
+
+    def counting(self, X, y, sample_weight):
+        calls.append(X.shape[0])
+        return original(self, X, y, sample_weight)
+
+    monkeypatch.setattr(_sk_backprop.Workspace, "backprop", counting)
+    return calls
+
+
+def _fit_quiet(model, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(*args, **kwargs)
+
+
+def _targets(rng, kind, n):
+    if kind == "binary":
+        return rng.integers(0, 2, n)
+    if kind == "multiclass":
+        return rng.integers(0, 4, n)
+    return (rng.random((n, 3)) < 0.4).astype(int)  # multilabel
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
+@pytest.mark.parametrize("target", ["binary", "multiclass", "multilabel"])
+def test_classifier_batches_equal_sklearn_bit_for_bit(rng, count_batches, activation, target):
+    X = rng.standard_normal((90, 6))
+    y = _targets(rng, target, 90)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(7, 5), activation=activation,  # noqa: E731
+                                 batch_size=32, max_iter=4, alpha=1e-3, random_state=2)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert count_batches == [32, 32, 26] * 4
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic", "identity"])
+@pytest.mark.parametrize("loss", ["squared_error", "poisson"])
+def test_regressor_batches_equal_sklearn_bit_for_bit(rng, count_batches, activation, loss):
+    X = rng.standard_normal((70, 5))
+    y = rng.standard_normal((70, 2))
+    if loss == "poisson":
+        y = rng.poisson(2.0, (70, 2)).astype(float)
+    make = lambda: MLPRegressor(hidden_layer_sizes=(6,), activation=activation, loss=loss,  # noqa: E731
+                                batch_size=25, max_iter=5, random_state=4)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert len(count_batches) == 15
+
+
+@pytest.mark.parametrize("estimator", ["classifier", "regressor"])
+def test_early_stopping_and_no_shuffle_equal_sklearn(rng, count_batches, estimator):
+    X = rng.standard_normal((120, 6))
+    if estimator == "classifier":
+        y = rng.integers(0, 3, 120)
+        cls = MLPClassifier
+    else:
+        y = X @ rng.standard_normal(6) + 0.1 * rng.standard_normal(120)
+        cls = MLPRegressor
+    for kwargs in ({"early_stopping": True, "n_iter_no_change": 2, "tol": 0.3},
+                   {"shuffle": False, "batch_size": 50, "tol": 1e-1, "n_iter_no_change": 1}):
+        make = lambda: cls(hidden_layer_sizes=(9,), max_iter=30, random_state=5,  # noqa: E731
+                           **kwargs)
+        a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+        _assert_same_coefs(a, b)
+        assert a.n_iter_ < 30  # the stopping rule ran, and stopped both at the same epoch
+    assert count_batches
+
+
+@needs_sample_weight
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_sample_weight_equals_sklearn(rng, count_batches, early_stopping):
+    X = rng.standard_normal((100, 5))
+    y = rng.integers(0, 3, 100)
+    sw = rng.uniform(0.2, 3.0, 100)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(6,), max_iter=6, random_state=1,  # noqa: E731
+                                 early_stopping=early_stopping, batch_size=40)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y, sample_weight=sw))
+    _assert_same_coefs(a, b)
+    assert count_batches
+
+
+@pytest.mark.parametrize("estimator", ["classifier", "regressor"])
+def test_float32_loop_equals_sklearn(rng, count_batches, estimator):
+    X = rng.standard_normal((80, 6)).astype(np.float32)
+    if estimator == "classifier":
+        y, cls = rng.integers(0, 3, 80), MLPClassifier
+    else:  # float32 y: the loop runs; float64 y with float32 X goes to scikit-learn's loop
+        y, cls = rng.standard_normal(80).astype(np.float32), MLPRegressor
+    make = lambda: cls(hidden_layer_sizes=(7,), activation="tanh", max_iter=5,  # noqa: E731
+                       batch_size=30, random_state=0)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    assert b.coefs_[0].dtype == np.float32
+    _assert_same_coefs(a, b)
+    assert len(count_batches) == 15
+    if estimator == "regressor":
+        count_batches.clear()
+        y64 = y.astype(np.float64)
+        a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y64))
+        _assert_same_coefs(a, b)
+        assert count_batches == []
+
+
+def test_sparse_X_and_other_solvers_use_sklearns_loop(rng, count_batches):
+    X = sp.random(60, 8, density=0.4, format="csr", random_state=3)
+    y = rng.integers(0, 3, 60)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(5,), max_iter=3, random_state=0)  # noqa: E731
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    with fsk.accelerate_mlp():
+        sgd = _fit_quiet(MLPClassifier(hidden_layer_sizes=(5,), solver="sgd", max_iter=3,
+                                       random_state=0), X.toarray(), y)
+    ref = _fit_quiet(MLPClassifier(hidden_layer_sizes=(5,), solver="sgd", max_iter=3,
+                                   random_state=0), X.toarray(), y)
+    for p, q in zip(ref.coefs_, sgd.coefs_):
+        assert np.array_equal(p, q)
+    assert count_batches == []
+
+
+def test_partial_fit_warm_start_loop_equal_sklearn(rng, count_batches):
+    X = rng.standard_normal((75, 4))
+    y = rng.integers(0, 3, 75)
+
+    def partial_then_warm(m):
+        for _ in range(3):
+            m.partial_fit(X, y, classes=np.arange(3))
+        m.set_params(warm_start=True, max_iter=3)
+        return _fit_quiet(m, X, y)
+
+    a, b = _fit_both(lambda: MLPClassifier(hidden_layer_sizes=(6,), batch_size=20,
+                                           random_state=7), partial_then_warm)
+    _assert_same_coefs(a, b)
+    assert len(count_batches) == 4 * 3 + 4 * 3
+    # a stock model continued inside the block: scikit-learn's optimizer, fastadam's loop
+    stock = MLPClassifier(hidden_layer_sizes=(6,), batch_size=20, random_state=7)
+    stock.partial_fit(X, y, classes=np.arange(3))
+    twin = pickle.loads(pickle.dumps(stock))
+    stock.partial_fit(X, y)
+    with fsk.accelerate_mlp():
+        twin.partial_fit(X, y)
+    assert type(twin._optimizer) is sk_opt.AdamOptimizer
+    for p, q in zip(stock.coefs_ + stock.intercepts_, twin.coefs_ + twin.intercepts_):
+        assert np.array_equal(p, q)
+
+
+def test_fortran_ordered_X_and_wide_batch_equal_sklearn(rng, count_batches):
+    X = np.asfortranarray(rng.standard_normal((50, 6)))
+    y = rng.integers(0, 3, 50)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(5,), batch_size=500, max_iter=3,  # noqa: E731
+                                 random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # batch_size clipped: scikit-learn's warning
+        a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert count_batches == [50, 50, 50]
+
+
+def test_fit_stochastic_restored_after_block_and_exception():
+    base = sk_mlp.BaseMultilayerPerceptron
+    original = base._fit_stochastic
+    with fsk.accelerate_mlp():
+        assert base._fit_stochastic is _sk_backprop.fit_stochastic
+        with fsk.accelerate_mlp():
+            assert base._fit_stochastic is _sk_backprop.fit_stochastic
+        assert base._fit_stochastic is _sk_backprop.fit_stochastic
+    assert base._fit_stochastic is original
+    with pytest.raises(ValueError, match="inside"):
+        with fsk.accelerate_mlp():
+            raise ValueError("inside")
+    assert base._fit_stochastic is original and sk_mlp.AdamOptimizer is not fsk.AdamOptimizer
+
+
+def test_missing_fit_stochastic_fails_loudly(monkeypatch):
+    monkeypatch.delattr(sk_mlp.BaseMultilayerPerceptron, "_fit_stochastic")
+    with pytest.raises(RuntimeError, match="BaseMultilayerPerceptron._fit_stochastic is missing"):
+        with fsk.accelerate_mlp():
+            pass
+
+
+def test_changed_fit_stochastic_signature_fails_loudly(monkeypatch):
+    def renamed(self, X, y, sample_weight, activations, deltas, coef_grads, intercept_grads,
+                layer_units, incremental, batch_size):
+        pass
+
+    monkeypatch.setattr(sk_mlp.BaseMultilayerPerceptron, "_fit_stochastic", renamed)
+    with pytest.raises(RuntimeError, match=r"_fit_stochastic takes \[.*'batch_size'\], expected"):
+        with fsk.accelerate_mlp():
+            pass
+    assert sk_mlp.BaseMultilayerPerceptron._fit_stochastic is renamed
+
+
+def test_renamed_backprop_fails_loudly(monkeypatch):
+    monkeypatch.delattr(sk_mlp.BaseMultilayerPerceptron, "_backprop")
+    with pytest.raises(RuntimeError, match="BaseMultilayerPerceptron._backprop is missing"):
+        _accelerate.check_sklearn_contract()
+
+
+def test_changed_activation_table_fails_loudly(monkeypatch):
+    from sklearn.neural_network import _base as sk_base
+    monkeypatch.setattr(sk_base, "DERIVATIVES", {"relu": sk_base.inplace_relu_derivative})
+    with pytest.raises(RuntimeError, match=r"_base.DERIVATIVES lacks \['identity', 'logistic', "
+                                           r"'tanh'\]"):
+        _accelerate.check_sklearn_contract()
+
+
+@pytest.mark.parametrize("hidden", [(), (4, 3, 5)])
+def test_no_hidden_layer_and_deep_network_equal_sklearn(rng, count_batches, hidden):
+    X = rng.standard_normal((64, 5))
+    y = rng.integers(0, 3, 64)
+    make = lambda: MLPClassifier(hidden_layer_sizes=hidden, batch_size=20, max_iter=4,  # noqa: E731
+                                 random_state=0)
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert len(count_batches) == 16
+
+
+def test_subclass_with_its_own_backprop_or_patched_tables_use_sklearns_loop(rng, count_batches,
+                                                                             monkeypatch):
+    X = rng.standard_normal((40, 4))
+    y = rng.integers(0, 3, 40)
+
+    class DoubledLoss(MLPClassifier):
+        def _backprop(self, *args):
+            loss, coef_grads, intercept_grads = super()._backprop(*args)
+            return 2 * loss, coef_grads, intercept_grads
+
+    make = lambda: DoubledLoss(hidden_layer_sizes=(5,), max_iter=3, random_state=0)  # noqa: E731
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    plain = _fit_quiet(MLPClassifier(hidden_layer_sizes=(5,), max_iter=3, random_state=0), X, y)
+    assert a.loss_curve_[0] == 2 * plain.loss_curve_[0]  # the override ran
+    assert count_batches == []
+
+    squared = lambda z: np.square(z, out=z)  # noqa: E731
+    monkeypatch.setitem(sk_mlp.ACTIVATIONS, "relu", squared)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(5,), max_iter=3, random_state=0)  # noqa: E731
+    a, b = _fit_both(make, lambda m: _fit_quiet(m, X, y))
+    _assert_same_coefs(a, b)
+    assert count_batches == []
+
+
+def test_verbose_lines_and_warm_started_early_stopping_equal_sklearn(rng, count_batches, capsys):
+    X = rng.standard_normal((80, 4))
+    y = rng.integers(0, 2, 80)
+
+    def fit_twice(m):
+        _fit_quiet(m, X, y)
+        m.set_params(max_iter=3)
+        return _fit_quiet(m, X, y)
+
+    make = lambda: MLPClassifier(hidden_layer_sizes=(6,), max_iter=4, verbose=True,  # noqa: E731
+                                 warm_start=True, early_stopping=True, random_state=0)
+    a = fit_twice(make())
+    stock_out = capsys.readouterr().out
+    with fsk.accelerate_mlp():
+        b = fit_twice(make())
+    assert capsys.readouterr().out == stock_out and "Validation score" in stock_out
+    _assert_same_coefs(a, b)
+    assert count_batches

@@ -7,10 +7,14 @@ Two ways in, both on the public fastadam API only (``step_inplace``, ``sparse_st
 1. scikit-learn's own estimators, faster: ``AdamOptimizer`` is a drop-in subclass of
    scikit-learn's private MLP ``AdamOptimizer`` whose update is one fused ``step_inplace`` call
    (TF convention, same arithmetic, so the same coefficients), and ``accelerate_mlp()`` makes
-   ``sklearn.neural_network.MLPClassifier/MLPRegressor(solver="adam")`` use it inside a ``with``
-   block (``_accelerate``; it checks the private contract and fails loudly if it changed).
+   ``sklearn.neural_network.MLPClassifier/MLPRegressor(solver="adam")`` use it, and its
+   mini-batch loop use ``_sk_backprop`` (scikit-learn's operations in scikit-learn's order, into
+   reused buffers), inside a ``with`` block (``_accelerate``; it checks the private contract and
+   fails loudly if it changed).
 2. Estimators written on fastadam that pass ``check_estimator``: ``MLPClassifier`` and
-   ``MLPRegressor`` (``_mlp``: autodiff tape + fused dense step, float32 by default) and
+   ``MLPRegressor`` (``_mlp``: a hand-written forward/backward pass, ``_backprop`` and the
+   compiled ``_kernels``, equal to the autodiff tape's gradients, + the fused dense step; X's
+   dtype by default, ``dtype="float32"`` for speed) and
    ``SparseLinearClassifier`` (``_sparse_linear``: CSR mini-batches give gradients only for the
    features they contain, applied by the lazy sparse step, so the cost per batch follows the
    non-zeros, not the feature count).

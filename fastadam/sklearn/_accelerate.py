@@ -16,6 +16,15 @@ duration of a ``with`` block.  Both are private to scikit-learn, so ``check_skle
 verifies them (names, constructor signature, methods) when the block is entered and when an
 ``AdamOptimizer`` is built, and raises ``RuntimeError`` naming what changed instead of training
 with a different optimizer than asked (importing ``fastadam.sklearn`` never fails on it).
+
+Inside the block the MLP's mini-batch loop is fastadam's too: ``accelerate_mlp()`` also swaps
+``BaseMultilayerPerceptron._fit_stochastic`` for ``_sk_backprop.fit_stochastic``, which performs
+scikit-learn's very floating-point operations (same NumPy/SciPy/BLAS calls, same order) into
+buffers reused across batches, and hands configurations it does not reproduce (sparse ``X``,
+other solvers, mixed dtypes) to the stock method.  float64 parameters take the fused step;
+other dtypes take ``_numpy_update``, scikit-learn's own update (it computes float32 updates
+partly in float64, which the fused float32 kernel does not), so the coefficients are
+scikit-learn's bit for bit.
 """
 import contextlib
 import inspect
@@ -32,8 +41,23 @@ try:  # private modules: their absence must not break ``import fastadam.sklearn`
     from sklearn.neural_network import _stochastic_optimizers as _sk_opt
 except ImportError:  # pragma: no cover - a scikit-learn that reorganised its MLP
     _sk_mlp = _sk_opt = None
+try:
+    from sklearn.neural_network import _base as _sk_base
+except ImportError:  # pragma: no cover
+    _sk_base = None
 
 _EXPECTED_INIT = ["self", "params", "learning_rate_init", "beta_1", "beta_2", "epsilon"]
+# the MLP methods the accelerated mini-batch loop replaces or calls, with their parameters
+_EXPECTED_METHODS = {
+    "_fit_stochastic": ["self", "X", "y", "sample_weight", "activations", "deltas", "coef_grads",
+                        "intercept_grads", "layer_units", "incremental"],
+    "_backprop": ["self", "X", "y", "sample_weight", "activations", "deltas", "coef_grads",
+                  "intercept_grads"],
+    "_update_no_improvement_count": ["self", "early_stopping", "X", "y", "sample_weight"],
+}
+_EXPECTED_TABLES = {"ACTIVATIONS": ["identity", "exp", "tanh", "logistic", "relu", "softmax"],
+                    "DERIVATIVES": ["identity", "tanh", "logistic", "relu"],
+                    "LOSS_FUNCTIONS": ["squared_error", "poisson", "log_loss", "binary_log_loss"]}
 _CONTRACT_HINT = ("fastadam.sklearn relies on scikit-learn's private MLP optimizer contract, which "
                   "this scikit-learn version changed; use the stock estimator or "
                   "fastadam.sklearn.MLPClassifier/MLPRegressor")
@@ -59,9 +83,22 @@ def check_sklearn_contract():
     if not isinstance(getattr(_sk_mlp, "AdamOptimizer", None), type):
         problems.append("sklearn.neural_network._multilayer_perceptron no longer looks up "
                         "AdamOptimizer as a module global")
-    if not callable(getattr(getattr(_sk_mlp, "BaseMultilayerPerceptron", None),
-                            "_fit_stochastic", None)):
-        problems.append("BaseMultilayerPerceptron._fit_stochastic is missing")
+    base_mlp = getattr(_sk_mlp, "BaseMultilayerPerceptron", None)
+    for name, expected in _EXPECTED_METHODS.items():
+        method = getattr(base_mlp, name, None)
+        if not callable(method):
+            problems.append(f"BaseMultilayerPerceptron.{name} is missing")
+            continue
+        params = list(inspect.signature(method).parameters)
+        if params != expected:
+            problems.append(f"BaseMultilayerPerceptron.{name} takes {params}, expected {expected}")
+    if _sk_base is None:
+        problems.append("sklearn.neural_network._base cannot be imported")
+    else:
+        for table, names in _EXPECTED_TABLES.items():
+            missing = sorted(set(names) - set(getattr(_sk_base, table, {})))
+            if missing:
+                problems.append(f"sklearn.neural_network._base.{table} lacks {missing}")
     if problems:
         raise RuntimeError(f"{_CONTRACT_HINT}: " + "; ".join(problems))
 
@@ -107,10 +144,22 @@ class AdamOptimizer(_BASE):
             raise RuntimeError(
                 f"{_CONTRACT_HINT}: update_params got {len(params)} params and {len(grads)} grads "
                 f"for an optimizer built for {len(self.ms)} arrays")
+        if not all(isinstance(p, np.ndarray) and p.dtype == np.float64 for p in params):
+            self._numpy_update(params, grads)
+            return
         # the MLP's gradients are fresh BLAS/NumPy results; a non-contiguous one (sparse X) is
         # read only, so a contiguous copy of it is harmless
         grads = [g if isinstance(g, np.ndarray) and g.flags.c_contiguous and g.dtype == p.dtype
                  else np.ascontiguousarray(g, dtype=p.dtype) for p, g in zip(params, grads)]
+        self._update_prepared(params, grads)
+
+    def _update_prepared(self, params, grads):
+        """``update_params`` for float64 lists the caller guarantees: as many C-contiguous
+        gradients of the parameters' dtype as parameters (the accelerated mini-batch loop);
+        other dtypes go to ``_numpy_update``."""
+        if self.ms[0].dtype != np.float64:
+            self._numpy_update(params, grads)
+            return
         t = self.t + 1
         fastadam.step_inplace(params, grads, self.ms, self.vs, t, lr=self.learning_rate_init,
                               beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon,
@@ -118,6 +167,15 @@ class AdamOptimizer(_BASE):
         self.t = t
         self.learning_rate = (self.learning_rate_init * np.sqrt(1 - self.beta_2 ** t)
                               / (1 - self.beta_1 ** t))
+
+    def _numpy_update(self, params, grads):
+        """scikit-learn's own update (its ``_get_updates``, then ``param += update``).
+
+        Used for every dtype but float64: scikit-learn's ``learning_rate`` is a NumPy float64
+        scalar, so for float32 arrays ``-learning_rate * m / (sqrt(v) + epsilon)`` is computed
+        in float64 and rounded when added, which the fused float32 kernel does not do."""
+        for param, update in zip(params, _BASE._get_updates(self, grads)):
+            param += update
 
     def _get_updates(self, grads):
         raise NotImplementedError("fastadam.sklearn.AdamOptimizer updates in place: call "
@@ -130,20 +188,22 @@ class AdamOptimizer(_BASE):
 
 _PATCH_LOCK = threading.RLock()
 _PATCH_DEPTH = 0
-_ORIGINAL = None
+_ORIGINAL = None  # (AdamOptimizer global, _fit_stochastic) while a block is open
 
 
 @contextlib.contextmanager
 def accelerate_mlp():
     """Make scikit-learn's ``MLPClassifier``/``MLPRegressor(solver="adam")`` use
-    :class:`AdamOptimizer` inside the ``with`` block::
+    :class:`AdamOptimizer` and fastadam's mini-batch loop (``_sk_backprop``: scikit-learn's
+    operations into reused buffers) inside the ``with`` block::
 
         with fastadam.sklearn.accelerate_mlp():
             clf = MLPClassifier(solver="adam", random_state=0).fit(X, y)
 
     ``fit``, ``partial_fit``, ``warm_start`` and ``early_stopping`` work as usual and give the
-    coefficients scikit-learn computes.  A model fitted inside keeps its fastadam optimizer, so
-    later ``partial_fit`` calls outside the block stay accelerated.  The swap is process-wide
+    coefficients, ``loss_curve_`` and scores scikit-learn computes, bit for bit.  A model fitted
+    inside keeps its fastadam optimizer, so later ``partial_fit`` calls outside the block still
+    take the fused step (with scikit-learn's own mini-batch loop).  The swap is process-wide
     (other threads' MLP fits inside the block are accelerated too) and does not reach worker
     processes (``GridSearchCV(n_jobs=2)``): enter the block inside the worker, or use
     ``fastadam.sklearn.MLPClassifier``.  Blocks nest.  Raises ``RuntimeError`` if the installed
@@ -151,10 +211,14 @@ def accelerate_mlp():
     """
     global _PATCH_DEPTH, _ORIGINAL
     check_sklearn_contract()
+    from . import _sk_backprop  # imports scikit-learn's private MLP helpers: after the check
+    base = _sk_mlp.BaseMultilayerPerceptron
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
-            _ORIGINAL = _sk_mlp.AdamOptimizer
+            _ORIGINAL = (_sk_mlp.AdamOptimizer, base.__dict__.get("_fit_stochastic"))
+            _sk_backprop.original_fit_stochastic = base._fit_stochastic
             _sk_mlp.AdamOptimizer = AdamOptimizer
+            base._fit_stochastic = _sk_backprop.fit_stochastic
         _PATCH_DEPTH += 1
     try:
         yield
@@ -162,5 +226,10 @@ def accelerate_mlp():
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
-                _sk_mlp.AdamOptimizer = _ORIGINAL
+                optimizer, fit_stochastic = _ORIGINAL
+                _sk_mlp.AdamOptimizer = optimizer
+                if fit_stochastic is None:  # pragma: no cover - inherited, not defined there
+                    del base._fit_stochastic
+                else:
+                    base._fit_stochastic = fit_stochastic
                 _ORIGINAL = None
