@@ -229,3 +229,89 @@ def test_add_l2_gradient_equals_numpy(rng, dtype):
     assert g.tobytes() == ref.tobytes()
     assert squares == pytest.approx(float(np.dot(w.astype(np.float64), w.astype(np.float64))),
                                     rel=1e-13)
+
+
+# ---- EpochTrainer: the estimators' compiled mini-batch loop ----------------------------------
+
+def _flat_network(rng, units, dtype):
+    """coefs and intercepts as views of one flat array (weights first), as the estimators
+    lay them out."""
+    shapes = [(a, b) for a, b in zip(units, units[1:])] + [(b,) for b in units[1:]]
+    flat = (rng.standard_normal(sum(int(np.prod(s)) for s in shapes)) * 0.4).astype(dtype)
+    views, start = [], 0
+    for s in shapes:
+        size = int(np.prod(s))
+        views.append(flat[start:start + size].reshape(s))
+        start += size
+    n = len(units) - 1
+    return flat, views[:n], views[n:]
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+@pytest.mark.parametrize("loss,n_out", [("softmax", 4), ("binary", 1), ("squared", 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("gather", [False, True])
+def test_epoch_trainer_equals_the_python_loop_bit_for_bit(rng, activation, loss, n_out, dtype,
+                                                         gather):
+    """Two epochs of the compiled loop against the loop it replaces, written with the public
+    step: BatchPass.run, add_l2_gradient, then fastadam.step_inplace(convention="tf"), over
+    the same shuffled rows (copied by the trainer with ``gather``, by X[order] here)."""
+    import fastadam
+    from fastadam.sklearn import _kernels
+    from fastadam.sklearn._backprop import BatchPass
+    units, n, size = [5, 8, n_out], 23, 7
+    X = rng.standard_normal((n, units[0])).astype(dtype)
+    if loss == "softmax":
+        targets = rng.integers(0, n_out, n).astype(np.intp)
+    elif loss == "binary":
+        targets = rng.integers(0, 2, (n, 1)).astype(dtype)
+    else:
+        targets = rng.standard_normal((n, n_out)).astype(dtype)
+    sw = rng.uniform(0.5, 2, n)
+    bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
+    hyper = dict(lr=0.01, beta1=0.8, beta2=0.99, eps=1e-7)
+    alpha = 0.05
+    seed = int(rng.integers(1 << 30))
+    runs = []
+    for compiled in (True, False):
+        flat, coefs, intercepts = _flat_network(np.random.default_rng(seed), units, dtype)
+        m, v = np.zeros_like(flat), np.zeros_like(flat)
+        batch = BatchPass(coefs, size, activation, dtype)
+        kernel, extra, _ = _kernel_loss(loss, None, None, dtype)
+        trainer = _kernels.EpochTrainer(batch, coefs, intercepts, kernel, extra, flat, m, v, 3,
+                                        hyper["lr"], hyper["beta1"], hyper["beta2"],
+                                        hyper["eps"], alpha, None)
+        t, totals = 3, []
+        order = np.arange(n)
+        for epoch in range(2):
+            np.random.default_rng(epoch).shuffle(order)
+            Xs, ts, ws = X[order], targets[order], sw[order]
+            weights = [(ws[a:b] / ws[a:b].sum()).astype(dtype) for a, b in bounds]
+            scales = [1.0 / float(ws[a:b].sum()) for a, b in bounds]
+            if compiled:
+                if gather:
+                    Xe = np.empty((size, units[0]), dtype)
+                    te = np.empty((size,) + targets.shape[1:], targets.dtype)
+                    xb, tb = [Xe[:b - a] for a, b in bounds], [te[:b - a] for a, b in bounds]
+                    totals.append(trainer.epoch(xb, tb, weights, scales, X, targets, order))
+                else:
+                    xb, tb = [Xs[a:b] for a, b in bounds], [ts[a:b] for a, b in bounds]
+                    totals.append(trainer.epoch(xb, tb, weights, scales))
+                t = trainer.t
+                continue
+            total = 0.0
+            for (a, b), w, scale in zip(bounds, weights, scales):
+                value = batch.run(Xs[a:b], coefs, intercepts, kernel, ts[a:b], w, extra)
+                k = batch.coef_size
+                squares = _kernels.add_l2_gradient(batch.gradients[:k], flat[:k], alpha * scale)
+                value += 0.5 * alpha * scale * squares
+                t += 1
+                fastadam.step_inplace(flat, batch.gradients, m, v, t, convention="tf", **hyper)
+                total += (b - a) * value
+            totals.append(total)
+        runs.append((flat, m, v, t, totals))
+    (flat, m, v, t, totals), (rflat, rm, rv, rt, rtotals) = runs
+    assert t == rt == 3 + 2 * len(bounds)
+    assert totals == rtotals
+    for a, b in ((flat, rflat), (m, rm), (v, rv)):
+        assert a.tobytes() == b.tobytes()

@@ -1,3 +1,4 @@
+# distutils: libraries = m
 """Fused loops of the MLP estimators' forward/backward pass (fastadam/sklearn/_backprop.py).
 
 A mini-batch of 200 rows makes every NumPy call on its (200, n_outputs) output layer cost more
@@ -28,8 +29,17 @@ expression it replaces (tested):
 - ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy
   rounds a Python float), returning ``sum(w * w)`` accumulated in double (the L2 penalty);
 - ``relu_network_pass``: ``BatchPass.run`` for ReLU networks, compiled: NumPy's matrix
-  products (``np.matmul`` with ``out=``) and the loss kernel, with the loops above called on
-  raw pointers in between (about 10 us less per mini-batch than the Python pass).
+  products (``np.matmul`` with ``out=``, or ``np.dot``, the same gemm call with less dispatch,
+  when no dimension is 1) and the loss kernel, with the loops above called on raw pointers in
+  between (about 10 us less per mini-batch than the Python pass);
+- ``EpochTrainer``: the estimators' mini-batch loop for one epoch in one call (gather, pass
+  with the loss loop called directly, L2 term, Adam step through fastadam's dense driver with
+  the arrays and hyper-parameters validated once per fit), bit for bit the Python loop with
+  ``fastadam.step_inplace`` (tested).
+
+libm is linked explicitly (the ``distutils`` line above) so that, built against a current
+glibc, exp and log bind to their current symbol versions rather than the SVID-wrapper
+compatibility ones (the same functions underneath, so the same bits, without the wrapper).
 
 The gradients are computed in the arrays' dtype with the roundings of the NumPy expressions
 of ``_losses`` / ``_layers`` (C's exp/log may differ from NumPy's by an ulp); the values are
@@ -39,9 +49,14 @@ loops): nothing here needs SIMD dispatch.
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport exp, expf, log, log1p
+from libc.math cimport exp, expf, log, log1p, pow, sqrt
+from libc.string cimport memcpy
+
+from fastadam._coeffs cimport AdamCoefficients
 
 cnp.import_array()
+
+cdef double F32_MAX = 3.4028234663852886e38  # float32's largest finite value
 
 ctypedef fused real_t:
     float
@@ -54,63 +69,104 @@ cdef inline real_t _exp(real_t x) noexcept nogil:
     return exp(x)
 
 
+# ---- the losses as pointer loops over C-contiguous (n, k) rows; the def kernels below and
+# the compiled training epoch (EpochTrainer) call them
+
+cdef inline double _softmax_cross_entropy(const real_t *z, const cnp.intp_t *labels,
+                                          const real_t *weights, real_t *grad, Py_ssize_t n,
+                                          Py_ssize_t k) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef real_t m, s, e
+    cdef double value = 0
+    cdef const real_t *zr
+    cdef real_t *gr
+    for i in range(n):
+        zr = z + i * k
+        gr = grad + i * k
+        m = zr[0]
+        for j in range(1, k):
+            if zr[j] > m:
+                m = zr[j]
+        s = 0
+        for j in range(k):
+            e = _exp(zr[j] - m)
+            gr[j] = e
+            s = s + e
+        value += <double>weights[i] * (log(<double>s) - <double>(zr[labels[i]] - m))
+        for j in range(k):
+            gr[j] = gr[j] / s
+        gr[labels[i]] = gr[labels[i]] - 1
+        for j in range(k):
+            gr[j] = gr[j] * weights[i]
+    return value
+
+
+cdef inline double _binary_cross_entropy(const real_t *z, const real_t *targets,
+                                         const real_t *weights, real_t *grad, Py_ssize_t n,
+                                         double eps) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef real_t p
+    cdef double q, t, value = 0
+    for i in range(n):
+        p = 1 / (1 + _exp(-z[i]))
+        q = min(max(<double>p, eps), 1 - eps)
+        t = targets[i]
+        value -= <double>weights[i] * (t * log(q) + (1 - t) * log1p(-q))
+        grad[i] = (p - targets[i]) * weights[i]
+    return value
+
+
+cdef inline double _half_squared_error(const real_t *z, const real_t *targets,
+                                       const real_t *weights, real_t *grad, Py_ssize_t n,
+                                       Py_ssize_t k) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef real_t d, scale
+    cdef double row, value = 0
+    for i in range(n):
+        scale = weights[i] / <real_t>k
+        row = 0
+        for j in range(k):
+            d = z[i * k + j] - targets[i * k + j]
+            row += <double>d * d
+            grad[i * k + j] = d * scale
+        value += 0.5 * <double>weights[i] * (row / k)
+    return value
+
+
 def softmax_cross_entropy(const real_t[:, ::1] z, const cnp.intp_t[::1] labels,
                           const real_t[::1] weights, real_t[:, ::1] grad):
     """Loss value (float) of z (n, K) and its gradient written to grad (n, K)."""
-    cdef Py_ssize_t n = z.shape[0], k = z.shape[1], i, j
-    cdef real_t m, s, e
-    cdef double value = 0
+    cdef Py_ssize_t n = z.shape[0], k = z.shape[1]
+    if n == 0 or k == 0:
+        return 0.0
+    cdef double value
     with nogil:
-        for i in range(n):
-            m = z[i, 0]
-            for j in range(1, k):
-                if z[i, j] > m:
-                    m = z[i, j]
-            s = 0
-            for j in range(k):
-                e = _exp(z[i, j] - m)
-                grad[i, j] = e
-                s = s + e
-            value += <double>weights[i] * (log(<double>s) - <double>(z[i, labels[i]] - m))
-            for j in range(k):
-                grad[i, j] = grad[i, j] / s
-            grad[i, labels[i]] = grad[i, labels[i]] - 1
-            for j in range(k):
-                grad[i, j] = grad[i, j] * weights[i]
+        value = _softmax_cross_entropy(&z[0, 0], &labels[0], &weights[0], &grad[0, 0], n, k)
     return value
 
 
 def binary_cross_entropy(const real_t[:, ::1] z, const real_t[:, ::1] targets,
                          const real_t[::1] weights, real_t[:, ::1] grad, double eps):
     """Loss value (float) of one logistic output z (n, 1) and its gradient (n, 1)."""
-    cdef Py_ssize_t n = z.shape[0], i
-    cdef real_t p
-    cdef double q, t, value = 0
+    cdef Py_ssize_t n = z.shape[0]
+    if n == 0:
+        return 0.0
+    cdef double value
     with nogil:
-        for i in range(n):
-            p = 1 / (1 + _exp(-z[i, 0]))
-            q = min(max(<double>p, eps), 1 - eps)
-            t = targets[i, 0]
-            value -= <double>weights[i] * (t * log(q) + (1 - t) * log1p(-q))
-            grad[i, 0] = (p - targets[i, 0]) * weights[i]
+        value = _binary_cross_entropy(&z[0, 0], &targets[0, 0], &weights[0], &grad[0, 0], n,
+                                      eps)
     return value
 
 
 def half_squared_error(const real_t[:, ::1] z, const real_t[:, ::1] targets,
                        const real_t[::1] weights, real_t[:, ::1] grad):
     """Loss value (float) of z (n, K) against targets and its gradient (n, K)."""
-    cdef Py_ssize_t n = z.shape[0], k = z.shape[1], i, j
-    cdef real_t d, scale
-    cdef double row, value = 0
+    cdef Py_ssize_t n = z.shape[0], k = z.shape[1]
+    if n == 0 or k == 0:
+        return 0.0
+    cdef double value
     with nogil:
-        for i in range(n):
-            scale = weights[i] / <real_t>k
-            row = 0
-            for j in range(k):
-                d = z[i, j] - targets[i, j]
-                row += <double>d * d
-                grad[i, j] = d * scale
-            value += 0.5 * <double>weights[i] * (row / k)
+        value = _half_squared_error(&z[0, 0], &targets[0, 0], &weights[0], &grad[0, 0], n, k)
     return value
 
 
@@ -290,37 +346,44 @@ def outer_relu_backward_column_sums(const real_t[:, ::1] d, const real_t[:, ::1]
                                          &sums[0])
 
 
+cdef inline double _add_l2_gradient(real_t *gp, const real_t *wp, Py_ssize_t n,
+                                    double decay) noexcept nogil:
+    """gp += decay * wp (decay rounded to real_t first); returns sum(wp * wp) in double, in
+    four interleaved partial sums added as (s0 + s1) + (s2 + s3)."""
+    cdef Py_ssize_t i, body = n - n % 4
+    cdef real_t s = <real_t>decay
+    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    for i in range(n):
+        gp[i] = gp[i] + s * wp[i]
+    for i in range(0, body, 4):
+        s0 += <double>wp[i] * wp[i]
+        s1 += <double>wp[i + 1] * wp[i + 1]
+        s2 += <double>wp[i + 2] * wp[i + 2]
+        s3 += <double>wp[i + 3] * wp[i + 3]
+    for i in range(body, n):
+        s0 += <double>wp[i] * wp[i]
+    return (s0 + s1) + (s2 + s3)
+
+
 def add_l2_gradient(real_t[::1] g, const real_t[::1] w, double decay):
     """g = g + decay * w in place (decay rounded to g's dtype first, as NumPy does with a
     Python float; the L2 term of the weights' gradient); returns sum(w * w), accumulated in
     double in four interleaved partial sums (entries i = r mod 4), added as
     ``(s0 + s1) + (s2 + s3)``: one fixed order, with no serial chain of additions."""
-    cdef Py_ssize_t n = g.shape[0], i, body = g.shape[0] - g.shape[0] % 4
-    cdef real_t s = <real_t>decay
-    cdef real_t *gp
-    cdef const real_t *wp
-    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    cdef Py_ssize_t n = g.shape[0]
+    cdef double value
     if n == 0:
         return 0.0
     with nogil:
-        gp = &g[0]
-        wp = &w[0]
-        for i in range(n):
-            gp[i] = gp[i] + s * wp[i]
-        for i in range(0, body, 4):
-            s0 += <double>wp[i] * wp[i]
-            s1 += <double>wp[i + 1] * wp[i + 1]
-            s2 += <double>wp[i + 2] * wp[i + 2]
-            s3 += <double>wp[i + 3] * wp[i + 3]
-        for i in range(body, n):
-            s0 += <double>wp[i] * wp[i]
-    return (s0 + s1) + (s2 + s3)
+        value = _add_l2_gradient(&g[0], &w[0], n, decay)
+    return value
 
 
 # ---- BatchPass.run for activation="relu", compiled: the same calls in the same order, with
 # the loops above called on raw pointers (no memoryview per call, no interpreter glue)
 
 cdef object _matmul = np.matmul
+cdef object _dot = np.dot
 cdef object _add_reduce = np.add.reduce
 
 
@@ -336,6 +399,17 @@ cdef inline Py_ssize_t _cols(object a):
     return cnp.PyArray_DIM(<cnp.ndarray>a, 1)
 
 
+cdef inline _product(object a, object b, object out):
+    """out = a @ b for 2-D a (n, k) and b (k, m).  With n, k and m all above 1 this is
+    ``np.dot``: the same BLAS gemm call as ``np.matmul`` (the same bits) with less dispatch
+    (about 1 us less per call).  With a dimension of 1, dot takes its vector or scalar paths,
+    whose roundings can differ from matmul's, so matmul itself runs."""
+    if _rows(a) > 1 and _cols(a) > 1 and _cols(b) > 1:
+        _dot(a, b, out)
+    else:
+        _matmul(a, b, out)
+
+
 cdef void _sums_of(object g, object out, bint dbl):
     """out = g.sum(axis=0): NumPy's own reduction for one column (pairwise), else the loop in
     NumPy's row order."""
@@ -348,18 +422,59 @@ cdef void _sums_of(object g, object out, bint dbl):
         _column_sums(<const float *>_data(g), n, k, <float *>_data(out))
 
 
-def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
-                      list coef_grads, list intercept_grads, loss, targets, weights,
-                      tuple extra):
-    """``_backprop.BatchPass.run`` for ReLU hidden layers: ``values[i]`` and ``deltas[i]`` are
-    the (n, units) buffers of this batch's n rows; every array is C-contiguous and of X's
-    dtype (float32 or float64), as BatchPass allocates them.  Returns the loss value."""
+
+
+# loss codes of _relu_pass: a Python callable (BatchPass.run's ``loss``), or one of the pointer
+# loops above, called directly
+cdef enum:
+    LOSS_CALLABLE = 0
+    LOSS_SOFTMAX = 1
+    LOSS_BINARY = 2
+    LOSS_SQUARED = 3
+
+
+cdef double _loss(int code, object loss, object z, object targets, object weights, object dz,
+                  tuple extra, double eps, bint dbl) except? -1.0:
+    """The loss value of the output layer z; d loss / d z written to dz."""
+    cdef Py_ssize_t n = _rows(z), k = _cols(z)
+    if code == LOSS_CALLABLE:
+        return loss(z, targets, weights, dz, *extra)
+    if n == 0 or k == 0:
+        return 0.0
+    if code == LOSS_SOFTMAX:
+        if dbl:
+            return _softmax_cross_entropy(<const double *>_data(z),
+                                          <const cnp.intp_t *>_data(targets),
+                                          <const double *>_data(weights), <double *>_data(dz),
+                                          n, k)
+        return _softmax_cross_entropy(<const float *>_data(z),
+                                      <const cnp.intp_t *>_data(targets),
+                                      <const float *>_data(weights), <float *>_data(dz), n, k)
+    if code == LOSS_BINARY:
+        if dbl:
+            return _binary_cross_entropy(<const double *>_data(z), <const double *>_data(targets),
+                                         <const double *>_data(weights), <double *>_data(dz),
+                                         n, eps)
+        return _binary_cross_entropy(<const float *>_data(z), <const float *>_data(targets),
+                                     <const float *>_data(weights), <float *>_data(dz), n, eps)
+    if dbl:
+        return _half_squared_error(<const double *>_data(z), <const double *>_data(targets),
+                                   <const double *>_data(weights), <double *>_data(dz), n, k)
+    return _half_squared_error(<const float *>_data(z), <const float *>_data(targets),
+                               <const float *>_data(weights), <float *>_data(dz), n, k)
+
+
+cdef double _relu_pass(object X, list coefs, list intercepts, list values, list deltas,
+                       list coef_grads, list intercept_grads, int loss_code, object loss,
+                       object targets, object weights, tuple extra, double eps) except? -1.0:
+    """The body of relu_network_pass (below); the loss is ``loss_code``'s."""
     cdef Py_ssize_t last = len(coefs) - 1, i, n, k
     cdef bint dbl = cnp.PyArray_TYPE(<cnp.ndarray>X) == cnp.NPY_DOUBLE
+    cdef double value
     h = X
     for i in range(last + 1):
         z = values[i]
-        _matmul(h, coefs[i], z)
+        _product(h, coefs[i], z)
         n, k = _rows(z), _cols(z)
         if i != last:
             if dbl:
@@ -372,10 +487,10 @@ def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
             _add_bias(<float *>_data(z), <const float *>_data(intercepts[i]), n, k)
         h = z
     dz = deltas[last]
-    value = loss(h, targets, weights, dz, *extra)
+    value = _loss(loss_code, loss, h, targets, weights, dz, extra, eps, dbl)
     for i in range(last, -1, -1):
         a = values[i - 1] if i else X
-        _matmul(a.T, dz, coef_grads[i])
+        _product(a.T, dz, coef_grads[i])
         if i == last:  # the output layer's bias gradient (hidden ones: below, fused)
             _sums_of(dz, intercept_grads[i], dbl)
         if i == 0:
@@ -405,7 +520,7 @@ def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
                 _outer_product(<const float *>_data(dz), <const float *>_data(w), n, k,
                                <float *>_data(below))
         else:
-            _matmul(dz, w.T, below)
+            _product(dz, w.T, below)
         if k > 1:  # row order == NumPy's for two or more columns
             if dbl:
                 _relu_backward_column_sums(<double *>_data(below), <const double *>_data(a),
@@ -421,3 +536,169 @@ def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
             _sums_of(below, sums, dbl)
         dz = below
     return value
+
+
+def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
+                      list coef_grads, list intercept_grads, loss, targets, weights,
+                      tuple extra):
+    """``_backprop.BatchPass.run`` for ReLU hidden layers: ``values[i]`` and ``deltas[i]`` are
+    the (n, units) buffers of this batch's n rows; every array is C-contiguous and of X's
+    dtype (float32 or float64), as BatchPass allocates them.  Returns the loss value."""
+    return _relu_pass(X, coefs, intercepts, values, deltas, coef_grads, intercept_grads,
+                      LOSS_CALLABLE, loss, targets, weights, extra, 0.0)
+
+
+# ---- the training epoch, compiled: no interpreter between mini-batches
+
+cdef class EpochTrainer:
+    """The estimators' mini-batch loop (``_mlp``) for one fit: ``epoch()`` runs every
+    mini-batch of an epoch.  Per mini-batch: the shuffled rows copied into the batch buffer,
+    the forward/backward pass (``relu_network_pass``' body with the loss called directly, or
+    ``BatchPass.run`` for the other activations), the L2 term (``add_l2_gradient``) and one
+    Adam step through fastadam's dense driver.
+
+    The step is ``fastadam.step_inplace(params, gradients, m, v, t, lr=..., beta1=...,
+    beta2=..., eps=..., convention="tf", num_threads=...)``: the same driver and kernel, with
+    the arrays and hyper-parameters validated here, once, and the step size
+    ``alpha = lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` folded per step in C with the
+    operations of ``fastadam.optim._coefficients.adam_step_sizes`` (pow and sqrt, the same
+    roundings), so the bits are step_inplace's (tested).
+    """
+    cdef object batch
+    cdef bint relu, dbl
+    cdef int loss_code
+    cdef object loss
+    cdef tuple extra
+    cdef double clip
+    cdef list coefs, intercepts, coef_grads, intercept_grads
+    cdef dict views
+    cdef object params, gradients
+    cdef Py_ssize_t coef_size
+    cdef double alpha
+    cdef AdamCoefficients coeffs
+    cdef double lr, beta1, beta2
+    cdef object dense_step, chooser
+    cdef tuple step_args
+    cdef Py_ssize_t step_size
+    cdef int num_threads, kind
+    cdef readonly long long t
+
+    def __init__(self, batch, list coefs, list intercepts, loss, tuple extra, params, m, v,
+                 long long t, double lr, double beta1, double beta2, double eps, double alpha,
+                 num_threads):
+        """``batch``: the fit's BatchPass; ``coefs``/``intercepts``: views of ``params``
+        (weights first, then intercepts, as ``batch.gradients``); ``loss, extra``: the
+        estimator's ``_loss_kernel()``; ``m, v``: Adam's moments like ``params``, ``t``: the
+        steps taken so far; ``alpha``: the L2 strength (0: none)."""
+        from fastadam import _dense
+        from fastadam._threads import adaptive_threads, resolve_num_threads
+        from fastadam._validation import check_step_arrays
+        from fastadam.optim._coefficients import adam_coefficients
+        from fastadam.optim._functional import KIND_DENSE, check_compute_dtype
+        self.batch = batch
+        self.relu = batch.activation == "relu"
+        self.loss = loss
+        self.extra = extra
+        self.clip = extra[0] if extra else 0.0
+        if loss is softmax_cross_entropy:
+            self.loss_code = LOSS_SOFTMAX
+        elif loss is binary_cross_entropy:
+            self.loss_code = LOSS_BINARY
+        elif loss is half_squared_error:
+            self.loss_code = LOSS_SQUARED
+        else:
+            self.loss_code = LOSS_CALLABLE
+        self.coefs, self.intercepts = coefs, intercepts
+        self.coef_grads, self.intercept_grads = batch.coef_grads, batch.intercept_grads
+        self.views = {}
+        self.params, self.gradients = params, batch.gradients
+        self.coef_size = batch.coef_size
+        self.alpha = alpha
+        self.t = t
+        self.lr, self.beta1, self.beta2 = lr, beta1, beta2
+        # validated once: the hyper-parameters (t + 1: the first step this trainer takes) and
+        # the arrays, as step_inplace validates them at every step
+        self.coeffs = adam_coefficients(t + 1, lr, beta1, beta2, eps, "tf")
+        xs, gs, slots, typenum = check_step_arrays(params, batch.gradients,
+                                                   [("m", m), ("v", v)])
+        if typenum != cnp.NPY_DOUBLE:
+            check_compute_dtype(self.coeffs, typenum)
+        self.dbl = typenum == cnp.NPY_DOUBLE
+        if typenum not in (cnp.NPY_DOUBLE, cnp.NPY_FLOAT):
+            raise TypeError(f"params: expected float32 or float64, got {params.dtype}")
+        self.step_args = (xs, gs, slots, typenum, False)
+        self.step_size = params.size
+        # step_inplace's num_threads: None is the measured choice (0 here)
+        self.num_threads = 0 if num_threads is None else resolve_num_threads(num_threads)
+        self.dense_step = _dense.dense_step
+        self.chooser = adaptive_threads.run
+        self.kind = KIND_DENSE
+
+    cdef inline _adam_step(self):
+        cdef double bc1, bc2
+        self.t += 1
+        bc1 = 1.0 - pow(self.beta1, <double>self.t)
+        bc2 = 1.0 - pow(self.beta2, <double>self.t)
+        self.coeffs.c.alpha = self.lr * sqrt(bc2) / bc1
+        if not self.dbl and not -F32_MAX <= self.coeffs.c.alpha <= F32_MAX:
+            self.coeffs.check_float32()  # raises, naming lr, as step_inplace does
+        done = self.dense_step(self.coeffs, *self.step_args, self.num_threads)
+        if done is None:  # not run: the thread chooser runs it (fastadam/_threads.py)
+            self.chooser(self.dense_step, (self.coeffs,) + self.step_args, self.step_size,
+                         self.kind)
+
+    def epoch(self, list xb, list tb, list weights, list scales, X=None, targets=None,
+              order=None):
+        """One pass over the mini-batches ``xb[i], tb[i]`` (rows and targets) with sample
+        weights ``weights[i]`` (normalised to sum to 1) and L2 scale ``scales[i]`` (1 / the
+        batch's weight sum).  With ``order``, batch i's rows are first copied from
+        ``X[order[start:start + rows]]`` (and ``targets``) into ``xb[i]``, ``tb[i]``.
+        Returns the sum over the batches of rows * loss."""
+        cdef Py_ssize_t b, nb = len(xb), rows, start = 0
+        cdef double value, scale, squares, total = 0
+        cdef const cnp.intp_t *idx = NULL
+        if order is not None:
+            idx = <const cnp.intp_t *>_data(order)
+        for b in range(nb):
+            Xb, Tb, w = xb[b], tb[b], weights[b]
+            rows = _rows(Xb)
+            if order is not None:
+                _gather(X, idx + start, rows, Xb)
+                _gather(targets, idx + start, rows, Tb)
+            start += rows
+            if self.relu:
+                views = self.views.get(rows)
+                if views is None:
+                    views = self.views[rows] = ([v[:rows] for v in self.batch.values],
+                                                [d[:rows] for d in self.batch.deltas])
+                value = _relu_pass(Xb, self.coefs, self.intercepts, views[0], views[1],
+                                   self.coef_grads, self.intercept_grads, self.loss_code,
+                                   self.loss, Tb, w, self.extra, self.clip)
+            else:
+                value = self.batch.run(Xb, self.coefs, self.intercepts, self.loss, Tb, w,
+                                       self.extra)
+            if self.alpha:
+                # L2 on the weights only: g + decay * W, and the penalty of the weights the
+                # gradient was taken at, as sklearn reports it
+                scale = scales[b]
+                if self.dbl:
+                    squares = _add_l2_gradient(<double *>_data(self.gradients),
+                                               <const double *>_data(self.params),
+                                               self.coef_size, self.alpha * scale)
+                else:
+                    squares = _add_l2_gradient(<float *>_data(self.gradients),
+                                               <const float *>_data(self.params),
+                                               self.coef_size, self.alpha * scale)
+                value += 0.5 * self.alpha * scale * squares
+            self._adam_step()
+            total += rows * value
+        return total
+
+
+cdef void _gather(object src, const cnp.intp_t *rows, Py_ssize_t n, object dst) noexcept:
+    """dst[i] = src[rows[i]] for C-contiguous src and dst (whole rows copied)."""
+    cdef Py_ssize_t i, size = cnp.PyArray_STRIDE(<cnp.ndarray>src, 0)
+    cdef const char *s = <const char *>_data(src)
+    cdef char *d = <char *>_data(dst)
+    for i in range(n):
+        memcpy(d + i * size, s + rows[i] * size, size)

@@ -18,10 +18,13 @@ What differs is how a step is computed:
   ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
   (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
   ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
-- the update is one ``fastadam.step_inplace(..., convention="tf")`` call over the whole
-  parameter list, the L2 term added to the weights' gradients beforehand (``g + decay * W``,
-  the step's own coupled weight-decay formula; the intercepts get none), in the same pass
-  that sums ``W * W`` for the reported penalty.
+- the update is one Adam step (``fastadam.step_inplace(..., convention="tf")``'s driver and
+  kernel) over the whole parameter array, the L2 term added to the weights' gradients
+  beforehand (``g + decay * W``, the step's own coupled weight-decay formula; the intercepts
+  get none), in the same pass that sums ``W * W`` for the reported penalty;
+- an epoch's mini-batches run in one compiled call (``_kernels.EpochTrainer``: the gather,
+  the pass, the L2 term and the step, with the step's arrays and hyper-parameters validated
+  once per fit; tested bit for bit against the Python loop with ``fastadam.step_inplace``).
 
 Reproducibility: the random draws come from ``random_state`` only, the Adam step is
 bit-identical for any thread count, and BLAS products are computed with the rows (batch) on the
@@ -170,25 +173,6 @@ class _BaseMLP(BaseEstimator):
                 activation_inplace(self.activation, h)
         return h
 
-    def _batch_step(self, batch, loss, Xb, targets, weights, penalty_scale, params):
-        """Forward, backward (``batch``, a ``_backprop.BatchPass``; ``loss`` from
-        ``_loss_kernel``) and one Adam step of ``params`` (``_flatten_parameters``' array)
-        with ``batch.gradients`` (the same layout) on one mini-batch.  Returns its loss."""
-        value = float(batch.run(Xb, self.coefs_, self.intercepts_, loss[0], targets, weights,
-                                loss[1]))
-        if self.alpha:
-            # L2 on the weights only: g + decay * W (the step's coupled weight decay), and the
-            # penalty of the weights the gradient was taken at, as sklearn reports it
-            decay = self.alpha * penalty_scale
-            n = batch.coef_size  # the weights come first in both flat arrays
-            squares = _kernels.add_l2_gradient(batch.gradients[:n], params[:n], decay)
-            value += 0.5 * self.alpha * penalty_scale * squares
-        self._adam_t += 1
-        fastadam.step_inplace(params, batch.gradients, self._adam_m, self._adam_v, self._adam_t,
-                              lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
-                              eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        return value
-
     def _fit(self, X, y, sample_weight, incremental, classes=None):
         first_pass = not hasattr(self, "coefs_") or (not self.warm_start and not incremental)
         if first_pass:
@@ -223,22 +207,37 @@ class _BaseMLP(BaseEstimator):
             self.n_iter_ = 0
         progress = EpochProgress(self.verbose and not incremental, epochs, type(self).__name__)
         stop_message = None
-        order = np.arange(n_samples)
+        order = np.arange(n_samples, dtype=np.intp)
         batch = BatchPass(self.coefs_, batch_size, self.activation, dtype)
-        loss = self._loss_kernel()
+        loss, extra = self._loss_kernel()
         params = self._flatten_parameters()  # coefs_, intercepts_: views, updated in place
-        uniform = {}  # batch length -> its weights 1/length (no sample_weight)
+        trainer = _kernels.EpochTrainer(
+            batch, self.coefs_, self.intercepts_, loss, extra, params, self._adam_m,
+            self._adam_v, self._adam_t, self.learning_rate_init, self.beta_1, self.beta_2,
+            self.epsilon, self.alpha, self.num_threads)
+        bounds = [(a, min(a + batch_size, n_samples)) for a in range(0, n_samples, batch_size)]
         # Shuffled rows are gathered into reused buffers: the whole epoch at once when X is
-        # small, else each mini-batch just before its pass (a large epoch copy has left the
-        # cache by the time its last batches are multiplied).
+        # small, else each mini-batch just before its pass, by the trainer (a large epoch copy
+        # has left the cache by the time its last batches are multiplied).
         per_batch = self.shuffle and X.nbytes > _EPOCH_GATHER_BYTES
         if per_batch:
             Xe = np.empty((batch_size,) + X.shape[1:], X.dtype)
             te = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
-        elif self.shuffle:
-            Xe, te = np.empty_like(X), np.empty_like(targets)
+            xb, tb = [Xe[:b - a] for a, b in bounds], [te[:b - a] for a, b in bounds]
+            # the trainer copies whole rows: C-contiguous sources
+            gather = (np.ascontiguousarray(X), np.ascontiguousarray(targets), order)
         else:
-            Xe, te = X, targets
+            if self.shuffle:
+                Xe, te = np.empty_like(X), np.empty_like(targets)
+            else:
+                Xe, te = X, targets
+            xb, tb = [Xe[a:b] for a, b in bounds], [te[a:b] for a, b in bounds]
+            gather = ()
+        # each batch's sample weights, normalised, and its L2 scale 1 / (sum of its weights)
+        uniform = {rows: np.full(rows, 1.0 / rows, dtype=dtype) for rows in
+                   {b - a for a, b in bounds}}
+        weights = [uniform[b - a] for a, b in bounds]
+        scales = [1.0 / float(b - a) for a, b in bounds]
         swe = sample_weight
         if self.shuffle and sample_weight is not None:
             swe = np.empty_like(sample_weight)
@@ -253,26 +252,16 @@ class _BaseMLP(BaseEstimator):
                         np.take(targets, order, axis=0, out=te, mode="clip")
                     if swe is not None:
                         np.take(sample_weight, order, out=swe, mode="clip")
-                total = 0.0
-                for start in range(0, n_samples, batch_size):
-                    stop = min(start + batch_size, n_samples)
-                    rows = stop - start
-                    if swe is None:
-                        w_sum = float(rows)
-                        weights = uniform.get(rows)
-                        if weights is None:
-                            weights = uniform[rows] = np.full(rows, 1.0 / w_sum, dtype=dtype)
-                    else:
-                        w_sum = float(swe[start:stop].sum(dtype=np.float64))
-                        weights = (swe[start:stop] / w_sum).astype(dtype, copy=False)
-                    if per_batch:
-                        Xb, tb = Xe[:rows], te[:rows]
-                        np.take(X, order[start:stop], axis=0, out=Xb, mode="clip")
-                        np.take(targets, order[start:stop], axis=0, out=tb, mode="clip")
-                    else:
-                        Xb, tb = Xe[start:stop], te[start:stop]
-                    total += rows * self._batch_step(batch, loss, Xb, tb, weights, 1.0 / w_sum,
-                                                     params)
+                if swe is not None:
+                    weights, scales = [], []
+                    for a, b in bounds:
+                        w_sum = float(swe[a:b].sum(dtype=np.float64))
+                        weights.append((swe[a:b] / w_sum).astype(dtype, copy=False))
+                        scales.append(1.0 / w_sum)
+                try:
+                    total = trainer.epoch(xb, tb, weights, scales, *gather)
+                finally:
+                    self._adam_t = trainer.t
                 self.n_iter_ += 1
                 self.t_ += n_samples
                 self.loss_ = total / n_samples
