@@ -112,7 +112,7 @@ def _accelerate_row(problem, fits, repeats):
         return run
 
     res = interleaved_medians({name: cpu_timed(name, fit) for name, fit in fits.items()},
-                              repeats, problem)
+                              repeats, ("accelerate", problem))
     (stock_s, stock), (accel_s, accel) = res["stock"], res["accelerate_mlp()"]
     cpu_ratio = float(np.median(cpu["stock"]) / np.median(cpu["accelerate_mlp()"]))
     identical = (all(np.array_equal(p, q) for p, q in zip(stock.coefs_ + stock.intercepts_,
@@ -120,7 +120,7 @@ def _accelerate_row(problem, fits, repeats):
                  and stock.loss_curve_ == accel.loss_curve_)
     print(f"{problem:14s} {stock_s:8.3f}s {accel_s:8.3f}s {stock_s / accel_s:6.2f}x "
           f"{cpu_ratio:8.2f}x {str(identical):>9s}")
-    print_runs(problem)
+    print_runs(("accelerate", problem))
     for name in fits:
         print(f"{'':14s} cpu  {name:20s} " + " ".join(f"{t:.3f}" for t in cpu[name]))
 
