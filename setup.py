@@ -1,9 +1,9 @@
 """Build script for fastadam's compiled core.
 
-Every Cython module ``fastadam/[SUBPACKAGE/]_NAME.pyx`` becomes the extension
-``fastadam.[SUBPACKAGE.]_NAME``; if a C file ``include/fastadam/NAME.c`` exists it is compiled into
-that extension (that is where kernels with runtime CPU dispatch live).  Adding a capability
-therefore needs no edit here.
+``EXTENSIONS`` below lists every compiled module by name with its sources: the drivers in the
+private package ``fastadam._core`` (with the C kernels of include/fastadam/, where runtime CPU
+dispatch lives), then each package's own compiled module.  A new extension is one new row
+there; no file-name convention decides what is built.
 
 Flags: ``-O3 -fno-math-errno`` (so gcc vectorizes sqrt), ``-ffp-contract=off`` (no FMA contraction:
 the SIMD body, the scalar tail and every dispatch target round identically, so results do not depend
@@ -85,18 +85,30 @@ if not os.environ.get("FASTADAM_DEBUG"):
         link_args.append("-Wl,--strip-debug")
 
 
+# module name: its sources (a Cython module first, then C files compiled into the same extension)
+EXTENSIONS = {
+    # the compiled drivers (private): fastadam/_core/
+    "fastadam._core._coeffs": ["fastadam/_core/_coeffs.pyx"],
+    "fastadam._core._config": ["fastadam/_core/_config.pyx"],
+    "fastadam._core._validation": ["fastadam/_core/_validation.pyx"],
+    "fastadam._core._dense": ["fastadam/_core/_dense.pyx", "include/fastadam/dense.c"],
+    "fastadam._core._sparse": ["fastadam/_core/_sparse.pyx", "include/fastadam/sparse.c"],
+    "fastadam._core._autodiff_kernels": ["fastadam/_core/_autodiff_kernels.pyx",
+                                         "include/fastadam/autodiff_kernels.c"],
+    # each package's own compiled module
+    "fastadam.autodiff._tape": ["fastadam/autodiff/_tape.pyx"],
+    "fastadam.sparse._csr": ["fastadam/sparse/_csr.pyx"],
+    "fastadam.sklearn._kernels": ["fastadam/sklearn/_kernels.pyx"],
+    "fastadam.bench._yardstick": ["fastadam/bench/_yardstick.pyx", "include/fastadam/yardstick.c"],
+}
+
+
 def make_extensions():
     extensions = []
     # Every kernel header: a change to one rebuilds the extensions (setuptools does not scan
     # #include lines itself).
     headers = [str(h.relative_to(HERE)) for h in sorted((HERE / "include").rglob("*.h"))]
-    for pyx in sorted((HERE / "fastadam").rglob("_*.pyx")):
-        name = pyx.stem
-        module = ".".join(pyx.relative_to(HERE).with_suffix("").parts)
-        sources = [str(pyx.relative_to(HERE))]
-        kernel = HERE / "include" / "fastadam" / (name[1:] + ".c")
-        if kernel.exists():
-            sources.append(str(kernel.relative_to(HERE)))
+    for module, sources in EXTENSIONS.items():
         extensions.append(
             Extension(
                 module,

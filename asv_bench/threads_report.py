@@ -15,7 +15,7 @@ ratios (paired: steps of one round run within milliseconds, so load that changes
 seconds cancels), with the load average at the block's start.
 Every block is printed, not the best; the summary gives the median and the worst block.
 
-The chooser's decisions are logged (fastadam._threads.AdaptiveThreads.log and summary): the
+The chooser's decisions are logged (fastadam._core._threads.AdaptiveThreads.log and summary): the
 share of default steps on N threads, probes, switches and its estimates per size class.
 
 Then, with no BLAS work between steps (back-to-back), the speed-up of the default over 1 thread
@@ -81,7 +81,7 @@ def block_ratios(times):
 
 
 def loop_report(rounds, blocks):
-    from fastadam._threads import adaptive_threads
+    from fastadam._core._threads import adaptive_threads
 
     print(f"{'':>21} | {'step: 1 thr':>11} {'default':>7} {'paired':>6} {'A/A':>5} "
           f"{'paired':>6} | {'round: 1 thr':>12} {'default':>7} {'A/A':>5} | {'on N':>5}")
@@ -132,7 +132,7 @@ def loop_report(rounds, blocks):
 def idle_speedup(size, rounds):
     """Median back-to-back step seconds of 1 thread / the default, interleaved."""
     import fastadam
-    from fastadam._threads import adaptive_threads
+    from fastadam._core._threads import adaptive_threads
 
     adaptive_threads.reset()
     x = np.zeros(size, np.float32)

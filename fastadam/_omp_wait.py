@@ -29,11 +29,11 @@ def load_core():
     user = [k for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ]
     if user:
         POLICY = "user: " + ", ".join(f"{k}={os.environ[k]}" for k in user)
-        from . import _config  # noqa: F401
+        from ._core import _config  # noqa: F401
         return POLICY
     os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     try:
-        from . import _config, _dense  # noqa: F401  (libgomp's constructor reads the variable)
+        from ._core import _config, _dense  # noqa: F401  (libgomp's constructor reads it)
     finally:
         del os.environ["GOMP_SPINCOUNT"]
     POLICY = f"fastadam: GOMP_SPINCOUNT={SPIN_COUNT} while loading its OpenMP runtime"

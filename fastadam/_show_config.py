@@ -3,13 +3,14 @@ import sys
 
 import numpy as np
 
-from . import _config, _omp_wait
-from ._threads import cpu_count, resolve_num_threads
+from . import _omp_wait
+from ._core import _config
+from ._core._threads import cpu_count, resolve_num_threads
 
 
 def config():
     """The facts as a dict: version, SIMD path picked at run time, OpenMP runtime, threads."""
-    from . import __version__
+    from ._version import __version__
 
     info = {
         "version": __version__,
@@ -36,7 +37,7 @@ def config():
 
 def _thread_pools():
     """threadpoolctl's view of the loaded thread pools (OpenMP runtimes, BLAS), or None."""
-    from . import _dense  # noqa: F401  (loads the OpenMP runtime)
+    from ._core import _dense  # noqa: F401  (loads the OpenMP runtime)
 
     try:
         import threadpoolctl

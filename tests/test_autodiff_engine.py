@@ -457,7 +457,7 @@ def test_results_do_not_depend_on_thread_count():
 
 
 def test_kernels_were_built_with_openmp():
-    from fastadam import _autodiff_kernels
+    from fastadam._core import _autodiff_kernels
     assert _autodiff_kernels.openmp_enabled() == fastadam.config()["openmp"]
 
 
@@ -506,7 +506,7 @@ def test_conv2d_bias_shape_error():
 
 
 def test_kernel_module_argument_errors():
-    from fastadam import _autodiff_kernels as C
+    from fastadam._core import _autodiff_kernels as C
     with pytest.raises(TypeError, match="x: expected float32 or float64, got float16"):
         C.relu(np.ones(3, dtype=np.float16))
     with pytest.raises(ValueError, match="x: expected a C-contiguous array"):

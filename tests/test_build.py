@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import fastadam
-from fastadam import _config
-from fastadam._threads import resolve_num_threads
+from fastadam._core import _config
+from fastadam._core._threads import resolve_num_threads
 
 
 def test_openmp_was_not_lost():

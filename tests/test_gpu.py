@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastadam
-from fastadam import _config
+from fastadam._core import _config
 from reference import (adagrad_reference, adam_reference, momentum_reference,
                        segment_sum_reference, sparse_adam_reference)
 from test_adagrad_momentum import (ADAGRAD_CASES, MOMENTUM_CASES, STEPS, adagrad_state,

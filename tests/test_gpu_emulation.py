@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fastadam
-from fastadam import _config
+from fastadam._core import _config
 from fastadam.gpu import _layout, _source
 from fastadam.optim._coefficients import (adagrad_coefficients, adam_coefficients,
                                           momentum_coefficients)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import fastadam
-from fastadam import _config
-from fastadam._threads import MAX_THREADS_PER_CPU, cpu_count, resolve_num_threads
+from fastadam._core import _config
+from fastadam._core._threads import MAX_THREADS_PER_CPU, cpu_count, resolve_num_threads
 
 
 def test_indices_changed_by_another_thread_never_reach_the_kernel_unchecked():

@@ -593,7 +593,7 @@ def test_csr_column_indices_are_range_checked():
 
 
 def test_segment_sum_of_a_batch_beyond_the_cached_scratch():
-    from fastadam import _sparse
+    from fastadam._core import _sparse
     rng = np.random.default_rng(5)
     idx = rng.integers(0, 5000, size=_sparse.SCRATCH_MAX + 5).astype(np.int32)
     values = rng.standard_normal(idx.shape[0]).astype(np.float32)
@@ -633,7 +633,7 @@ def test_onnx_convention_without_bias_correction():
 
 
 def test_sparse_extension_kept_openmp():
-    from fastadam import _config, _sparse
+    from fastadam._core import _config, _sparse
     assert _sparse.openmp_enabled() == _config.openmp_enabled()
     if fastadam.config()["max_threads"] > 1:
         assert _sparse.openmp_enabled()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import fastadam
-from fastadam import _threads
-from fastadam._threads import AdaptiveThreads
+from fastadam._core import _threads
+from fastadam._core._threads import AdaptiveThreads
 
 
 class FakeClock:

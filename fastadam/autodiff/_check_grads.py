@@ -7,7 +7,7 @@ agree.  Order k + 1: the same check applied to ``x -> <d<u, f(x)>/dx, v>`` compu
 """
 import numpy as np
 
-from ..sparse._indexed_slices import IndexedSlices
+from ..sparse import IndexedSlices
 from ._engine import gradient
 from ._tensor import Tensor
 

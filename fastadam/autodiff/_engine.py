@@ -14,7 +14,7 @@
 """
 import numpy as np
 
-from ..sparse._indexed_slices import IndexedSlices
+from ..sparse import IndexedSlices
 from . import _tensor
 from ._tensor import Tensor, _tape, _wrap, version_of
 

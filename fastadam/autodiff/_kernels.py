@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 try:
-    from .. import _autodiff_kernels as _C
+    from .._core import _autodiff_kernels as _C
 except ImportError:  # pragma: no cover - source tree without a build
     _C = None
 

@@ -7,7 +7,7 @@ their GEMMs straight into the output.
 """
 import numpy as np
 
-from ..sparse._indexed_slices import IndexedSlices
+from ..sparse import IndexedSlices
 from . import _kernels as K
 from . import _tensor
 from ._ops import _wrap, divide, multiply, subtract, sum as _sum_op

@@ -1,10 +1,10 @@
 """The bandwidth yardstick of the benchmarks (include/fastadam/yardstick.c): the traffic of a
-float32 Adam step, chunked and threaded exactly as the dense driver (fastadam/_dense.pyx) runs
-a step, so the two are compared like for like."""
+float32 Adam step, chunked and threaded exactly as the dense driver (fastadam/_core/_dense.pyx)
+runs a step, so the two are compared like for like."""
 cimport numpy as cnp
 from cython.parallel cimport prange
 
-from fastadam._validation import check_array
+from fastadam._core._validation import check_array
 
 cnp.import_array()
 
@@ -12,7 +12,7 @@ cdef extern from "fastadam/yardstick.h":
     void fa_stream_rw_f32(float *a, const float *d, float *b, float *c, Py_ssize_t n) nogil
     void fa_stream_rw2_f32(float *a, const float *d, float *b, Py_ssize_t n) nogil
 
-# Must match fastadam/_dense.pyx (tests/test_build.py checks the module constants agree).
+# Must match fastadam/_core/_dense.pyx (tests/test_build.py checks the module constants agree).
 cdef enum:
     CHUNK = 32768
     PARALLEL_MIN = 131072

@@ -89,7 +89,8 @@ def available():
 
 
 # The entry points the public functions call (fastadam/optim/_functional.py,
-# fastadam/sparse/_api.py): CuPy is imported here, with a clear error if it is missing.
+# fastadam/optim/_sparse_functional.py, fastadam/sparse/_segments.py): CuPy is imported here,
+# with a clear error if it is missing.
 
 def dense_step(coeffs, x, g, slots, skip_nonfinite):
     """One dense step of the optimizer ``coeffs`` on device arrays (see _dense.py)."""

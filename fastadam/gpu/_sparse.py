@@ -5,13 +5,13 @@ and cut into segments of equal index; one kernel then sums each segment's rows i
 original order (so the sums are deterministic and equal to the CPU's) and applies the
 optimizer's formula to the row: lazy and catch-up modes launch one block per touched row, dense
 mode one block per row of the table (g = +0 for untouched rows).  The checks and their messages
-are those of fastadam/sparse/_api.py; everything is checked before the first write.
+are those of fastadam/optim/_sparse_functional.py; everything is checked before the first write.
 """
 import cupy
 import numpy as np
 
 from . import _kernels, _layout, _source
-from .._validation import INDEX_TYPES, ROW_TYPES, check_rows
+from .._core._validation import INDEX_TYPES, ROW_TYPES, check_rows
 from ._validation import check_array, check_disjoint, check_device_array, import_cupy
 
 _MAX_GRID = 1 << 20  # the kernels loop over rows/segments beyond this many blocks
@@ -72,9 +72,9 @@ def segment_sum(indices, values):
 
 
 def _gradient_rows(x, grad):
-    from ..sparse._indexed_slices import IndexedSlices
-
-    if isinstance(grad, IndexedSlices):
+    # an IndexedSlices (read by its fields: fastadam.sparse imports this backend, not the
+    # other way round)
+    if all(hasattr(grad, f) for f in ("indices", "values", "dense_shape")):
         if tuple(grad.dense_shape) != x.shape:
             raise ValueError(f"grad: dense_shape {tuple(grad.dense_shape)} does not match "
                              f"x.shape {x.shape}")

@@ -1,4 +1,4 @@
-"""Checks of CuPy arrays, with the messages of fastadam/_validation.pyx (``numpy.ndarray``
+"""Checks of CuPy arrays, with the messages of fastadam/_core/_validation.pyx (``numpy.ndarray``
 becomes ``cupy.ndarray``), plus the GPU's own: one device per call, no NumPy/CuPy mix, CuPy
 installed.  Everything runs before any kernel is launched."""
 import numpy as np
@@ -64,8 +64,8 @@ def as_array_list(cupy, obj, name):
 
 
 def check_step_arrays(x, g, slots):
-    """The dense step's arrays (as fastadam._validation.check_step_arrays): cupy.ndarrays on one
-    device, or equal-length lists of them.  Returns (xs, gs, slot_lists, dtype, device)."""
+    """The dense step's arrays (as fastadam._core._validation.check_step_arrays): cupy.ndarrays on
+    one device, or equal-length lists of them.  Returns (xs, gs, slot_lists, dtype, device)."""
     cupy = import_cupy("x")
     xs, single = as_array_list(cupy, x, "x")
     gs, single_g = as_array_list(cupy, g, "g")
@@ -112,7 +112,7 @@ def check_parameter_list(params):
 
 
 def check_disjoint(groups, single=False):
-    """Reject overlapping device memory, as fastadam._validation.check_disjoint: groups is a
+    """Reject overlapping device memory, as fastadam._core._validation.check_disjoint: groups is a
     list of (name, arrays, written); two buffers may share memory only if neither is written.
     Sort by start address and sweep (O(k log k))."""
     spans = []

@@ -4,7 +4,9 @@
   coefficient object its kernels read (one place per rule).
 - ``_functional.py``: the functional dense steps (``step_inplace`` for Adam,
   ``adagrad_step_inplace``, ``momentum_step_inplace``): validate, fold, one compiled call.
-  Their sparse forms are in :mod:`fastadam.sparse`.
+- ``_sparse_functional.py``: their sparse forms (``sparse_step_inplace``,
+  ``sparse_adagrad_step_inplace``, ``sparse_momentum_step_inplace``) on the gradient types of
+  :mod:`fastadam.sparse`.
 - The optimizer objects are built on those functions only:
 
   - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
@@ -15,13 +17,13 @@
   - ``schedules.py`` (public): learning-rate schedules; ``_torch.py``: import from torch.optim.
 
 A new optimizer adds its element formula (``include/fastadam/NAME.h``), a coefficient struct
-and class (``fastadam/_coeffs.pyx``), an entry in the kernel table (``include/fastadam/dense.c``
-and the sparse row walk), a folding function here, its functional step, and one class on
-``Optimizer``.
+and class (``fastadam/_core/_coeffs.pyx``), an entry in the kernel table
+(``include/fastadam/dense.c`` and the sparse row walk), a folding function here, its
+functional step, and one class on ``Optimizer``.
 """
 from ._functional import adagrad_step_inplace, momentum_step_inplace, step_inplace
-from ..sparse import (sparse_adagrad_step_inplace, sparse_momentum_step_inplace,
-                      sparse_step_inplace)
+from ._sparse_functional import (sparse_adagrad_step_inplace, sparse_momentum_step_inplace,
+                                 sparse_step_inplace)
 from . import schedules
 from ._adagrad import Adagrad
 from ._adam import Adam, AdamW

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..sparse import sparse_adagrad_step_inplace
+from ._sparse_functional import sparse_adagrad_step_inplace
 from ._functional import adagrad_step_inplace
 from ._coefficients import ADAGRAD_CONVENTIONS, ADAGRAD_EPS
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ._base import (Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real)
-from ..sparse import sparse_step_inplace
+from ._sparse_functional import sparse_step_inplace
 from ._functional import step_inplace
 
 __all__ = ["Adam", "AdamW"]

@@ -12,9 +12,9 @@ import numbers
 
 import numpy as np
 
-from .._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENTUM_NESTEROV,
-                       FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
-                       MomentumCoefficients)
+from .._core._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENTUM_NESTEROV,
+                             FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
+                             MomentumCoefficients)
 
 ADAM_CONVENTIONS = ("tf", "torch", "onnx")
 ADAGRAD_CONVENTIONS = ("torch", "onnx", "keras")

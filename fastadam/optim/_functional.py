@@ -4,16 +4,16 @@ Each function folds its optimizer's hyper-parameters into a coefficient object
 (``_coefficients.py``), validates the arrays (fastadam/_validation.pyx: all checks before any
 write), and makes one call into the multi-tensor driver (fastadam/_dense.pyx), which picks the
 optimizer's kernel from the C table.  The optimizer objects are built on these functions and
-the sparse ones in :mod:`fastadam.sparse`.
+the sparse ones in ``_sparse_functional.py``.
 """
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .. import _config, _dense
+from .._core import _config, _dense
 from .. import gpu as _gpu
-from .._threads import adaptive_threads, resolve_num_threads
-from .._validation import check_step_arrays
+from .._core._threads import adaptive_threads, resolve_num_threads
+from .._core._validation import check_step_arrays
 from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coefficients
 
 __all__ = ["step_inplace", "adagrad_step_inplace", "momentum_step_inplace"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..sparse import sparse_momentum_step_inplace
+from ._sparse_functional import sparse_momentum_step_inplace
 from ._functional import momentum_step_inplace
 from ._coefficients import MOMENTUM_CONVENTIONS
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real

@@ -52,7 +52,7 @@ cimport numpy as cnp
 from libc.math cimport exp, expf, log, log1p, pow, sqrt
 from libc.string cimport memcpy
 
-from fastadam._coeffs cimport AdamCoefficients
+from fastadam._core._coeffs cimport AdamCoefficients
 
 cnp.import_array()
 
@@ -590,9 +590,9 @@ cdef class EpochTrainer:
         (weights first, then intercepts, as ``batch.gradients``); ``loss, extra``: the
         estimator's ``_loss_kernel()``; ``m, v``: Adam's moments like ``params``, ``t``: the
         steps taken so far; ``alpha``: the L2 strength (0: none)."""
-        from fastadam import _dense
-        from fastadam._threads import adaptive_threads, resolve_num_threads
-        from fastadam._validation import check_step_arrays
+        from fastadam._core import _dense
+        from fastadam._core._threads import adaptive_threads, resolve_num_threads
+        from fastadam._core._validation import check_step_arrays
         from fastadam.optim._coefficients import adam_coefficients
         from fastadam.optim._functional import KIND_DENSE, check_compute_dtype
         self.batch = batch
@@ -643,7 +643,7 @@ cdef class EpochTrainer:
         if not self.dbl and not -F32_MAX <= self.coeffs.c.alpha <= F32_MAX:
             self.coeffs.check_float32()  # raises, naming lr, as step_inplace does
         done = self.dense_step(self.coeffs, *self.step_args, self.num_threads)
-        if done is None:  # not run: the thread chooser runs it (fastadam/_threads.py)
+        if done is None:  # not run: the thread chooser runs it (fastadam/_core/_threads.py)
             self.chooser(self.dense_step, (self.coeffs,) + self.step_args, self.step_size,
                          self.kind)
 

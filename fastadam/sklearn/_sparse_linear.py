@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 import fastadam
 from fastadam.sparse import _csr
-from fastadam.sparse._api import check_csr_structure
+from fastadam.sparse._segments import check_csr_structure
 
 from . import _kernels
 from ._compat import validate_data

@@ -18,7 +18,7 @@ mini-batch is read in place, without gathering a new CSR matrix.  Two calls per 
   the original order in each segment), without the sort.
 
 Cost O(nnz x K + u) for u distinct columns.  Arguments arrive validated
-(fastadam/sparse/_api.py checks the CSR structure, index range and dtypes; fastadam/sklearn
+(fastadam/sparse/_segments.py checks the CSR structure, index range and dtypes; fastadam/sklearn
 checks a training matrix once per fit).  ``-ffp-contract=off`` (setup.py) keeps ``a + b * c``
 as two roundings, as NumPy computes it.  Written directly in Cython (typed pointer loops): the
 kernels are a few lines each and have no SIMD or dispatch to share with include/fastadam.

@@ -6,7 +6,14 @@ indices may repeat (contributions add up) and need not be sorted.  Produced by
 """
 import numpy as np
 
-from ..gpu import is_device_array
+
+def _on_device(a):
+    """A CuPy (or other CUDA) array: kept as it is, for fastadam.gpu.  (Told apart as
+    fastadam.gpu.is_device_array does, by type and array protocol, so that this data type
+    imports no backend.)"""
+    if type(a) is np.ndarray:
+        return False
+    return type(a).__module__.split(".")[0] == "cupy" or hasattr(a, "__cuda_array_interface__")
 
 
 class IndexedSlices:
@@ -22,7 +29,7 @@ class IndexedSlices:
     __slots__ = ("values", "indices", "dense_shape")
 
     def __init__(self, values, indices, dense_shape):
-        if not (is_device_array(values) and is_device_array(indices)):  # CuPy arrays stay
+        if not (_on_device(values) and _on_device(indices)):  # CuPy arrays stay
             values = np.asarray(values)
             indices = np.asarray(indices)
         dense_shape = tuple(int(d) for d in dense_shape)

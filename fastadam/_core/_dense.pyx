@@ -11,7 +11,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
 
-from fastadam._coeffs cimport Coefficients
+from fastadam._core._coeffs cimport Coefficients
 
 cnp.import_array()
 

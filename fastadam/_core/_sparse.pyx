@@ -14,7 +14,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
-from fastadam._coeffs cimport Coefficients
+from fastadam._core._coeffs cimport Coefficients
 
 cnp.import_array()
 

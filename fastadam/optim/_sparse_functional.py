@@ -1,167 +1,36 @@
-"""The sparse steps of every optimizer, and ``segment_sum``.
+"""The sparse steps of every optimizer (``segment_sum`` is in fastadam/sparse/).
 
 Python checks every input before anything is written (a step is all or nothing), folds the
 hyper-parameters into the optimizer's coefficient object (fastadam/optim/_coefficients.py, the
 same folding as the dense steps), then makes one compiled call to sort the indices and one to
-update (fastadam/_sparse.pyx), whose row walk applies the optimizer's own element formula.
+update (fastadam/_core/_sparse.pyx), whose row walk applies the optimizer's own element formula.
 Indices are copied once into a private buffer before they are range-checked: the kernels read
 only that copy, so another thread changing the caller's array mid-call cannot make them read
 out of bounds.
 """
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
-from .. import _sparse
 from .. import gpu as _gpu
-from . import _csr
-from .._threads import adaptive_threads, resolve_num_threads
-from .._validation import check_array, check_disjoint, check_indices, check_rows
-from ..optim._coefficients import (adagrad_coefficients, adam_coefficients,
-                                   momentum_coefficients, step_number)
-from ..optim._functional import check_compute_dtype
-from ._indexed_slices import IndexedSlices
+from .._core import _sparse
+from .._core._threads import resolve_num_threads
+from .._core._validation import check_array, check_disjoint, check_indices, check_rows
+from ..sparse import IndexedSlices
+from ..sparse._segments import _threaded
+from ._coefficients import (adagrad_coefficients, adam_coefficients,
+                            momentum_coefficients, step_number)
+from ._functional import check_compute_dtype
 
 MODES = ("lazy", "dense", "catchup")
 _VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNEL_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native byte order
 
 
-def segment_sum(indices: np.ndarray, values: np.ndarray, *,
-                num_threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Sum the rows of ``values`` that share an index: a deterministic ``unsorted_segment_sum``.
-
-    Returns ``(unique_indices, sums)``: ``unique_indices`` the distinct indices in increasing
-    order (dtype of ``indices``) and ``sums[s] = values[indices == unique_indices[s]].sum(0)``,
-    each sum starting from +0 and adding the rows **in their original order**.  So the result is
-    bit-identical for any thread count and run to run, and equal to ``np.add.at`` on a zeroed
-    buffer (TensorFlow's ``_deduplicate_indexed_slices``, PyTorch's ``coalesce``).
-
-    The indices are ordered by a stable LSD radix sort (11-bit digits: O(k) for up to 2^32
-    distinct rows), then the segments are split over the threads so that each thread sums about
-    the same number of rows; one segment is always summed by one thread.
-
-    Parameters
-    ----------
-    indices : ndarray of int32 or int64, shape (k,)
-        Unsorted, with duplicates; must be >= 0 (negative indices raise IndexError).
-    values : ndarray of float32 or float64, shape (k, ...)
-        Only read; a non-contiguous array is copied.  NaN and infinities propagate (IEEE).
-    num_threads : int, optional
-        OpenMP threads (None: as many as OpenMP allows; negative counts back from that).
-
-    Returns
-    -------
-    unique_indices : ndarray, shape (nseg,)
-    sums : ndarray, shape (nseg,) + values.shape[1:], dtype of ``values``
-    """
-    if _gpu.is_device_array(indices) or _gpu.is_device_array(values):  # CuPy: fastadam/gpu
-        return _gpu.segment_sum(indices, values)
-    indices = check_indices(indices, "indices", None)
-    if not isinstance(values, np.ndarray):
-        raise TypeError(f"values: expected a numpy.ndarray, got {type(values).__name__}")
-    if values.ndim < 1:
-        raise ValueError("values: expected at least one dimension (one row per index), got a "
-                         "0-d array")
-    values = check_rows(values, "values", indices.shape[0], values.shape[1:], None)
-    nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
-    n_rows = int(indices.max()) + 1 if indices.size else 0
-    perm, rows, offsets = _sparse.sort_segments(indices, n_rows)
-    row_shape = values.shape[1:]
-    flat = values.reshape(values.shape[0], int(np.prod(row_shape, dtype=np.int64)))
-    sums = _threaded(_sparse.segment_sum, (flat, perm, offsets), flat.size, nt, KIND_SEGMENT_SUM)
-    # rows is a view of the sort's scratch buffer: astype copies it out
-    return rows.astype(indices.dtype), sums.reshape((rows.shape[0],) + row_shape)
-
-
 # Kinds of work for the measured thread choice: each keeps its own size classes, since a
 # segment sum, a lazy row update and a dense-mode table update cost differently per element.
-KIND_SEGMENT_SUM = 1
-KIND_SPARSE_STEP = {"lazy": 2, "dense": 3, "catchup": 4}
-
-
-def _threaded(kernel, args, work, nt, kind):
-    """``kernel(*args, threads)``: ``nt`` threads, or (nt == 0, num_threads=None) the count
-    fastadam/_threads.py measures as faster; one thread below the kernels' parallel minimum."""
-    if nt:
-        return kernel(*args, nt)
-    if work < _sparse.PARALLEL_MIN_WORK:
-        return kernel(*args, 1)
-    return adaptive_threads.run(kernel, args, work, kind)
-
-
-def csr_transpose_dot(X: Any, dz: np.ndarray) -> IndexedSlices:
-    """``X.T @ dz`` for a SciPy CSR ``X`` as an ``IndexedSlices`` with **sorted, unique**
-    indices: the weight gradient of a linear layer ``z = X @ W`` (``dz = d loss / d z``), ready
-    for ``sparse_step_inplace(..., indices_sorted_unique=True)``.
-
-    ``indices`` are the distinct column indices stored in ``X`` (int64, increasing) and
-    ``values[s] = +0 + X[i1, j] * dz[i1] + X[i2, j] * dz[i2] + ...`` over the stored entries of
-    column ``j = indices[s]``, added in storage order (row by row, then in each row's order).
-    That is bit for bit ``segment_sum(X.indices, X.data[:, None] * dz[row_of_each_entry])``,
-    the sum ``sparse_step_inplace`` would compute from the repeated indices, but found without a
-    sort: O(nnz(X) x dz.shape[1] + u) for u distinct columns, independent of
-    ``X.shape[1]``.  Explicitly stored zeros count as touched columns; duplicate entries are
-    summed in storage order.  Single-threaded.
-
-    Parameters
-    ----------
-    X : scipy.sparse CSR matrix or array, shape (n, n_features), float32 or float64
-        Only read; duplicate and unsorted column indices are allowed.
-    dz : ndarray, shape (n, K), X's dtype
-        Only read (a non-contiguous array is copied).
-
-    Returns
-    -------
-    IndexedSlices with ``dense_shape == (n_features, K)``.
-    """
-    import scipy.sparse
-
-    if not scipy.sparse.issparse(X) or X.format != "csr":
-        fmt = getattr(X, "format", type(X).__name__)
-        raise TypeError(f"X: expected a SciPy CSR matrix or array, got format {fmt!r} "
-                        f"(convert with .tocsr())")
-    if X.ndim != 2:
-        raise ValueError(f"X: expected a 2-D matrix, got shape {X.shape}")
-    n, n_cols = X.shape
-    if X.dtype not in _VALUE_TYPES:
-        raise TypeError(f"X: expected float32 or float64 data, got {X.dtype}")
-    indptr, cols, data = check_csr_structure(X, "X")
-    if not isinstance(dz, np.ndarray):
-        raise TypeError(f"dz: expected a numpy.ndarray, got {type(dz).__name__}")
-    if dz.dtype != X.dtype:
-        raise TypeError(f"dz: expected dtype {X.dtype} (the dtype of X), got {dz.dtype}")
-    if dz.ndim != 2 or dz.shape[0] != n:
-        raise ValueError(f"dz: expected shape ({n}, K) (one row per row of X), got {dz.shape}")
-    dz = np.ascontiguousarray(dz)
-    if dz.dtype.byteorder not in "=|":
-        dz = dz.astype(dz.dtype.newbyteorder("="))
-    rows = np.arange(n, dtype=np.int64)
-    unique, entry_rank = _csr.columns(indptr, cols, data, rows, n_cols)
-    sums = _csr.sum_rows(indptr, data, rows, entry_rank, dz, unique.shape[0])
-    return IndexedSlices(sums, unique, (n_cols, dz.shape[1]))
-
-
-def check_csr_structure(X, name):
-    """(indptr, indices, data) of a CSR matrix as contiguous native arrays the kernels may
-    walk: indptr from 0, non-decreasing, ending at nnz; every column index in [0, n_cols);
-    indptr and indices of one integer type (int32 or int64)."""
-    n, n_cols = X.shape
-    indptr, cols, data = X.indptr, X.indices, X.data
-    if indptr.shape != (n + 1,) or indptr[0] != 0:
-        raise ValueError(f"{name}: invalid CSR indptr (expected {n + 1} entries from 0)")
-    nnz = int(indptr[-1])
-    if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
-        raise ValueError(f"{name}: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = check_indices(np.asarray(cols[:nnz]), f"{name}.indices", n_cols, "columns")
-    index_type = np.int64 if max(cols.dtype.itemsize, indptr.dtype.itemsize) == 8 else np.int32
-    if indptr.dtype.kind not in "iu":
-        raise TypeError(f"{name}.indptr: expected an integer array, got {indptr.dtype}")
-    indptr = np.ascontiguousarray(indptr, dtype=index_type)
-    cols = np.ascontiguousarray(cols, dtype=index_type)
-    data = np.ascontiguousarray(data[:nnz], dtype=data.dtype.newbyteorder("="))
-    return indptr, cols, data
+KIND_SPARSE_STEP = {"lazy": 2, "dense": 3, "catchup": 4}  # KIND_SEGMENT_SUM = 1
 
 
 def _is_scipy_sparse(grad):

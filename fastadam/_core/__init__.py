@@ -1,0 +1,18 @@
+"""fastadam._core: the compiled drivers (private; the public API is fastadam.optim, .sparse, ...).
+
+- ``_coeffs.pyx`` / ``_coeffs.pxd``: the coefficient objects each optimizer's kernels read;
+- ``_dense.pyx``: one multi-tensor driver for every dense optimizer (kernels:
+  include/fastadam/dense.c);
+- ``_sparse.pyx``: the sparse driver: radix sort, segment tables, segment sum, row walks
+  (include/fastadam/sparse.c);
+- ``_validation.pyx``: every array check, all done before any write;
+- ``_config.pyx``: build facts (SIMD level, OpenMP, float16) for ``fastadam.show_config()``;
+- ``_autodiff_kernels.pyx``: the gradient engine's array kernels
+  (include/fastadam/autodiff_kernels.c);
+- ``_threads.py``: thread counts and the measured thread choice of every driver.
+
+Each extension is listed by name with its sources in setup.py.  The front-ends' own compiled
+modules (fastadam/sklearn/_kernels.pyx, fastadam/sparse/_csr.pyx, fastadam/autodiff/_tape.pyx,
+fastadam/bench/_yardstick.pyx) stay with their packages.  Nothing here imports a package above
+it (tests/test_layering.py).
+"""
