@@ -80,19 +80,25 @@ ptrdiff_t fa_sort_segments(uint64_t *restrict a, uint64_t *restrict b, ptrdiff_t
 /* ---- float kernels, one body per dtype ------------------------------------------------- */
 
 /* Software prefetch of one randomly placed row (its first FA_PREFETCH_MAX_BYTES; the hardware
- * prefetcher follows longer rows).  Gathering rows in random order is latency-bound without it. */
+ * prefetcher follows longer rows).  Gathering rows in random order is latency-bound without it.
+ * always_inline, not plain inline: fa_sparse_rows instantiates the row walk for every
+ * (optimizer, flags, mode, short row) and is past gcc's inlining budget, and a non-inlined
+ * prefetch helper has no side effect gcc must keep, so the calls were deleted.  Without the
+ * prefetch between them gcc also unroll-and-jams the gradient row loop with the accumulation
+ * inside it, and the jammed accumulation is scalar (vaddss per element: issue 21, 2.5x on the
+ * lazy step). */
 #define FA_PREFETCH_VALUES 16
 #define FA_PREFETCH_ROWS 8
 #define FA_PREFETCH_MAX_BYTES 512
 
-static inline void fa_prefetch_read(const void *p, ptrdiff_t bytes)
+static inline __attribute__((always_inline)) void fa_prefetch_read(const void *p, ptrdiff_t bytes)
 {
     const char *c = (const char *)p;
     if (bytes > FA_PREFETCH_MAX_BYTES) bytes = FA_PREFETCH_MAX_BYTES;
     for (ptrdiff_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 
-static inline void fa_prefetch_write(const void *p, ptrdiff_t bytes)
+static inline __attribute__((always_inline)) void fa_prefetch_write(const void *p, ptrdiff_t bytes)
 {
     const char *c = (const char *)p;
     if (bytes > FA_PREFETCH_MAX_BYTES) bytes = FA_PREFETCH_MAX_BYTES;
