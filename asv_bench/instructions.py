@@ -278,7 +278,7 @@ def main(argv=None):
     if args.cases:
         base = {k: v for k, v in base.items() if re.search(args.cases, k)}
     lines, failed = compare(base, counts)
-    print(f"against {base_commit[:12]} (fail above x{THRESHOLD}):")
+    print(f"against {base_commit} (fail above x{THRESHOLD}):")
     print("\n".join(lines))
     if failed:
         print(f"FAIL: {len(failed)} case(s) execute more than {THRESHOLD}x the instructions of "

@@ -1,0 +1,73 @@
+"""The instruction-count gate (asv_bench/instructions.py): its comparison fails a case that costs
+1.3x its stored count and passes one at 1.2x; a case on one side only is reported, not failed;
+the base is the newest ancestor with stored counts.  The end-to-end check (valgrind counts a
+kernel made to do 1.3x the work and the gate exits 1) is marked slow."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "asv_bench"))
+import instructions  # noqa: E402
+
+
+def test_compare_fails_above_the_threshold_only():
+    base = {"a": 1000, "b": 1000, "c": 1000}
+    new = {"a": 1300, "b": 1200, "c": 700}
+    lines, failed = instructions.compare(base, new)
+    assert failed == ["a"]
+    assert any("a" in ln and "FAIL" in ln for ln in lines)
+    assert not any(ln.strip().startswith("b ") and "FAIL" in ln for ln in lines)
+
+
+def test_compare_reports_a_case_on_one_side_only():
+    lines, failed = instructions.compare({"old": 10, "kept": 10}, {"new": 50, "kept": 10})
+    assert failed == []
+    assert any("old" in ln and "only in base" in ln for ln in lines)
+    assert any("new" in ln and "only in new" in ln for ln in lines)
+
+
+def test_the_cases_cover_every_exported_optimizer():
+    import fastadam
+
+    names = instructions.cases()
+    exported = [c for c in vars(fastadam).values() if isinstance(c, type)
+                and issubclass(c, fastadam.Optimizer) and c is not fastadam.Optimizer]
+    assert exported
+    for cls in exported:
+        for n in (1_000, 100_000):
+            assert f"optimizer_step/{cls.__name__}/{n}" in names
+
+
+def test_stored_ancestor_is_the_newest_stored_ancestor(tmp_path, monkeypatch):
+    history = ["c3", "c2", "c1", "c0"]  # newest first, as git rev-list prints it
+    monkeypatch.setattr(instructions, "git", lambda *args: "\n".join(history))
+    monkeypatch.setattr(instructions, "STORE", str(tmp_path))
+    for commit, count in (("c1", 11), ("c0", 10), ("other", 99)):
+        (tmp_path / f"{commit}.json").write_text(json.dumps({"counts": {"k": count}}))
+    assert instructions.stored_ancestor("c3") == ("c1", {"k": 11})
+    history[:] = ["c1", "c0"]  # HEAD itself is never its own base
+    assert instructions.stored_ancestor("c1") == ("c0", {"k": 10})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_gate_fails_when_a_case_does_thirteen_tenths_of_the_work(tmp_path):
+    # the base says the case cost 1/1.3 of what it costs now: as if the kernel had become 1.3x
+    case = "sparse/lazy/zipf/row8"
+    out = tmp_path / "now.json"
+    run = [sys.executable, os.path.join(REPO, "asv_bench", "instructions.py"), "--cases",
+           f"^{case}$"]
+    subprocess.run(run + ["--out", str(out)], check=True, cwd=REPO, capture_output=True)
+    now = json.loads(out.read_text())["counts"][case]
+    for factor, expected_rc in ((1.3, 1), (1.0, 0)):
+        base = tmp_path / "base.json"
+        base.write_text(json.dumps({"counts": {case: round(now / factor)}}))
+        proc = subprocess.run(run + ["--baseline", str(base)], cwd=REPO, capture_output=True,
+                              text=True)
+        assert proc.returncode == expected_rc, proc.stdout + proc.stderr
