@@ -69,6 +69,28 @@ static inline void FA_FN(decay_slot)(FA_S *restrict slot, ptrdiff_t n, double ra
     }
 }
 
+/* decay_slot on both slots of a row; when both decay by exactly `times` roundings, one loop
+ * walks them together (as the lazy walk did before the optimizers shared it: half the passes
+ * over the row), each element still rounded once per idle step, as dense mode rounds it. */
+static inline void FA_FN(decay_slots)(FA_S *restrict a0, FA_S *restrict a1, ptrdiff_t n,
+                                      double r0, double r1, int64_t times)
+{
+    if (a0 == NULL || a1 == NULL || r0 == 1.0 || r1 == 1.0 || times <= 0
+        || times > FA_CATCHUP_EXACT) {
+        FA_FN(decay_slot)(a0, n, r0, times);
+        FA_FN(decay_slot)(a1, n, r1, times);
+        return;
+    }
+    const FA_S q0 = (FA_S)r0, q1 = (FA_S)r1;
+    for (int64_t q = 0; q < times; q++) {
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < n; i++) {
+            a0[i] = q0 * a0[i];
+            a1[i] = q1 * a1[i];
+        }
+    }
+}
+
 /* out = +0 + values[perm[j0]] + ... + values[perm[j1 - 1]], added left to right.  The gradient
  * rows are gathered in random order: the row FA_PREFETCH_VALUES positions ahead in perm (up to
  * jend, the end of this thread's range) is prefetched, so the misses overlap. */
@@ -127,8 +149,7 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
         FA_S *restrict a1 = st1 ? st1 + r * s1s : NULL;
         if (CATCHUP) {
             const int64_t idle = t - 1 - last_step[r];
-            FA_FN(decay_slot)(a0, row_size, r0, idle);
-            FA_FN(decay_slot)(a1, row_size, r1, idle);
+            FA_FN(decay_slots)(a0, a1, row_size, r0, r1, idle);
             last_step[r] = t;
         }
         FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
