@@ -33,6 +33,8 @@ class OptimizerSpec:
     fold : ``fold(t, **hyper)`` -> the coefficient object of step t.
     slots_of : ``slots_of(flags)`` -> the indices into ``slots`` the kernels use with ``flags``,
         in kernel order (default: the first ``nslots(flags)``).
+    defaults : keyword values the fold needs when a caller gives none (Adam's fold has no
+        defaults of its own; its functional step's are these).
     onnx_op, torch_name : the operator (``ai.onnx.preview.training``) and ``torch.optim`` class
         that compute the same update, or None.
     """
@@ -46,6 +48,7 @@ class OptimizerSpec:
     slots_of: Optional[Callable[[int], Tuple[int, ...]]] = None
     onnx_op: Optional[str] = None
     torch_name: Optional[str] = None
+    defaults: Dict[str, object] = field(default_factory=dict)
 
     @property
     def kind(self) -> int:

@@ -7,6 +7,8 @@
 - ``_sparse_functional.py``: their sparse forms (``sparse_step_inplace``,
   ``sparse_adagrad_step_inplace``, ``sparse_momentum_step_inplace``) on the gradient types of
   :mod:`fastadam.sparse`.
+- ``_prepared.py``: ``prepare_step``, the public prepared step (arrays checked once, then
+  fold-and-call per step) for front-ends that step the same arrays many times.
 - The optimizer objects are built on those functions only:
 
   - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
@@ -34,10 +36,11 @@ from ._clip import clip_grad_norm, global_norm
 from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
+from ._prepared import PreparedStep, prepare_step
 
 __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step_inplace",
            "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
-            "sparse_rmsprop_step_inplace", "Lion", "RMSprop"]
+            "sparse_rmsprop_step_inplace", "Lion", "PreparedStep", "RMSprop", "prepare_step"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "clip_grad_norm",
             "global_norm", "schedules"]

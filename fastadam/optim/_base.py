@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from .._core._threads import resolve_num_threads
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
@@ -129,6 +130,8 @@ class Optimizer:
         self._options: Dict[str, Any] = {}
         self._clip = check_clip(defaults.get("clip_grad_norm"))
         self.num_threads = defaults.get("num_threads")
+        if self.num_threads is not None:
+            resolve_num_threads(self.num_threads)  # a bad count fails here, not at a step
         for key in self.structural_options:
             self._options[key] = check_bool(defaults[key], key)
         self._group_defaults = {k: defaults[k] for k in self.group_keys}
