@@ -69,7 +69,9 @@ FA_INLINE void FA_FN(fa_lion_math)(const FA_FN(fa_lion_k) *k, const int flags, F
     gi = k->sign * gi;
     const FA_C mi = *m;
     const FA_C c = k->b1 * mi + k->omb1 * gi;
-    const FA_C u = c > (FA_C)0 ? (FA_C)1 : (c < (FA_C)0 ? (FA_C)-1 : c);
+    /* branch-free, so the loop vectorizes: +-1 by comparisons, c itself for a zero or a NaN */
+    const FA_C one = (FA_C)(c > (FA_C)0) - (FA_C)(c < (FA_C)0);
+    const FA_C u = (c == (FA_C)0 || c != c) ? c : one;
     *x = k->dmul * *x - k->lr * u;
     *m = k->b2 * mi + k->omb2 * gi;
 }
