@@ -1,9 +1,9 @@
 """RMSprop: its fold, spec, functional steps (dense and sparse) and optimizer object.
 
 The element formula is include/fastadam/rmsprop.h; this module folds the hyper-parameters into
-its struct once per step in float64 (``rmsprop_coefficients``), registers the optimizer's spec
-(fastadam/_core/_registry.py) and builds the public functions and the ``RMSprop`` class on the shared
-drivers.  Two conventions: ``"torch"`` (``torch.optim.RMSprop``: eps added to the root, lr
+its struct once per step in float64 (``rmsprop_coefficients``), registers the optimizer's
+spec (fastadam/_core/_registry.py) and builds the public functions and the ``RMSprop`` class
+on the shared drivers.  Two conventions: ``"torch"`` (``torch.optim.RMSprop``: eps added to the root, lr
 outside the momentum buffer) and ``"keras"`` (Keras 3 / TF1 ``ApplyRMSProp``: eps under the
 root, the buffer holds ``lr * d``).
 """

@@ -1,8 +1,9 @@
 /* fastadam/formula.h -- how the per-optimizer formula headers are written and instantiated.
  *
  * Each optimizer's update of ONE element is written once, in its own header (adam.h,
- * adagrad.h, momentum.h, rmsprop.h, lion.h: the list is optimizers.def), and shared by every loop that applies it: the dense multi-tensor
- * kernels (dense.c), the sparse row walk (sparse_body.h) and any device kernel.  So a header
+ * adagrad.h, momentum.h, rmsprop.h, lion.h: the list is optimizers.def), and shared by every
+ * loop that applies it: the dense multi-tensor kernels (dense.c), the sparse row walk
+ * (sparse_body.h) and any device kernel.  So a header
  * has two parts:
  *   - a guarded part: the optimizer's coefficient struct (float64 scalars folded once per step
  *     by the Python layer), its flag bits, and its idle-step decay rates;
@@ -18,8 +19,9 @@
  * Every optimizer's element function has one signature, fa_<name>_math_<suffix>(k, flags, g,
  * &x, &s0, &s1, &s2): the element's values in compute-type locals, updated through pointers (a
  * slot the optimizer does not use with these flags is neither read nor written; how many it
- * uses is fa_<name>_nslots(flags), and the used ones are always the first ones); flag tests are on a `const int flags` that every caller passes as a compile-time
- * constant, so each flag combination becomes its own branch-free loop after inlining.
+ * uses is fa_<name>_nslots(flags), and the used ones are always the first ones); flag tests
+ * are on a `const int flags` that every caller passes as a compile-time constant, so each flag
+ * combination becomes its own branch-free loop after inlining.
  */
 #ifndef FASTADAM_FORMULA_H
 #define FASTADAM_FORMULA_H

@@ -1,5 +1,6 @@
-/* fastadam/formulas.h -- every optimizer's element formula (the headers optimizers.def lists), instantiated for float (_f32) and
- * double (_f64) compute types (see formula.h).  The includer provides sqrtf and sqrt. */
+/* fastadam/formulas.h -- every optimizer's element formula (the headers optimizers.def lists),
+ * instantiated for float (_f32) and double (_f64) compute types (see formula.h).  The includer
+ * provides sqrtf and sqrt. */
 #ifndef FASTADAM_FORMULAS_H
 #define FASTADAM_FORMULAS_H
 

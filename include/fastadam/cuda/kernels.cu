@@ -271,9 +271,8 @@ __global__ void fa_sparse_rows(const unsigned char *coeffs, S *x, S *st0, S *st1
             }
             const S g =
                 fa_segment_element<S>(values, row_size, perm, offsets[s], offsets[s + 1], i);
-            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at,
-                                              fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at,
-                                              (S *)0, i);
+            S *const b1 = fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at;
+            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at, b1, (S *)0, i);
         }
         if (CATCHUP) __syncthreads(); /* `idle` is rewritten by the next segment */
     }
@@ -294,9 +293,8 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
         const fa_i64 at = r * row_size;
         for (fa_i64 i = threadIdx.x; i < row_size; i += blockDim.x) {
             const S g = fa_segment_element<S>(values, row_size, perm, j0, j1, i);
-            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at,
-                                              fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at,
-                                              (S *)0, i);
+            S *const b1 = fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at;
+            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at, b1, (S *)0, i);
         }
     }
 }
