@@ -102,7 +102,9 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
                bint skip_nonfinite, int num_threads):
     """One step of the optimizer `coeffs` describes over validated tensors.
 
-    slots: the optimizer's state lists in slot order (1 to 3 lists, each like xs).
+    slots: the optimizer's state lists in slot order, as many as it uses with these flags
+    (fa_registry_nslots), each like xs.  Flags the registration list does not give the dense
+    kernels raise ValueError before anything is written.
     Returns False (nothing written) if skip_nonfinite found a non-finite gradient.
     """
     if not fa_dense_supported(coeffs.kind, coeffs.flags):
