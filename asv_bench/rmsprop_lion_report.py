@@ -6,8 +6,8 @@ Prints medians and ratios (timings alternate between the contenders, so a noisy 
 them alike):
   1. one float32 tensor of 1e7 elements, 1 thread: each step vs the stream loop that moves the
      same bytes (fastadam.bench.stream_rw_f32: read x, g and the slots, write x and the slots;
-     RMSprop and Lion with one slot move 20 bytes per element, RMSprop with momentum 28);
-     goal >= 0.95 of the stream loop;
+     RMSprop and Lion with one slot move 20 bytes per element, RMSprop with momentum and Adam 28);
+     goal >= 0.95 of the stream loop (Adam is printed as the existing optimizer's reference);
   2. RMSprop on one tensor of 1e4 (and 1e3) elements, 1 thread, vs
      torch.optim.RMSprop(foreach=True); goal >= 5x at 1e4.
 """
@@ -43,6 +43,9 @@ class Case:
         elif self.which == "rmsprop_momentum":
             fastadam.rmsprop_step_inplace(self.x, self.g, self.s[0], self.t, momentum=0.9,
                                           momentum_buffer=self.s[1], num_threads=num_threads)
+        elif self.which == "adam":
+            fastadam.step_inplace(self.x, self.g, self.s[0], self.s[1], self.t,
+                                  num_threads=num_threads)
         else:
             fastadam.lion_step_inplace(self.x, self.g, self.s[0], self.t,
                                        num_threads=num_threads)
@@ -73,7 +76,8 @@ def main(argv=None):
 
     n = 10**7
     print("\n[1] 1e7 float32, 1 thread, vs the stream loop of the same bytes (goal >= 0.95):")
-    for which, two in (("rmsprop", False), ("lion", False), ("rmsprop_momentum", True)):
+    for which, two in (("rmsprop", False), ("lion", False), ("rmsprop_momentum", True),
+                       ("adam", True)):
         case = Case(n, which)
         r = median_seconds_interleaved({"step": case.step, "stream": stream_fn(n, two)},
                                        repeats=rep)
