@@ -26,6 +26,9 @@ from ._functional import KIND_DENSE, check_compute_dtype
 __all__ = ["PreparedStep", "prepare_step"]
 
 
+_DOUBLE = np.dtype(np.float64).num
+
+
 def _label(name, i, single):
     return name if single else f"{name}[{i}]"
 
@@ -60,6 +63,7 @@ class PreparedStep:
         first = params[0] if isinstance(params, (list, tuple)) and params else params
         self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
         self._params_arg, self._slots_arg = params, dict(slots)
+        self._names_by_flags = {}
         if self.device == "gpu":  # the GPU path checks its arrays in fastadam.gpu
             self.slot_names = tuple(n for n in self._spec.slots if n in slots)
             return
@@ -87,16 +91,20 @@ class PreparedStep:
         self.slot_names = tuple(slot_lists)
 
     def _fold(self, t, hyper):
-        kw = dict(self._spec.defaults)
-        kw.update(hyper)
-        return self._spec.fold(t, **kw)
+        if self._spec.defaults:
+            hyper = {**self._spec.defaults, **hyper}
+        return self._spec.fold(t, **hyper)
 
     def _slots_for(self, coeffs):
+        names = self._names_by_flags.get(coeffs.flags)
+        if names is not None:
+            return names
         names = [self._spec.slots[i] for i in self._spec.slot_indices(coeffs.flags)]
         missing = [n for n in names if n not in self.slot_names]
         if missing:
             raise ValueError(f"{missing[0]}: these options of {self.optimizer} need the state "
                              f"{missing[0]!r}, which the step was not prepared with")
+        self._names_by_flags[coeffs.flags] = names  # the same flags use the same slots
         return names
 
     def check(self, t: int = 1, **hyper: Any):
@@ -113,7 +121,7 @@ class PreparedStep:
         ``convention``, ``grad_scale``) for step ``t``, check ``grads`` (like ``params``), and
         update the parameters and state in place.  Returns False when ``skip_nonfinite`` found
         a NaN or an infinity (nothing written), else True."""
-        coeffs = self.check(t, **hyper)
+        coeffs = self._fold(t, hyper)
         names = self._slots_for(coeffs)
         if self.device == "gpu":
             return _gpu.dense_step(coeffs, self._params_arg, grads,
@@ -125,6 +133,8 @@ class PreparedStep:
         for i, (g, shape) in enumerate(zip(gs, self._shapes)):
             check_array(g, _label("grads", i, single), self._typenum, shape, False)
         check_disjoint(self._written + [("grads", gs, False)], single)
+        if self._xs and self._typenum != _DOUBLE:
+            check_compute_dtype(coeffs, self._typenum, "params")
         lists = [self._slot_lists[n] for n in names]
         skip = bool(skip_nonfinite)
         done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, self._nt)
