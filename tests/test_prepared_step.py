@@ -79,3 +79,24 @@ def test_skip_nonfinite_and_lists():
     want = np.ones(3)
     fastadam.adagrad_step_inplace(want, np.ones(3), np.zeros(3), 1, lr=0.1)
     np.testing.assert_array_equal(xs[0], want)
+
+
+def test_the_objects_single_call_path_is_chosen_from_the_gradients_headers():
+    from fastadam._core._validation import plain_gradients
+    xs = [np.zeros(4, np.float32), np.zeros((2, 3), np.float32)]
+    good = [np.ones(4, np.float32), np.ones((2, 3), np.float32)]
+    assert plain_gradients(good, xs)
+    bad = [
+        [np.ones(4, np.float64), good[1]],                      # dtype
+        [good[0], np.ones((3, 2), np.float32)],                 # shape
+        [good[0], np.ones((2, 6), np.float32)[:, ::2]],         # not contiguous
+        [np.ones(4, np.float32).astype(">f4"), good[1]],        # byte order
+        [np.ma.masked_array(good[0]), good[1]],                 # a subclass
+        [None, good[1]],
+        good[:1],
+    ]
+    for grads in bad:
+        assert not plain_gradients(grads, xs)
+    # and such gradients still step, by the general path
+    opt = fastadam.Adam([np.zeros((2, 3))], lr=0.1)
+    assert opt.step([np.ones((2, 6))[:, ::2]]) is True

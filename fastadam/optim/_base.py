@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .._core._threads import resolve_num_threads
+from .._core._validation import plain_gradients
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
@@ -341,11 +342,7 @@ class Optimizer:
     def _plain_dense(self, grads: Any) -> bool:
         """True if every gradient is a C-contiguous ndarray of its parameter's dtype and shape
         (what the single-call path takes; anything else goes the general way)."""
-        for g, x in zip(grads, self._arrays):
-            if (type(g) is not np.ndarray or g.dtype is not x.dtype and g.dtype != x.dtype
-                    or g.shape != x.shape or not g.flags.c_contiguous):
-                return False
-        return True
+        return plain_gradients(grads if type(grads) is list else list(grads), self._arrays)
 
     def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
         """Any mix of gradients: check them all, then one call per (group, dtype) for the dense
