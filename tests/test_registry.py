@@ -114,3 +114,13 @@ def test_coefficients_show_their_struct():
     with pytest.raises(ValueError, match=r"^lr: 1e\+40 overflows float32"):
         fastadam.lion_step_inplace(np.ones(2, np.float32), np.ones(2, np.float32),
                                    np.zeros(2, np.float32), 1, lr=1e40)
+
+
+def test_the_specs_are_public_through_fastadam_optim():
+    from fastadam.optim import OptimizerSpec, optimizer_spec
+    s = optimizer_spec("rmsprop")
+    assert isinstance(s, OptimizerSpec)
+    assert (s.torch_name, s.onnx_op) == ("RMSprop", None)
+    assert optimizer_spec("adam").onnx_op == "Adam"
+    assert optimizer_spec("momentum").object_slots == ("momentum_buffer",)
+    assert optimizer_spec("lion").slot_indices(0) == (0,)

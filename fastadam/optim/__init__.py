@@ -7,6 +7,9 @@
 - ``_sparse_functional.py``: their sparse forms (``sparse_step_inplace``,
   ``sparse_adagrad_step_inplace``, ``sparse_momentum_step_inplace``) on the gradient types of
   :mod:`fastadam.sparse`.
+- ``optimizer_spec(name)`` (public): each optimizer's ``OptimizerSpec`` (slot names for the
+  functional steps and the objects, flags, fold, ONNX operator and torch class names), for the
+  tables of front-ends (fastadam/_core/_registry.py holds them);
 - ``_prepared.py``: ``prepare_step``, the public prepared step (arrays checked once, then
   fold-and-call per step) for front-ends that step the same arrays many times.
 - The optimizer objects are built on those functions only:
@@ -37,10 +40,12 @@ from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
 from ._prepared import PreparedStep, prepare_step
+from .._core._registry import OptimizerSpec, spec as optimizer_spec
 
 __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step_inplace",
            "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
-            "sparse_rmsprop_step_inplace", "Lion", "PreparedStep", "RMSprop", "prepare_step"]
+            "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
+            "prepare_step"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "clip_grad_norm",
             "global_norm", "schedules"]
