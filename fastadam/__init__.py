@@ -1,4 +1,5 @@
-"""fastadam: fused, exact, multi-threaded optimizer steps (Adam, Adagrad, momentum SGD) for
+"""fastadam: fused, exact, multi-threaded optimizer steps (Adam, Adagrad, momentum SGD, RMSprop,
+Lion) for
 NumPy arrays on the CPU, dense and sparse, with a tape-based gradient engine.
 
 The package is laid out by capability: ``fastadam.optim`` (optimizers: functional steps, dense
@@ -19,10 +20,14 @@ from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from .optim import sparse_adagrad_step_inplace, sparse_momentum_step_inplace, sparse_step_inplace
 from .sparse import IndexedSlices, segment_sum
 from .optim import Adagrad, Adam, AdamW, Optimizer, SGD, clip_grad_norm, schedules
+from .optim import (Lion, RMSprop, lion_step_inplace, rmsprop_step_inplace,
+                    sparse_lion_step_inplace, sparse_rmsprop_step_inplace)
 from . import autodiff
 
-__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Optimizer", "SGD",
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "Optimizer", "RMSprop", "SGD",
            "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
-           "momentum_step_inplace", "schedules", "segment_sum", "show_config",
-           "sparse_adagrad_step_inplace", "sparse_momentum_step_inplace", "sparse_step_inplace",
+           "lion_step_inplace", "momentum_step_inplace", "rmsprop_step_inplace", "schedules",
+           "segment_sum", "show_config",
+           "sparse_adagrad_step_inplace", "sparse_lion_step_inplace",
+           "sparse_momentum_step_inplace", "sparse_rmsprop_step_inplace", "sparse_step_inplace",
            "step_inplace"]

@@ -81,9 +81,10 @@ static void dense_flags(int flags, std::integer_sequence<int, F...>, const Dense
 template <typename S> static void dense_kind(int kind, int flags, const DenseArgs &a)
 {
     const auto all = std::make_integer_sequence<int, 16>();
-    if (kind == FA_OPT_ADAM) dense_flags<S, FA_OPT_ADAM>(flags, all, a);
-    if (kind == FA_OPT_ADAGRAD) dense_flags<S, FA_OPT_ADAGRAD>(flags, all, a);
-    if (kind == FA_OPT_MOMENTUM) dense_flags<S, FA_OPT_MOMENTUM>(flags, all, a);
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K) dense_flags<S, FA_OPT_##K>(flags, all, a);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 }
 
 template <typename S, int KIND, int F> static void sparse_one(const SparseArgs &a)
@@ -115,10 +116,11 @@ static void sparse_flags(int flags, std::integer_sequence<int, F...>, const Spar
 
 template <typename S> static void sparse_kind(int kind, int flags, const SparseArgs &a)
 {
-    const auto fl = std::integer_sequence<int, 0, 1, 4, 5>();
-    if (kind == FA_OPT_ADAM) sparse_flags<S, FA_OPT_ADAM>(flags, fl, a);
-    if (kind == FA_OPT_ADAGRAD) sparse_flags<S, FA_OPT_ADAGRAD>(flags, fl, a);
-    if (kind == FA_OPT_MOMENTUM) sparse_flags<S, FA_OPT_MOMENTUM>(flags, fl, a);
+    const auto fl = std::integer_sequence<int, 0, 1, 4, 5, 8, 9, 12, 13>();  // never FA_SCALE
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K) sparse_flags<S, FA_OPT_##K>(flags, fl, a);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 }
 
 extern "C" {

@@ -215,3 +215,54 @@ def momentum_reference(x, g, v, t, *, lr=1e-2, momentum=0.9, dampening=0.0, nest
         v = momentum * v + (beta if t > 0 else 1.0) * g
         step = g + momentum * v if nesterov else v
     return x - lr * step, v
+
+
+# ============================================================================================
+# RMSprop and Lion (oracles for fastadam.rmsprop_step_inplace, lion_step_inplace, their sparse
+# forms and objects)
+# ============================================================================================
+
+def rmsprop_reference(x, g, square_avg, t, *, momentum_buffer=None, grad_avg=None, lr=1e-2,
+                      alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False,
+                      maximize=False, convention="torch", grad_scale=None):
+    """One RMSprop step in float64; returns new (x, square_avg, momentum_buffer, grad_avg).
+    Written from torch.optim.RMSprop's documented algorithm ("torch") and Keras 3's RMSprop
+    update (``"keras"``: epsilon inside the root, the momentum variable accumulating
+    ``lr * g / sqrt(...)``)."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    g = _effective_gradient(x, g, weight_decay, maximize, grad_scale)
+    v = alpha * np.asarray(square_avg, dtype=np.float64) + (1.0 - alpha) * g * g
+    a = None
+    w = v
+    if centered:
+        a = alpha * np.asarray(grad_avg, dtype=np.float64) + (1.0 - alpha) * g
+        w = v - a * a
+    if convention == "keras":
+        d = g / np.sqrt(w + eps)
+    else:
+        d = g / (np.sqrt(w) + eps)
+    b = None
+    if momentum > 0:
+        b = momentum * np.asarray(momentum_buffer, dtype=np.float64)
+        if convention == "keras":
+            b = b + lr * d
+            x = x - b
+        else:
+            b = b + d
+            x = x - lr * b
+    else:
+        x = x - lr * d
+    return x, v, b, a
+
+
+def lion_reference(x, g, m, t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.0,
+                   maximize=False, grad_scale=None):
+    """One Lion step in float64; returns new (x, m).  Written from Algorithm 2 of Chen et al.
+    2023 ("Symbolic Discovery of Optimization Algorithms"): update = sign(beta1*m +
+    (1-beta1)*g) + lambda*x, x -= lr*update, m = beta2*m + (1-beta2)*g."""
+    x = np.asarray(x, dtype=np.float64)
+    g = _effective_gradient(x, g, 0.0, maximize, grad_scale)
+    m = np.asarray(m, dtype=np.float64)
+    c = beta1 * m + (1.0 - beta1) * g
+    x = x - lr * (np.sign(c) + weight_decay * x)
+    return x, beta2 * m + (1.0 - beta2) * g

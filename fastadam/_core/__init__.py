@@ -1,6 +1,8 @@
 """fastadam._core: the compiled drivers (private; the public API is fastadam.optim, .sparse, ...).
 
 - ``_coeffs.pyx`` / ``_coeffs.pxd``: the coefficient objects each optimizer's kernels read;
+- ``_registry.py``: the Python side of the optimizer registration list
+  (include/fastadam/optimizers.def): one spec per optimizer;
 - ``_dense.pyx``: one multi-tensor driver for every dense optimizer (kernels:
   include/fastadam/dense.c);
 - ``_sparse.pyx``: the sparse driver: radix sort, segment tables, segment sum, row walks

@@ -55,6 +55,7 @@ cdef extern from "fastadam/momentum.h":
 
 cdef class Coefficients:
     cdef readonly int kind          # FA_OPT_*
+    cdef readonly int flags         # the struct's flags
     cdef readonly double grad_scale  # the gradient divisor (1.0 when off), for the finite check
     cdef const void *data            # the struct of the subclass
 
@@ -69,3 +70,16 @@ cdef class AdagradCoefficients(Coefficients):
 
 cdef class MomentumCoefficients(Coefficients):
     cdef fa_momentum_coeffs c
+
+
+cdef enum:
+    STRUCT_MAX_FIELDS = 24  # doubles of the largest struct a StructCoefficients holds
+
+
+cdef class StructCoefficients(Coefficients):
+    # the struct as C lays out every coefficient struct: doubles in declaration order, then the
+    # int flags (padded to 8 bytes)
+    cdef double words[STRUCT_MAX_FIELDS + 1]
+    cdef tuple names
+    cdef tuple finite32
+    cdef tuple nonzero32

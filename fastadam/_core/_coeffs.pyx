@@ -4,6 +4,12 @@ in float64 by fastadam/optim/_coefficients.py, held as the C struct its kernels 
 One object crosses from Python into the compiled drivers per call; they read ``kind`` and the
 struct pointer and never see a long list of scalars.  The fields are the struct's (see
 include/fastadam/adam.h, adagrad.h, momentum.h) and are fixed at construction.
+
+``StructCoefficients`` holds the struct of any optimizer of the registration list
+(include/fastadam/optimizers.def) given field by field, as every struct is laid out: float64
+fields in declaration order, then the int ``flags``.  A new optimizer needs no class here: its
+Python spec (fastadam/optim/_spec.py) names the fields, and the spec checks at import that their
+count matches the size of the C struct.
 """
 
 FLAG_L2 = FA_L2
@@ -69,6 +75,7 @@ cdef class AdamCoefficients(Coefficients):
         self.c.decay_mul = decay_mul
         self.c.post_mul = post_mul
         self.c.flags = flags
+        self.flags = flags
         self.kind = FA_OPT_ADAM
         self.grad_scale = grad_scale
         self.data = &self.c
@@ -95,6 +102,7 @@ cdef class AdagradCoefficients(Coefficients):
         self.c.grad_scale = grad_scale
         self.c.l2 = l2
         self.c.flags = flags
+        self.flags = flags
         self.kind = FA_OPT_ADAGRAD
         self.grad_scale = grad_scale
         self.data = &self.c
@@ -125,6 +133,7 @@ cdef class MomentumCoefficients(Coefficients):
         self.c.grad_scale = grad_scale
         self.c.l2 = l2
         self.c.flags = flags
+        self.flags = flags
         self.kind = FA_OPT_MOMENTUM
         self.grad_scale = grad_scale
         self.data = &self.c
@@ -139,3 +148,44 @@ cdef class MomentumCoefficients(Coefficients):
 
     def as_dict(self):
         return dict(self.c)
+
+
+from libc.string cimport memcpy
+
+STRUCT_MAX = STRUCT_MAX_FIELDS
+
+
+cdef class StructCoefficients(Coefficients):
+    """Any optimizer's struct, field by field: ``names`` and ``values`` the float64 fields in
+    the header's declaration order, ``flags`` last.  ``finite32`` / ``nonzero32``: (field
+    index, public name) pairs that must not overflow / round to zero in float32."""
+
+    def __cinit__(self, int kind, tuple names, tuple values, int flags, double grad_scale=1.0,
+                  tuple finite32=(), tuple nonzero32=()):
+        cdef Py_ssize_t n = len(values), i
+        if n != len(names) or n > STRUCT_MAX_FIELDS:
+            raise ValueError(f"values: expected {len(names)} fields (at most "
+                             f"{STRUCT_MAX_FIELDS}), got {n}")
+        for i in range(n):
+            self.words[i] = values[i]
+        self.words[n] = 0.0
+        memcpy(<char *>&self.words[n], &flags, sizeof(int))
+        self.names = names
+        self.finite32 = finite32
+        self.nonzero32 = nonzero32
+        self.kind = kind
+        self.flags = flags
+        self.grad_scale = grad_scale
+        self.data = &self.words[0]
+
+    def check_float32(self):
+        cdef Py_ssize_t i
+        for i, name in self.finite32:
+            check_finite32(self.words[i], name)
+        for i, name in self.nonzero32:
+            check_nonzero32(self.words[i], name)
+
+    def as_dict(self):
+        out = {name: self.words[i] for i, name in enumerate(self.names)}
+        out["flags"] = self.flags
+        return out

@@ -24,6 +24,12 @@ cdef extern from "fastadam/dense.h":
                                  Py_ssize_t n, const void *coeffs) noexcept nogil
     fa_dense_fn fa_dense_kernel(int kind, int dtype) nogil
     int fa_all_finite(int dtype, const void *g, Py_ssize_t n, double grad_scale) nogil
+    int fa_registry_count()
+    const char *fa_registry_name(int kind)
+    size_t fa_registry_coeffs_size(int kind)
+    int fa_registry_nslots(int kind, int flags)
+    int fa_dense_supported(int kind, int flags)
+    int fa_sparse_supported(int kind, int flags)
 
 # Elements per chunk: 32768 (128 KiB of float32 per array) keeps chunks cheap to schedule and
 # large enough to amortize the call; below PARALLEL_MIN total elements the step runs serially,
@@ -65,6 +71,28 @@ cdef int storage_type(int typenum) except -1:
     raise TypeError(f"no dense kernel for dtype {cnp.PyArray_DescrFromType(typenum)}")
 
 
+def registry():
+    """The optimizers of include/fastadam/optimizers.def, in kind order: one dict per kind with
+    its ``name``, ``kind`` and the size in bytes of its coefficient struct (``coeffs_size``)."""
+    return [dict(name=fa_registry_name(k).decode(), kind=k,
+                 coeffs_size=fa_registry_coeffs_size(k)) for k in range(fa_registry_count())]
+
+
+def nslots(int kind, int flags):
+    """State slots optimizer ``kind`` uses with ``flags`` (-1: no such kind)."""
+    return fa_registry_nslots(kind, flags)
+
+
+def dense_supported(int kind, int flags):
+    """True if the dense kernels of optimizer ``kind`` take ``flags``."""
+    return bool(fa_dense_supported(kind, flags))
+
+
+def sparse_supported(int kind, int flags):
+    """True if the sparse row walk has optimizer ``kind`` with ``flags``."""
+    return bool(fa_sparse_supported(kind, flags))
+
+
 def has_kernel(Coefficients coeffs, int typenum):
     """True if this build has the kernel (float16 kernels need the compiler's _Float16)."""
     return fa_dense_kernel(coeffs.kind, storage_type(typenum)) != NULL
@@ -74,17 +102,26 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
                bint skip_nonfinite, int num_threads):
     """One step of the optimizer `coeffs` describes over validated tensors.
 
-    slots: the optimizer's state lists in slot order (1 to 3 lists, each like xs).
+    slots: the optimizer's state lists in slot order, as many as it uses with these flags
+    (fa_registry_nslots), each like xs.  Flags the registration list does not give the dense
+    kernels raise ValueError before anything is written.
     Returns False (nothing written) if skip_nonfinite found a non-finite gradient.
     """
+    if not fa_dense_supported(coeffs.kind, coeffs.flags):
+        raise ValueError(f"the dense step has no kernel for optimizer kind {coeffs.kind} with "
+                         f"flags {coeffs.flags} (include/fastadam/optimizers.def)")
     cdef int dtype = storage_type(typenum)
+    if skip_nonfinite and fa_all_finite(dtype, NULL, 0, 1.0) < 0:
+        raise TypeError(f"dtype {cnp.PyArray_DescrFromType(typenum)}: this build of fastadam "
+                        f"has no non-finite check for it")
     cdef fa_dense_fn kernel = fa_dense_kernel(coeffs.kind, dtype)
     if kernel == NULL:
         raise TypeError(f"dtype {cnp.PyArray_DescrFromType(typenum)}: this build of fastadam "
                         f"has no kernel for it (float16 needs a compiler with _Float16)")
     cdef Py_ssize_t nslots = len(slots)
-    if not 1 <= nslots <= MAX_SLOTS:
-        raise ValueError(f"slots: expected 1 to {MAX_SLOTS} state lists, got {nslots}")
+    if nslots != fa_registry_nslots(coeffs.kind, coeffs.flags):
+        raise ValueError(f"slots: expected {fa_registry_nslots(coeffs.kind, coeffs.flags)} "
+                         f"state lists for these options, got {nslots}")
     cdef Py_ssize_t ntensors = len(xs), nchunks = 0, total = 0, i, k, q, size, start, step
     cdef cnp.ndarray a
     for i in range(ntensors):
@@ -139,12 +176,12 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
             if skip_nonfinite:
                 if nt == 1:
                     for k in range(nchunks):
-                        if not fa_all_finite(dtype, chunks[k].g, chunks[k].n, grad_scale):
+                        if fa_all_finite(dtype, chunks[k].g, chunks[k].n, grad_scale) != 1:
                             nbad = 1
                             break
                 else:
                     for k in prange(nchunks, schedule="static", num_threads=nt):
-                        nbad += 1 - fa_all_finite(dtype, chunks[k].g, chunks[k].n, grad_scale)
+                        nbad += fa_all_finite(dtype, chunks[k].g, chunks[k].n, grad_scale) != 1
             if nbad == 0:
                 if nt == 1:
                     for k in range(nchunks):

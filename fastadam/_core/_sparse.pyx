@@ -35,22 +35,22 @@ cdef extern from "fastadam/sparse.h":
     void fa_segment_sum_f64(const double *values, Py_ssize_t row_size, const int64_t *perm,
                             const int64_t *offsets, Py_ssize_t s0, Py_ssize_t s1,
                             double *out) nogil
-    void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+    int fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
                             Py_ssize_t row_size, const Py_ssize_t *stride,
                             const float *values, const int64_t *perm,
                             const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
                             Py_ssize_t s1, float *gbuf, int64_t *last_step, int64_t t) nogil
-    void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+    int fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
                             Py_ssize_t row_size, const Py_ssize_t *stride,
                             const double *values, const int64_t *perm,
                             const int64_t *offsets, const int64_t *rows, Py_ssize_t s0,
                             Py_ssize_t s1, double *gbuf, int64_t *last_step, int64_t t) nogil
-    void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+    int fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
                              Py_ssize_t row_size, const Py_ssize_t *stride,
                              const float *values, const int64_t *perm,
                              const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
                              Py_ssize_t r0, Py_ssize_t r1, float *gbuf) nogil
-    void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+    int fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
                              Py_ssize_t row_size, const Py_ssize_t *stride,
                              const double *values, const int64_t *perm,
                              const int64_t *offsets, const int64_t *rows, Py_ssize_t nseg,
@@ -226,27 +226,28 @@ cdef struct Job:
     Py_ssize_t nseg
 
 
-cdef inline void run_part(Job *j, Py_ssize_t a, Py_ssize_t b, int tid) noexcept nogil:
-    """Lazy / catchup: segments [a, b); dense: table rows [a, b).  tid picks the scratch row."""
+cdef inline int run_part(Job *j, Py_ssize_t a, Py_ssize_t b, int tid) noexcept nogil:
+    """Lazy / catchup: segments [a, b); dense: table rows [a, b).  tid picks the scratch row.
+    Returns the kernel's status (0, or FA_ERR_UNSUPPORTED before any write)."""
     cdef Py_ssize_t itemsize = 4 if j.typenum == cnp.NPY_FLOAT else 8
     cdef char *gbuf = j.gbuf + tid * j.gbuf_stride * itemsize
     if j.typenum == cnp.NPY_FLOAT:
         if j.mode == 1:
-            fa_sparse_dense_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
+            return fa_sparse_dense_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
                                 j.row_size, j.stride, <const float *>j.values, j.perm,
                                 j.offsets, j.rows, j.nseg, a, b, <float *>gbuf)
         else:
-            fa_sparse_rows_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
+            return fa_sparse_rows_f32(j.kind, j.coeffs, <float *>j.x, <float *>j.st0, <float *>j.st1,
                                j.row_size, j.stride, <const float *>j.values, j.perm,
                                j.offsets, j.rows, a, b, <float *>gbuf, j.last_step, j.t)
     else:
         if j.mode == 1:
-            fa_sparse_dense_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
+            return fa_sparse_dense_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
                                 <double *>j.st1, j.row_size, j.stride,
                                 <const double *>j.values, j.perm, j.offsets, j.rows, j.nseg,
                                 a, b, <double *>gbuf)
         else:
-            fa_sparse_rows_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
+            return fa_sparse_rows_f64(j.kind, j.coeffs, <double *>j.x, <double *>j.st0,
                                <double *>j.st1, j.row_size, j.stride,
                                <const double *>j.values, j.perm, j.offsets, j.rows, a, b,
                                <double *>gbuf, j.last_step, j.t)
@@ -303,13 +304,18 @@ def sparse_step(Coefficients coeffs, cnp.ndarray x, list slots, cnp.ndarray valu
     if j.mode != 1:
         bounds_arr = balanced_bounds(offsets, nt)
         bounds = <int64_t *>cnp.PyArray_DATA(bounds_arr)
+    cdef int nbad = 0
     with nogil:
         if nt == 1:
-            run_part(&j, 0, n_rows if j.mode == 1 else j.nseg, 0)
+            nbad = run_part(&j, 0, n_rows if j.mode == 1 else j.nseg, 0) != 0
         elif j.mode == 1:
             for p in prange(nparts, schedule="static", num_threads=nt):
-                run_part(&j, p * rows_per_chunk, min((p + 1) * rows_per_chunk, n_rows),
-                         threadid())
+                nbad += run_part(&j, p * rows_per_chunk, min((p + 1) * rows_per_chunk, n_rows),
+                                 threadid()) != 0
         else:
             for p in prange(nparts, schedule="static", num_threads=nt):
-                run_part(&j, bounds[p], bounds[p + 1], threadid())
+                nbad += run_part(&j, bounds[p], bounds[p + 1], threadid()) != 0
+    if nbad:  # decided from the kind and flags before any write: nothing changed
+        raise ValueError(f"the sparse step has no kernel for optimizer kind {j.kind} with "
+                         f"flags {coeffs.flags}: this (optimizer, options) pair is not in the "
+                         f"sparse registration list (include/fastadam/optimizers.def)")

@@ -59,6 +59,32 @@ cpdef check_array(object a, str name, int typenum=-1, object shape=None, bint wr
     return arr
 
 
+def plain_gradients(list grads, list arrays):
+    """True if ``grads[i]`` is an exact ndarray, C-contiguous, of ``arrays[i]``'s dtype and
+    shape for every i (equal lengths assumed): the gradients an optimizer object's single-call
+    path takes without a second look.  Reads only the array headers (no data, no exception)."""
+    cdef Py_ssize_t i, d, n = len(grads)
+    cdef object go, xo
+    cdef cnp.ndarray g, x
+    if len(arrays) != n:
+        return False
+    for i in range(n):
+        go = grads[i]
+        xo = arrays[i]
+        if type(go) is not np.ndarray or type(xo) is not np.ndarray:
+            return False
+        g = <cnp.ndarray>go
+        x = <cnp.ndarray>xo
+        if (cnp.PyArray_TYPE(g) != cnp.PyArray_TYPE(x) or cnp.PyArray_NDIM(g) != cnp.PyArray_NDIM(x)
+                or not cnp.PyArray_IS_C_CONTIGUOUS(g)
+                or not cnp.PyArray_ISNOTSWAPPED(g)):
+            return False
+        for d in range(cnp.PyArray_NDIM(g)):
+            if cnp.PyArray_DIM(g, d) != cnp.PyArray_DIM(x, d):
+                return False
+    return True
+
+
 def check_step_arrays(x, g, list slots):
     """Validate a dense step's arrays: ndarrays, or equal-length lists of ndarrays.
 

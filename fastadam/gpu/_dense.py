@@ -11,9 +11,6 @@ import numpy as np
 from . import _kernels, _layout, _source
 from ._validation import check_step_arrays
 
-_FLAG_MASK = {_source.KINDS["adam"]: 15, _source.KINDS["adagrad"]: 7,
-              _source.KINDS["momentum"]: 7}
-
 
 def build_table(coeffs, xs, gs, slot_lists):
     """(device table, number of entries, number of blocks) for the non-empty tensors."""
@@ -34,7 +31,10 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite):
         table, n, nblocks = build_table(coeffs, xs, gs, slot_lists)
         if n == 0:
             return True
-        flags = coeffs.as_dict()["flags"] & _FLAG_MASK[coeffs.kind]
+        flags = coeffs.flags
+        if flags not in _source.DENSE_FLAGS[coeffs.kind]:
+            raise ValueError(f"the GPU dense step has no kernel for optimizer kind "
+                             f"{coeffs.kind} with flags {flags}")
         step = _kernels.function("dense", dtype, coeffs.kind,
                                  _source.dense_name(_kernels.dtype_name(dtype), coeffs.kind, flags))
         if not skip_nonfinite:

@@ -1,30 +1,45 @@
 """The bytes the GPU kernels read, laid out on the host (NumPy only, so CPU tests check them).
 
 A multi-tensor table (kernels.cu, fa_dense_step) is one uint8 buffer: the optimizer's
-coefficient struct in its first HEADER_BYTES bytes (the C struct of include/fastadam/adam.h,
-adagrad.h or momentum.h: field order of the header, C alignment), then one 64-byte entry per
+coefficient struct in its first HEADER_BYTES bytes (the C struct of the optimizer's header,
+listed in include/fastadam/optimizers.def: field order of the header, C alignment), then one 64-byte entry per
 non-empty tensor: eight int64 = addresses of x, g, s0, s1, s2, element count, first block, unused.
 """
 import numpy as np
 
-from .._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+from .._core import _registry
 
 HEADER_BYTES = 128  # FA_CUDA_HEADER in kernels.cu
 CHUNK = 4096        # FA_CUDA_CHUNK in kernels.cu: elements per block of the dense step
 ENTRY_WORDS = 8     # int64 words per table entry (fa_cuda_tensor)
 
-# The coefficient structs, field by field in declaration order (a CPU test checks these lists
-# against the headers).
-STRUCT_FIELDS = {
-    KIND_ADAM: ["alpha", "denom_scale", "eps", "beta1", "beta2", "sign", "grad_scale", "l2",
-                "decay_mul", "post_mul", "flags"],
-    KIND_ADAGRAD: ["lr", "eps", "sign", "grad_scale", "l2", "flags"],
-    KIND_MOMENTUM: ["lr", "a", "b", "an", "idle_rate", "sign", "grad_scale", "l2", "flags"],
-}
-STRUCT_DTYPES = {
-    kind: np.dtype([(f, np.int32 if f == "flags" else np.float64) for f in fields], align=True)
-    for kind, fields in STRUCT_FIELDS.items()
-}
+
+def struct_fields(kind):
+    """The coefficient struct of ``kind``, field by field in declaration order (its spec's
+    float64 fields, then ``flags``; a CPU test checks these against the headers)."""
+    return list(_registry.spec_of_kind(kind).fields) + ["flags"]
+
+
+def struct_dtype(kind):
+    return np.dtype([(f, np.int32 if f == "flags" else np.float64) for f in struct_fields(kind)],
+                    align=True)
+
+
+class _ByKind(dict):
+    """kind -> value, computed on first use (the specs of RMSprop and Lion register when
+    fastadam.optim is imported)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, kind):
+        value = self[kind] = self._make(kind)
+        return value
+
+
+STRUCT_FIELDS = _ByKind(struct_fields)
+STRUCT_DTYPES = _ByKind(struct_dtype)
 
 
 def coefficient_bytes(coeffs, out):

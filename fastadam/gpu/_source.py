@@ -11,16 +11,26 @@ setup.py puts in the package (``fastadam/gpu/include/``) in a wheel.
 """
 from pathlib import Path
 
-from .._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+from .._core import _registry
 
-KINDS = {"adam": KIND_ADAM, "adagrad": KIND_ADAGRAD, "momentum": KIND_MOMENTUM}
+# The optimizers of the registration list (include/fastadam/optimizers.def), by name.
+KINDS = dict(_registry.KINDS)
 # Storage types of the kernels: float16 is held as its bits and computed in float32.
 STORAGE = {"float16": "unsigned short", "float32": "float", "float64": "double"}
-# Flag combinations each optimizer's dense kernel is instantiated for (all of its flag bits:
-# FA_L2 | FA_SCALE | the optimizer's own bits 4 and 8).
-DENSE_FLAGS = {KIND_ADAM: range(16), KIND_ADAGRAD: range(8), KIND_MOMENTUM: range(8)}
-# The sparse path never scales the gradient nor keeps v_max: FA_L2 and bit 4 at most.
-SPARSE_FLAGS = {KIND_ADAM: (0, 1), KIND_ADAGRAD: (0, 1, 4, 5), KIND_MOMENTUM: (0, 1, 4, 5)}
+
+
+def dense_flags(kind):
+    """Flag combinations the dense kernel of ``kind`` is instantiated for (the C list's)."""
+    return tuple(f for f in range(16) if _registry._dense.dense_supported(kind, f))
+
+
+def sparse_flags(kind):
+    """Flag combinations of the sparse kernels of ``kind`` (never FA_SCALE; two slots at most)."""
+    return tuple(f for f in range(16) if _registry._dense.sparse_supported(kind, f))
+
+
+DENSE_FLAGS = {kind: dense_flags(kind) for kind in KINDS.values()}
+SPARSE_FLAGS = {kind: sparse_flags(kind) for kind in KINDS.values()}
 
 
 def include_dir():

@@ -137,7 +137,10 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step):
                 last_step[rows] = t
             return None
         coeff_dev = _kernels.upload_coefficients(coeffs)
-        flags = coeffs.as_dict()["flags"] & (1 | 4)
+        flags = coeffs.flags
+        if flags not in _source.SPARSE_FLAGS[coeffs.kind]:
+            raise ValueError(f"the GPU sparse step has no kernel for optimizer kind "
+                             f"{coeffs.kind} with flags {flags}")
         st0 = slot_arrays[0]
         st1 = slot_arrays[1] if len(slot_arrays) > 1 else st0  # never touched when unused
         name = x.dtype.name

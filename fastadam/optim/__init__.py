@@ -7,6 +7,11 @@
 - ``_sparse_functional.py``: their sparse forms (``sparse_step_inplace``,
   ``sparse_adagrad_step_inplace``, ``sparse_momentum_step_inplace``) on the gradient types of
   :mod:`fastadam.sparse`.
+- ``optimizer_spec(name)`` (public): each optimizer's ``OptimizerSpec`` (slot names for the
+  functional steps and the objects, flags, fold, ONNX operator and torch class names), for the
+  tables of front-ends (fastadam/_core/_registry.py holds them);
+- ``_prepared.py``: ``prepare_step``, the public prepared step (arrays checked once, then
+  fold-and-call per step) for front-ends that step the same arrays many times.
 - The optimizer objects are built on those functions only:
 
   - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
@@ -16,10 +21,12 @@
   - ``_checkpoint.py``: state dicts and atomic, untrusting checkpoint files;
   - ``schedules.py`` (public): learning-rate schedules; ``_torch.py``: import from torch.optim.
 
-A new optimizer adds its element formula (``include/fastadam/NAME.h``), a coefficient struct
-and class (``fastadam/_core/_coeffs.pyx``), an entry in the kernel table
-(``include/fastadam/dense.c`` and the sparse row walk), a folding function here, its
-functional step, and one class on ``Optimizer``.
+A new optimizer adds its element formula and coefficient struct (``include/fastadam/NAME.h``),
+one row in the registration list ``include/fastadam/optimizers.def`` (which generates the kernel
+tables, the sparse switch and the CUDA dispatch), and one module here holding its fold, its
+spec (``fastadam/_core/_registry.py``), its functional steps and its class on ``Optimizer``
+(``_rmsprop.py`` and ``_lion.py`` are the examples), then exports the public names here and in
+``fastadam/__init__.py``.
 """
 from ._functional import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from ._sparse_functional import (sparse_adagrad_step_inplace, sparse_momentum_step_inplace,
@@ -30,8 +37,15 @@ from ._adam import Adam, AdamW
 from ._base import Optimizer, ParamGroup
 from ._clip import clip_grad_norm, global_norm
 from ._sgd import SGD
+from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
+from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
+from ._prepared import PreparedStep, prepare_step
+from .._core._registry import OptimizerSpec, spec as optimizer_spec
 
 __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step_inplace",
            "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
+__all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
+            "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
+            "prepare_step"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "clip_grad_norm",
             "global_norm", "schedules"]

@@ -1,7 +1,7 @@
 """``Adagrad``: the optimizer object over ``adagrad_step_inplace`` and its sparse form.
 
-Design as ``_adam.py``: type and torch-style rules here, ranges by a dry run of the functional
-step on no tensors.  ``lr``, ``eps`` and ``initial_accumulator_value`` default to the
+Design as ``_adam.py``: type and torch-style rules here, ranges by the functional step's fold
+(no arrays).  ``lr``, ``eps`` and ``initial_accumulator_value`` default to the
 convention's library values.  The step number handed to the functional step follows each
 convention's count: ONNX's ``T`` is the number of steps already applied (0 first), torch's and
 Keras's ``step`` starts at 1.
@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._sparse_functional import sparse_adagrad_step_inplace
 from ._functional import adagrad_step_inplace
-from ._coefficients import ADAGRAD_CONVENTIONS, ADAGRAD_EPS
+from ._coefficients import ADAGRAD_CONVENTIONS, ADAGRAD_EPS, adagrad_coefficients
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
 __all__ = ["Adagrad"]
@@ -76,8 +76,7 @@ class Adagrad(Optimizer):
         h["maximize"] = check_bool(h["maximize"], "maximize")
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
         lr_now = 0.0 if callable(h["lr"]) else h["lr"]
-        adagrad_step_inplace([], [], [], 1, **self._scalars(h, lr_now),  # the step's own checks
-                             num_threads=self.num_threads)
+        adagrad_coefficients(1, **self._scalars(h, lr_now))  # the step's own checks (its fold)
         return h
 
     @staticmethod

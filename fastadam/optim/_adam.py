@@ -1,8 +1,8 @@
 """``Adam`` and ``AdamW``: the optimizer objects over ``step_inplace`` / ``sparse_step_inplace``.
 
 Design: hyper-parameters are checked here for their type and the torch-style rules (``lr`` and
-``weight_decay`` >= 0, flags are bools), then by the functional step itself in a dry run on an
-empty tensor list, so the ranges (``0 <= beta < 1``, ``eps > 0``) are written once, in the
+``weight_decay`` >= 0, flags are bools), then by the functional step's own fold (``_coefficients.py``, no arrays involved),
+so the ranges (``0 <= beta < 1``, ``eps > 0``) are written once, in the
 functional step.  ``eps`` defaults to the convention's library default.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from ._base import (Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real)
 from ._sparse_functional import sparse_step_inplace
+from ._coefficients import adam_coefficients
 from ._functional import step_inplace
 
 __all__ = ["Adam", "AdamW"]
@@ -90,11 +91,10 @@ class Adam(Optimizer):
             if key in h:
                 h[key] = check_bool(h[key], key)
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
-        # the functional step's own range checks, on no tensors
-        step_inplace([], [], [], [], 1, lr=0.0 if callable(h["lr"]) else h["lr"],
-                     beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
-                     convention=h["convention"], weight_decay=h["weight_decay"],
-                     post_decay=h["post_decay"], num_threads=self.num_threads)
+        # the functional step's own range checks: its fold, on no arrays
+        adam_coefficients(1, 0.0 if callable(h["lr"]) else h["lr"], h["betas"][0],
+                          h["betas"][1], h["eps"], h["convention"], h["weight_decay"], False,
+                          h["post_decay"])
         return h
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:

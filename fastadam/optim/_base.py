@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from .._core._threads import resolve_num_threads
+from .._core._validation import plain_gradients
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
@@ -129,6 +131,8 @@ class Optimizer:
         self._options: Dict[str, Any] = {}
         self._clip = check_clip(defaults.get("clip_grad_norm"))
         self.num_threads = defaults.get("num_threads")
+        if self.num_threads is not None:
+            resolve_num_threads(self.num_threads)  # a bad count fails here, not at a step
         for key in self.structural_options:
             self._options[key] = check_bool(defaults[key], key)
         self._group_defaults = {k: defaults[k] for k in self.group_keys}
@@ -324,21 +328,21 @@ class Optimizer:
         if len(self._arrays) == 1 and (type(grads) is np.ndarray or is_device_array(grads)):
             grads = [grads]
         if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
-                and len(grads) == len(self._arrays)):
-            # the common case: dense arrays, one group, one dtype, no clipping: one call, whose
-            # own checks (in Cython) run before it writes, so no pre-check is needed here.  If
-            # it refuses the gradients (a sparse one, a Tensor, None, a wrong shape...), the
-            # general path takes them, or names the error in the optimizer's terms.
+                and len(grads) == len(self._arrays) and self._plain_dense(grads)):
+            # the common case: dense arrays of the parameters' dtype and shapes, one group, one
+            # dtype, no clipping: one call, whose own checks (in Cython) run before it writes.
+            # Decided up front from the gradients' types, dtypes and shapes: no second try.
             gi = self._buckets[0][0]
-            try:
-                applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
-                                          self._groups[gi], self._lr(gi),
-                                          None if scale == 1.0 else scale, skip_nonfinite)
-            except (TypeError, ValueError):
-                pass
-            else:
-                return self._finish(applied, range(len(grads)))
+            applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
+                                      self._groups[gi], self._lr(gi),
+                                      None if scale == 1.0 else scale, skip_nonfinite)
+            return self._finish(applied, range(len(grads)))
         return self._general_step(grads, scale, skip_nonfinite)
+
+    def _plain_dense(self, grads: Any) -> bool:
+        """True if every gradient is a C-contiguous ndarray of its parameter's dtype and shape
+        (what the single-call path takes; anything else goes the general way)."""
+        return plain_gradients(grads if type(grads) is list else list(grads), self._arrays)
 
     def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
         """Any mix of gradients: check them all, then one call per (group, dtype) for the dense

@@ -14,7 +14,8 @@ import numpy as np
 
 from .._core._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENTUM_NESTEROV,
                              FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
-                             MomentumCoefficients)
+                             MomentumCoefficients, StructCoefficients)
+from .._core._registry import OptimizerSpec, register
 
 ADAM_CONVENTIONS = ("tf", "torch", "onnx")
 ADAGRAD_CONVENTIONS = ("torch", "onnx", "keras")
@@ -207,3 +208,25 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
     return MomentumCoefficients(lr=lr, a=a, b=b, an=momentum, idle_rate=momentum,
                                 sign=-1.0 if maximize else 1.0, grad_scale=divisor,
                                 l2=weight_decay, flags=flags)
+
+
+# ---- the specs of the optimizers folded here (fastadam/_registry.py) -----------------------
+# RMSprop and Lion register theirs beside their folds (_rmsprop.py, _lion.py).
+register(OptimizerSpec(
+    name="adam", fold=adam_coefficients,
+    fields=("alpha", "denom_scale", "eps", "beta1", "beta2", "sign", "grad_scale", "l2",
+            "decay_mul", "post_mul"),
+    slots=("m", "v", "v_max"), object_slots=("m", "v", "v_max"),
+    flags={"amsgrad": FLAG_AMSGRAD, "nesterov": FLAG_NESTEROV},
+    onnx_op="Adam", torch_name="Adam",
+    defaults=dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, convention="tf")))
+register(OptimizerSpec(
+    name="adagrad", fold=adagrad_coefficients,
+    fields=("lr", "eps", "sign", "grad_scale", "l2"),
+    slots=("h",), object_slots=("sum",), flags={"eps_inside": FLAG_EPS_INSIDE},
+    onnx_op="Adagrad", torch_name="Adagrad", defaults=dict(lr=1e-2)))
+register(OptimizerSpec(
+    name="momentum", fold=momentum_coefficients,
+    fields=("lr", "a", "b", "an", "idle_rate", "sign", "grad_scale", "l2"),
+    slots=("v",), object_slots=("momentum_buffer",), flags={"nesterov": FLAG_MOMENTUM_NESTEROV},
+    onnx_op="Momentum", torch_name="SGD", defaults=dict(lr=1e-2)))

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._sparse_functional import sparse_momentum_step_inplace
 from ._functional import momentum_step_inplace
-from ._coefficients import MOMENTUM_CONVENTIONS
+from ._coefficients import MOMENTUM_CONVENTIONS, momentum_coefficients
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
 __all__ = ["SGD"]
@@ -68,8 +68,7 @@ class SGD(Optimizer):
         h["convention"] = check_choice(h["convention"], "convention", MOMENTUM_CONVENTIONS)
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
         lr_now = 0.0 if callable(h["lr"]) else h["lr"]
-        momentum_step_inplace([], [], [], 1, **self._scalars(h, lr_now),  # the step's own checks
-                              num_threads=self.num_threads)
+        momentum_coefficients(1, **self._scalars(h, lr_now))  # the step's own checks (its fold)
         return h
 
     @staticmethod

@@ -39,6 +39,12 @@ FA_INLINE void fa_adagrad_idle_rates(const fa_adagrad_coeffs *c, double *r0, dou
     *r1 = 1.0;
 }
 
+FA_INLINE int fa_adagrad_nslots(const int flags)
+{
+    (void)flags;
+    return 1;
+}
+
 #endif /* FASTADAM_ADAGRAD_H */
 
 #ifdef FA_C
@@ -57,10 +63,12 @@ FA_INLINE FA_FN(fa_adagrad_k) FA_FN(fa_adagrad_prepare)(const fa_adagrad_coeffs 
     return k;
 }
 
-/* One element: IN g; IN/OUT *x, *h. */
+/* One element: IN g; IN/OUT *x, *h (the other slots are not touched). */
 FA_INLINE void FA_FN(fa_adagrad_math)(const FA_FN(fa_adagrad_k) *k, const int flags, FA_C g,
-                                      FA_C *x, FA_C *h)
+                                      FA_C *x, FA_C *h, FA_C *unused1, FA_C *unused2)
 {
+    (void)unused1;
+    (void)unused2;
     FA_C gi = g;
     const FA_C xi = *x;
     if (flags & FA_SCALE) gi = gi / k->gscale;

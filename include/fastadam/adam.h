@@ -50,6 +50,9 @@ FA_INLINE void fa_adam_idle_rates(const fa_adam_coeffs *c, double *r0, double *r
     *r1 = c->beta2;
 }
 
+/* State slots used: m, v, and v_max with FA_AMSGRAD. */
+FA_INLINE int fa_adam_nslots(const int flags) { return (flags & FA_AMSGRAD) ? 3 : 2; }
+
 #endif /* FASTADAM_ADAM_H */
 
 #ifdef FA_C

@@ -52,7 +52,7 @@ static inline int fa_keep_freed_memory(int bytes) { (void)bytes; return 0; }
 #endif
 
 /* Status codes returned by kernels; the Cython layer turns them into exceptions. */
-enum { FA_OK = 0, FA_ERR_NONFINITE = 1, FA_ERR_INDEX = 2 };
+enum { FA_OK = 0, FA_ERR_NONFINITE = 1, FA_ERR_INDEX = 2, FA_ERR_UNSUPPORTED = 3 };
 
 /* Name of the code path the dispatcher selects on this CPU ("x86-64-v4", "x86-64-v3",
  * "baseline", or "portable" when the build has no runtime dispatch). */

@@ -13,27 +13,6 @@
 #include "fastadam/dense.h"
 #include "fastadam/formulas.h"
 
-/* A switch over flag combinations, each case the loop LOOP(constant flags): FA_SWITCH8 for the
- * 8 combinations of bits 1, 2, 4; FA_SWITCH16 adds bit 8. */
-#define FA_SWITCH8_AT(BASE, FLAGS, LOOP)                                                       \
-    switch ((FLAGS) & 7) {                                                                     \
-    case 0: LOOP((BASE) + 0); break;                                                           \
-    case 1: LOOP((BASE) + 1); break;                                                           \
-    case 2: LOOP((BASE) + 2); break;                                                           \
-    case 3: LOOP((BASE) + 3); break;                                                           \
-    case 4: LOOP((BASE) + 4); break;                                                           \
-    case 5: LOOP((BASE) + 5); break;                                                           \
-    case 6: LOOP((BASE) + 6); break;                                                           \
-    default: LOOP((BASE) + 7); break;                                                          \
-    }
-#define FA_SWITCH8(FLAGS, LOOP) FA_SWITCH8_AT(0, FLAGS, LOOP)
-#define FA_SWITCH16(FLAGS, LOOP)                                                               \
-    if ((FLAGS) & 8) {                                                                         \
-        FA_SWITCH8_AT(8, FLAGS, LOOP)                                                          \
-    } else {                                                                                   \
-        FA_SWITCH8_AT(0, FLAGS, LOOP)                                                          \
-    }
-
 #define FA_K(name) FA_CAT(name, _f32)
 #define FA_S float
 #define FA_CTYPE float
@@ -77,10 +56,61 @@
 #endif
 
 static const fa_dense_fn fa_dense_table[FA_OPT_COUNT][FA_DTYPE_COUNT] = {
-    [FA_OPT_ADAM] = {FA_HALF_KERNEL(adam_dense), adam_dense_f32, adam_dense_f64},
-    [FA_OPT_ADAGRAD] = {FA_HALF_KERNEL(adagrad_dense), adagrad_dense_f32, adagrad_dense_f64},
-    [FA_OPT_MOMENTUM] = {FA_HALF_KERNEL(momentum_dense), momentum_dense_f32, momentum_dense_f64},
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    [FA_OPT_##KIND] = {FA_HALF_KERNEL(name##_dense), name##_dense_f32, name##_dense_f64},
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 };
+
+/* The registry of optimizers.def, for the Python layer. */
+typedef struct {
+    const char *name;
+    int dense_mask, sparse_mask;
+    size_t coeffs_size;
+    int (*nslots)(int flags);
+} fa_registry_entry;
+
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    static int fa_nslots_of_##name(int flags) { return fa_##name##_nslots(flags); }
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+
+static const fa_registry_entry fa_registry[FA_OPT_COUNT] = {
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    [FA_OPT_##KIND] = {#name, DENSE_MASK, SPARSE_MASK, sizeof(fa_##name##_coeffs),             \
+                       fa_nslots_of_##name},
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+};
+
+int fa_registry_count(void) { return FA_OPT_COUNT; }
+
+const char *fa_registry_name(int kind)
+{
+    return kind >= 0 && kind < FA_OPT_COUNT ? fa_registry[kind].name : NULL;
+}
+
+size_t fa_registry_coeffs_size(int kind)
+{
+    return kind >= 0 && kind < FA_OPT_COUNT ? fa_registry[kind].coeffs_size : 0;
+}
+
+int fa_dense_supported(int kind, int flags)
+{
+    if (kind < 0 || kind >= FA_OPT_COUNT) return 0;
+    return (flags & ~fa_registry[kind].dense_mask) == 0;
+}
+
+int fa_sparse_supported(int kind, int flags)
+{
+    if (kind < 0 || kind >= FA_OPT_COUNT) return 0;
+    return (flags & ~fa_registry[kind].sparse_mask) == 0 && fa_registry[kind].nslots(flags) <= 2;
+}
+
+int fa_registry_nslots(int kind, int flags)
+{
+    return kind >= 0 && kind < FA_OPT_COUNT ? fa_registry[kind].nslots(flags) : -1;
+}
 
 fa_dense_fn fa_dense_kernel(int kind, int dtype)
 {
@@ -96,6 +126,6 @@ int fa_all_finite(int dtype, const void *g, ptrdiff_t n, double grad_scale)
 #if FA_HAVE_HALF
     case FA_F16: return all_finite_f16(g, n, grad_scale);
 #endif
-    default: return 1;
+    default: return -1; /* no such storage type: an error, never "finite" */
     }
 }

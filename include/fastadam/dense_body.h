@@ -7,78 +7,48 @@
  * No include guard: included once per storage type.  The contract is in dense.h.
  */
 
-/* The prepared coefficients of the optimizer a call applies: only the member of KIND is set. */
-typedef union {
-    FA_CF(fa_adam_k) adam;
-    FA_CF(fa_adagrad_k) adagrad;
-    FA_CF(fa_momentum_k) momentum;
-} FA_K(prepared);
-
-/* One loop for every optimizer: load x and the state slots, apply the element formula, store.
- * KIND and FLAGS are compile-time constants at every call site (always_inline), so each
- * (optimizer, flags) pair is its own branch-free simd loop. */
-static inline __attribute__((always_inline)) void FA_K(step_loop)(
-    FA_S *restrict x, const FA_S *restrict g, FA_S *restrict s0, FA_S *restrict s1,
-    FA_S *restrict s2, ptrdiff_t n, const FA_K(prepared) k, const int KIND, const int FLAGS)
-{
-#pragma omp simd
-    for (ptrdiff_t i = 0; i < n; i++) {
-        FA_CTYPE xi = (FA_CTYPE)x[i], a = (FA_CTYPE)s0[i], b = 0, c = 0;
-        const FA_CTYPE gi = (FA_CTYPE)g[i];
-        if (KIND == FA_OPT_ADAM) {
-            b = (FA_CTYPE)s1[i];
-            if (FLAGS & FA_AMSGRAD) c = (FA_CTYPE)s2[i];
-            FA_CF(fa_adam_math)(&k.adam, FLAGS, gi, &xi, &a, &b, &c);
-            s1[i] = (FA_S)b;
-            if (FLAGS & FA_AMSGRAD) s2[i] = (FA_S)c;
-        } else if (KIND == FA_OPT_ADAGRAD) {
-            FA_CF(fa_adagrad_math)(&k.adagrad, FLAGS, gi, &xi, &a);
-        } else {
-            FA_CF(fa_momentum_math)(&k.momentum, FLAGS, gi, &xi, &a);
-        }
-        s0[i] = (FA_S)a;
-        x[i] = (FA_S)xi;
+/* One loop per optimizer of optimizers.def: load x and the slots the optimizer uses with these
+ * flags (fa_<name>_nslots), apply its element formula, store.  FLAGS is a compile-time
+ * constant at every call site (always_inline), so each (optimizer, flags) pair is its own
+ * branch-free simd loop. */
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    static inline __attribute__((always_inline)) void FA_K(name##_loop)(                       \
+        FA_S *restrict x, const FA_S *restrict g, FA_S *restrict s0, FA_S *restrict s1,        \
+        FA_S *restrict s2, ptrdiff_t n, const FA_CF(fa_##name##_k) *k, const int FLAGS)        \
+    {                                                                                          \
+        const int nslots = fa_##name##_nslots(FLAGS);                                          \
+        _Pragma("omp simd")                                                                    \
+        for (ptrdiff_t i = 0; i < n; i++) {                                                    \
+            FA_CTYPE xi = (FA_CTYPE)x[i], a = (FA_CTYPE)s0[i], b = 0, c = 0;                   \
+            if (nslots > 1) b = (FA_CTYPE)s1[i];                                               \
+            if (nslots > 2) c = (FA_CTYPE)s2[i];                                               \
+            FA_CF(fa_##name##_math)(k, FLAGS, (FA_CTYPE)g[i], &xi, &a, &b, &c);                \
+            if (nslots > 2) s2[i] = (FA_S)c;                                                   \
+            if (nslots > 1) s1[i] = (FA_S)b;                                                   \
+            s0[i] = (FA_S)a;                                                                   \
+            x[i] = (FA_S)xi;                                                                   \
+        }                                                                                      \
     }
-}
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 
-/* The kernels of dense.h's table: prepare the coefficients once, then the loop of the flags. */
-#define FA_LOOP(F) FA_K(step_loop)((FA_S *)x, (const FA_S *)g, (FA_S *)s0, (FA_S *)s1, \
-                                   (FA_S *)s2, n, k, KIND, F)
-
-FA_DISPATCH
-static void FA_K(adam_dense)(void *x, const void *g, void *s0, void *s1, void *s2, ptrdiff_t n,
-                             const void *coeffs)
-{
-    enum { KIND = FA_OPT_ADAM };
-    const fa_adam_coeffs *c = (const fa_adam_coeffs *)coeffs;
-    FA_K(prepared) k;
-    k.adam = FA_CF(fa_adam_prepare)(c);
-    FA_SWITCH16(c->flags, FA_LOOP)
-}
-
-FA_DISPATCH
-static void FA_K(adagrad_dense)(void *x, const void *g, void *s0, void *s1, void *s2,
-                                ptrdiff_t n, const void *coeffs)
-{
-    enum { KIND = FA_OPT_ADAGRAD };
-    const fa_adagrad_coeffs *c = (const fa_adagrad_coeffs *)coeffs;
-    FA_K(prepared) k;
-    k.adagrad = FA_CF(fa_adagrad_prepare)(c);
-    FA_SWITCH8(c->flags, FA_LOOP)
-}
-
-FA_DISPATCH
-static void FA_K(momentum_dense)(void *x, const void *g, void *s0, void *s1, void *s2,
-                                 ptrdiff_t n, const void *coeffs)
-{
-    enum { KIND = FA_OPT_MOMENTUM };
-    const fa_momentum_coeffs *c = (const fa_momentum_coeffs *)coeffs;
-    FA_K(prepared) k;
-    k.momentum = FA_CF(fa_momentum_prepare)(c);
-    FA_SWITCH8(c->flags, FA_LOOP)
-}
-
-#undef FA_LOOP
+/* The kernels of dense.h's table, one per optimizer: prepare the coefficients once, then the
+ * loop of the flags (flags outside DENSE_MASK never arrive: the driver asks
+ * fa_dense_supported first, and such a case compiles to nothing). */
+#define FA_DENSE_CASE(F, name)                                                                 \
+    FA_K(name##_loop)((FA_S *)x, (const FA_S *)g, (FA_S *)s0, (FA_S *)s1, (FA_S *)s2, n, &k, F)
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    FA_DISPATCH                                                                                \
+    static void FA_K(name##_dense)(void *x, const void *g, void *s0, void *s1, void *s2,      \
+                                   ptrdiff_t n, const void *coeffs)                            \
+    {                                                                                          \
+        const fa_##name##_coeffs *c = (const fa_##name##_coeffs *)coeffs;                     \
+        const FA_CF(fa_##name##_k) k = FA_CF(fa_##name##_prepare)(c);                          \
+        FA_FLAG_SWITCH(c->flags, DENSE_MASK, FA_DENSE_CASE, name)                              \
+    }
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+#undef FA_DENSE_CASE
 
 /* Non-finite test: OR-reduce "exponent bits all ones" over the (scaled) values, an integer
  * reduction that vectorizes without reassociating floating-point sums. */

@@ -1,5 +1,6 @@
-/* fastadam/formulas.h -- every optimizer's element formula, instantiated for float (_f32) and
- * double (_f64) compute types (see formula.h).  The includer provides sqrtf and sqrt. */
+/* fastadam/formulas.h -- every optimizer's element formula (the headers optimizers.def lists),
+ * instantiated for float (_f32) and double (_f64) compute types (see formula.h).  The includer
+ * provides sqrtf and sqrt. */
 #ifndef FASTADAM_FORMULAS_H
 #define FASTADAM_FORMULAS_H
 
@@ -9,9 +10,7 @@
 #define FA_C float
 #define FA_SQRT sqrtf
 #define FA_FN(name) FA_CAT(name, _f32)
-#include "fastadam/adam.h"
-#include "fastadam/adagrad.h"
-#include "fastadam/momentum.h"
+#include "fastadam/optimizers.def" /* every formula header */
 #undef FA_C
 #undef FA_SQRT
 #undef FA_FN
@@ -19,9 +18,7 @@
 #define FA_C double
 #define FA_SQRT sqrt
 #define FA_FN(name) FA_CAT(name, _f64)
-#include "fastadam/adam.h"
-#include "fastadam/adagrad.h"
-#include "fastadam/momentum.h"
+#include "fastadam/optimizers.def" /* every formula header */
 #undef FA_C
 #undef FA_SQRT
 #undef FA_FN

@@ -42,6 +42,12 @@ FA_INLINE void fa_momentum_idle_rates(const fa_momentum_coeffs *c, double *r0, d
     *r1 = 1.0;
 }
 
+FA_INLINE int fa_momentum_nslots(const int flags)
+{
+    (void)flags;
+    return 1;
+}
+
 #endif /* FASTADAM_MOMENTUM_H */
 
 #ifdef FA_C
@@ -62,10 +68,12 @@ FA_INLINE FA_FN(fa_momentum_k) FA_FN(fa_momentum_prepare)(const fa_momentum_coef
     return k;
 }
 
-/* One element: IN g; IN/OUT *x, *v. */
+/* One element: IN g; IN/OUT *x, *v (the other slots are not touched). */
 FA_INLINE void FA_FN(fa_momentum_math)(const FA_FN(fa_momentum_k) *k, const int flags, FA_C g,
-                                       FA_C *x, FA_C *v)
+                                      FA_C *x, FA_C *v, FA_C *unused1, FA_C *unused2)
 {
+    (void)unused1;
+    (void)unused2;
     FA_C gi = g;
     const FA_C xi = *x;
     if (flags & FA_SCALE) gi = gi / k->gscale;

@@ -1,5 +1,5 @@
-/* fastadam/sparse.c -- sparse kernels; the contracts are in sparse.h, the formulas in adam.h,
- * adagrad.h and momentum.h.
+/* fastadam/sparse.c -- sparse kernels; the contracts are in sparse.h, the formulas in the headers
+ * optimizers.def lists.
  *
  * The index sort is integer-only and shared by both dtypes.  The float kernels are written once,
  * in sparse_body.h, and included here for float32 (_f32) and float64 (_f64).  Every exported
@@ -105,19 +105,35 @@ static inline __attribute__((always_inline)) void fa_prefetch_write(const void *
     for (ptrdiff_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 1, 3);
 }
 
-/* The two facts the row walk needs of an optimizer besides its element formula. */
+/* The facts the row walk needs of an optimizer besides its element formula: its flags, the
+ * decay rates of its first two slots over an idle step, and how many slots given flags use.
+ * An unknown kind has flags -1 (every sparse entry point then returns FA_ERR_UNSUPPORTED). */
 static inline int fa_coeffs_flags(int kind, const void *coeffs)
 {
-    if (kind == FA_OPT_ADAM) return ((const fa_adam_coeffs *)coeffs)->flags;
-    if (kind == FA_OPT_ADAGRAD) return ((const fa_adagrad_coeffs *)coeffs)->flags;
-    return ((const fa_momentum_coeffs *)coeffs)->flags;
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K) return ((const fa_##name##_coeffs *)coeffs)->flags;
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+    return -1;
 }
 
 static inline void fa_idle_rates(int kind, const void *coeffs, double *r0, double *r1)
 {
-    if (kind == FA_OPT_ADAM) fa_adam_idle_rates((const fa_adam_coeffs *)coeffs, r0, r1);
-    else if (kind == FA_OPT_ADAGRAD) fa_adagrad_idle_rates((const fa_adagrad_coeffs *)coeffs, r0, r1);
-    else fa_momentum_idle_rates((const fa_momentum_coeffs *)coeffs, r0, r1);
+    *r0 = 1.0;
+    *r1 = 1.0;
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K) fa_##name##_idle_rates((const fa_##name##_coeffs *)coeffs, r0, r1);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+}
+
+static inline __attribute__((always_inline)) int fa_sparse_nslots(const int kind, const int flags)
+{
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K) return fa_##name##_nslots(flags);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+    return FA_MAX_SLOTS + 1;
 }
 
 #define FA_S float

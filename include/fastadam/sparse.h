@@ -17,22 +17,21 @@
  * are bound by the latency of randomly placed rows (gradient rows in sorted order, table rows):
  * the kernels prefetch both a few positions ahead (sparse.c, FA_PREFETCH_*).
  *
- * The row update is the optimizer's own element formula (adam.h, adagrad.h, momentum.h: the
+ * The row update is the optimizer's own element formula (the headers optimizers.def lists: the
  * same function the dense kernels call, so dense mode equals the dense step on the densified
  * gradient bit for bit; untouched rows in dense mode use g = +0).  This file knows nothing
  * else about the optimizers: the kernels take the optimizer's kind (FA_OPT_*) and its
  * coefficient struct, and the catch-up of idle steps uses only the rates at which the
  * optimizer's state slots decay over one idle step (fa_<optimizer>_idle_rates).
- * Supported flags: FA_L2 for every optimizer, FA_EPS_INSIDE (Adagrad), FA_MOMENTUM_NESTEROV.
- * State slots: s0, s1 as in dense.h (Adam: m, v; Adagrad: h; Momentum: v; unused: NULL).
+ * Supported flags: each optimizer's SPARSE_MASK in optimizers.def, with at most two state slots.
+ * State slots: s0, s1 as in dense.h (Adam: m, v; Adagrad: h; Momentum: v; RMSprop: v and b or
+ * a; Lion: m; unused: NULL).
  */
 #ifndef FASTADAM_SPARSE_H
 #define FASTADAM_SPARSE_H
 
 #include "fastadam/common.h"
-#include "fastadam/adam.h"
-#include "fastadam/adagrad.h"
-#include "fastadam/momentum.h"
+#include "fastadam/optimizers.def" /* the optimizers' headers: their coefficient structs */
 
 /* Longest idle gap that catchup mode replays one decay at a time (see fa_sparse_rows). */
 #define FA_CATCHUP_EXACT 64
@@ -91,15 +90,17 @@ void fa_segment_sum_f64(const double *values, ptrdiff_t row_size, const int64_t 
  *   gbuf          OUT    row_size       scratch, private to the calling thread
  *   last_step     IN/OUT n_rows         catchup only (else NULL); entries rows[s0..s1)
  *   t             IN                    this step's number (catchup only)
+ * Returns FA_OK, or FA_ERR_UNSUPPORTED (nothing written) when the (kind, flags) pair is not one
+ * the registration list (optimizers.def) gives the sparse walk.
  * Preconditions: the elements of x, the slots, values, gbuf do not overlap (interleaved rows
  * of one buffer are fine); rows[s] < n_rows; in catchup mode
  * 0 <= last_step[rows[s]] < t (checked by the caller).
  * O((offsets[s1] - offsets[s0] + s1 - s0) * row_size).  Disjoint [s0, s1) may run at once. */
-void fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+int fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
                         ptrdiff_t row_size, const ptrdiff_t *stride, const float *values,
                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
                         ptrdiff_t s0, ptrdiff_t s1, float *gbuf, int64_t *last_step, int64_t t);
-void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+int fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
                         ptrdiff_t row_size, const ptrdiff_t *stride, const double *values,
                         const int64_t *perm, const int64_t *offsets, const int64_t *rows,
                         ptrdiff_t s0, ptrdiff_t s1, double *gbuf, int64_t *last_step, int64_t t);
@@ -108,14 +109,15 @@ void fa_sparse_rows_f64(int kind, const void *coeffs, double *x, double *st0, do
  * [r0, r1): every row is updated, with g = its segment sum when touched and +0 otherwise.
  * Runs of untouched rows are one contiguous loop that never reads a gradient (row by row when
  * a table is strided).
- *   arguments as fa_sparse_rows, plus nseg (segments in the tables), r0, r1 (table rows)
+ *   arguments as fa_sparse_rows, plus nseg (segments in the tables), r0, r1 (table rows);
+ *   returns as fa_sparse_rows
  * O((r1 - r0) * row_size + log(nseg) + the touched rows' gradient rows).  Disjoint [r0, r1)
  * may run at once. */
-void fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
+int fa_sparse_dense_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
                          ptrdiff_t row_size, const ptrdiff_t *stride, const float *values,
                          const int64_t *perm, const int64_t *offsets, const int64_t *rows,
                          ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, float *gbuf);
-void fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
+int fa_sparse_dense_f64(int kind, const void *coeffs, double *x, double *st0, double *st1,
                          ptrdiff_t row_size, const ptrdiff_t *stride, const double *values,
                          const int64_t *perm, const int64_t *offsets, const int64_t *rows,
                          ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1, double *gbuf);

@@ -6,11 +6,12 @@
  * to be included more than once.
  */
 
-/* The prepared coefficients of the optimizer a call applies: only the member of `kind` is set. */
+/* The prepared coefficients of the optimizer a call applies: only the member of `kind` is set
+ * (one member per optimizer of optimizers.def). */
 typedef struct {
-    FA_FN(fa_adam_k) adam;
-    FA_FN(fa_adagrad_k) adagrad;
-    FA_FN(fa_momentum_k) momentum;
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK) FA_FN(fa_##name##_k) name;
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 } FA_FN(fa_prepared);
 
 static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
@@ -18,37 +19,46 @@ static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
 {
     FA_FN(fa_prepared) p;
     memset(&p, 0, sizeof p);
-    if (KIND == FA_OPT_ADAM) p.adam = FA_FN(fa_adam_prepare)((const fa_adam_coeffs *)coeffs);
-    if (KIND == FA_OPT_ADAGRAD)
-        p.adagrad = FA_FN(fa_adagrad_prepare)((const fa_adagrad_coeffs *)coeffs);
-    if (KIND == FA_OPT_MOMENTUM)
-        p.momentum = FA_FN(fa_momentum_prepare)((const fa_momentum_coeffs *)coeffs);
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (KIND == FA_OPT_##K) p.name = FA_FN(fa_##name##_prepare)((const fa_##name##_coeffs *)coeffs);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
     return p;
 }
 
-/* The optimizer's update of n contiguous elements (g = +0 when ZERO_G).  KIND, FLAGS and ZERO_G
- * are compile-time constants at every call site (always_inline), so each combination is its
- * own branch-free simd loop. */
+/* One optimizer's update of n contiguous elements (g = +0 when ZERO_G), with its first one or
+ * two state slots (the sparse walk keeps at most two).  FLAGS and ZERO_G are compile-time
+ * constants at every call site (always_inline), so each combination is its own branch-free
+ * simd loop. */
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
+    static inline __attribute__((always_inline)) void FA_FN(name##_rows)(                      \
+        FA_S *restrict x, const FA_S *restrict g, FA_S *restrict s0, FA_S *restrict s1,        \
+        ptrdiff_t n, const FA_FN(fa_##name##_k) *k, const int FLAGS, const int ZERO_G)         \
+    {                                                                                          \
+        const int two = fa_##name##_nslots(FLAGS) > 1;                                         \
+        _Pragma("omp simd")                                                                    \
+        for (ptrdiff_t i = 0; i < n; i++) {                                                    \
+            const FA_S gi = ZERO_G ? (FA_S)0 : g[i];                                           \
+            FA_S xi = x[i], a = s0[i], b = 0, unused = 0;                                      \
+            if (two) b = s1[i];                                                                \
+            FA_FN(fa_##name##_math)(k, FLAGS, gi, &xi, &a, &b, &unused);                       \
+            if (two) s1[i] = b;                                                                \
+            s0[i] = a;                                                                         \
+            x[i] = xi;                                                                         \
+        }                                                                                      \
+    }
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+
+/* The update of optimizer KIND (a compile-time constant at every call site). */
 static inline __attribute__((always_inline)) void FA_FN(row_update)(
     FA_S *restrict x, const FA_S *restrict g, FA_S *restrict s0, FA_S *restrict s1, ptrdiff_t n,
     const FA_FN(fa_prepared) *p, const int KIND, const int FLAGS, const int ZERO_G)
 {
-#pragma omp simd
-    for (ptrdiff_t i = 0; i < n; i++) {
-        const FA_S gi = ZERO_G ? (FA_S)0 : g[i];
-        FA_S xi = x[i], a = s0[i], b = 0;
-        if (KIND == FA_OPT_ADAM) {
-            b = s1[i];
-            FA_FN(fa_adam_math)(&p->adam, FLAGS, gi, &xi, &a, &b, NULL);
-            s1[i] = b;
-        } else if (KIND == FA_OPT_ADAGRAD) {
-            FA_FN(fa_adagrad_math)(&p->adagrad, FLAGS, gi, &xi, &a);
-        } else {
-            FA_FN(fa_momentum_math)(&p->momentum, FLAGS, gi, &xi, &a);
-        }
-        s0[i] = a;
-        x[i] = xi;
-    }
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (KIND == FA_OPT_##K) FA_FN(name##_rows)(x, g, s0, s1, n, &p->name, FLAGS, ZERO_G);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
 }
 
 /* slot = rate * slot, `times` times (each rounded, as dense mode's idle steps), or once by
@@ -198,31 +208,28 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
 }
 
 /* Every (kind, flags) pair of the sparse path is its own instantiation of LOOP(KIND, FLAGS):
- * flags FA_L2 (bit 1) and the optimizer's own bit 4 (FA_EPS_INSIDE, FA_MOMENTUM_NESTEROV). */
-#define FA_SPARSE_SWITCH(KIND_, FLAGS_, LOOP)                                                  \
-    switch ((KIND_) * 8 + ((FLAGS_) & (FA_L2 | 4))) {                                          \
-    case FA_OPT_ADAM * 8: LOOP(FA_OPT_ADAM, 0); break;                                         \
-    case FA_OPT_ADAM * 8 + 1: LOOP(FA_OPT_ADAM, 1); break;                                     \
-    case FA_OPT_ADAGRAD * 8: LOOP(FA_OPT_ADAGRAD, 0); break;                                   \
-    case FA_OPT_ADAGRAD * 8 + 1: LOOP(FA_OPT_ADAGRAD, 1); break;                               \
-    case FA_OPT_ADAGRAD * 8 + 4: LOOP(FA_OPT_ADAGRAD, 4); break;                               \
-    case FA_OPT_ADAGRAD * 8 + 5: LOOP(FA_OPT_ADAGRAD, 5); break;                               \
-    case FA_OPT_MOMENTUM * 8: LOOP(FA_OPT_MOMENTUM, 0); break;                                 \
-    case FA_OPT_MOMENTUM * 8 + 1: LOOP(FA_OPT_MOMENTUM, 1); break;                             \
-    case FA_OPT_MOMENTUM * 8 + 4: LOOP(FA_OPT_MOMENTUM, 4); break;                             \
-    case FA_OPT_MOMENTUM * 8 + 5: LOOP(FA_OPT_MOMENTUM, 5); break;                             \
-    default: break;                                                                            \
+ * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
+ * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
+ * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write. */
+#define FA_SPARSE_CASE(F, K)                                                                   \
+    if (fa_sparse_nslots(K, F) <= 2) {                                                         \
+        FA_LOOP(K, F);                                                                         \
+        status = FA_OK;                                                                        \
     }
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    case FA_OPT_##K: FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K) break;
 
 FA_DISPATCH
-void FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
-                           const FA_S *restrict values,
-                           const int64_t *restrict perm, const int64_t *restrict offsets,
-                           const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-                           FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
+int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                          FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                          const FA_S *restrict values,
+                          const int64_t *restrict perm, const int64_t *restrict offsets,
+                          const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+                          FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
 {
+    int status = FA_ERR_UNSUPPORTED;
     const int flags = fa_coeffs_flags(kind, coeffs);
+    if (flags & ~15) return status;
 #define FA_ROWS(K, F, LAST, T, CU, ROW)                                                        \
     FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, s0, s1, \
                      gbuf, LAST, T, K, F, CU, ROW)
@@ -239,26 +246,37 @@ void FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S 
     } else {                                                                                   \
         FA_BY_ROW(K, F, NULL, 0, 0)                                                            \
     }
-    FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
+    switch (kind) {
+#include "fastadam/optimizers.def"
+    default: break; /* an unknown kind: FA_ERR_UNSUPPORTED */
+    }
 #undef FA_LOOP
 #undef FA_BY_ROW
 #undef FA_ROWS
+    return status;
 }
 
 FA_DISPATCH
-void FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                            FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
-                            const FA_S *restrict values,
-                            const int64_t *restrict perm, const int64_t *restrict offsets,
-                            const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
-                            ptrdiff_t r1, FA_S *restrict gbuf)
+int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                           const FA_S *restrict values,
+                           const int64_t *restrict perm, const int64_t *restrict offsets,
+                           const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
+                           ptrdiff_t r1, FA_S *restrict gbuf)
 {
+    int status = FA_ERR_UNSUPPORTED;
     const int flags = fa_coeffs_flags(kind, coeffs);
+    if (flags & ~15) return status;
 #define FA_LOOP(K, F)                                                                          \
     FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, nseg, \
                       r0, r1, gbuf, K, F)
-    FA_SPARSE_SWITCH(kind, flags, FA_LOOP)
+    switch (kind) {
+#include "fastadam/optimizers.def"
+    default: break; /* an unknown kind: FA_ERR_UNSUPPORTED */
+    }
 #undef FA_LOOP
+    return status;
 }
 
-#undef FA_SPARSE_SWITCH
+#undef FA_OPTIMIZER
+#undef FA_SPARSE_CASE

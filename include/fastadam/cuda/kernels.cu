@@ -1,8 +1,8 @@
 /* fastadam/cuda/kernels.cu -- the GPU kernels of fastadam.gpu, compiled at first use by NVRTC
  * (cupy.RawModule) with the repository's include/ directory on the include path.
  *
- * One formula, two backends: the element update of every optimizer is the one in
- * fastadam/adam.h, adagrad.h and momentum.h (through formulas.h, which instantiates them for
+ * One formula, two backends: the element update of every optimizer is the one in its header
+ * (the list is fastadam/optimizers.def; through formulas.h, which instantiates them for
  * float and double; formula.h turns FA_INLINE into `static __device__ __forceinline__` under
  * NVRTC).  This file only adds what a GPU needs around them: storage/compute conversion
  * (float16 is held as its 16 bits and computed in float32, as on the CPU), the multi-tensor
@@ -110,64 +110,36 @@ static __device__ __forceinline__ int fa_is_finite(double y)
     return (__double_as_longlong(y) & 0x7ff0000000000000LL) != 0x7ff0000000000000LL;
 }
 
-/* The optimizer KIND in compute type C: the formula headers' functions under one name. */
+/* The optimizer KIND in compute type C: the formula headers' functions under one name, one
+ * specialisation per optimizer of the registration list (optimizers.def) and compute type. */
 template <int KIND, typename C> struct fa_opt;
-#define FA_CUDA_OPTS(C, SUF)                                                                   \
-    template <> struct fa_opt<FA_OPT_ADAM, C> {                                                \
-        typedef FA_CAT(fa_adam_k, SUF) K;                                                      \
-        static __device__ __forceinline__ K prepare(const void *c)                             \
+#define FA_CUDA_OPT(name, K, C, SUF)                                                           \
+    template <> struct fa_opt<FA_OPT_##K, C> {                                                 \
+        typedef FA_CAT(fa_##name##_k, SUF) Kc;                                                 \
+        static __device__ __forceinline__ Kc prepare(const void *c)                            \
         {                                                                                      \
-            return FA_CAT(fa_adam_prepare, SUF)((const fa_adam_coeffs *)c);                    \
+            return FA_CAT(fa_##name##_prepare, SUF)((const fa_##name##_coeffs *)c);            \
         }                                                                                      \
-        static __device__ __forceinline__ void apply(const K *k, const int flags, C g, C *x,   \
+        static __device__ __forceinline__ void apply(const Kc *k, const int flags, C g, C *x,  \
                                                      C *s0, C *s1, C *s2)                      \
         {                                                                                      \
-            FA_CAT(fa_adam_math, SUF)(k, flags, g, x, s0, s1, s2);                             \
+            FA_CAT(fa_##name##_math, SUF)(k, flags, g, x, s0, s1, s2);                         \
         }                                                                                      \
         static __device__ __forceinline__ void idle_rates(const void *c, double *r0, double *r1) \
         {                                                                                      \
-            fa_adam_idle_rates((const fa_adam_coeffs *)c, r0, r1);                             \
+            fa_##name##_idle_rates((const fa_##name##_coeffs *)c, r0, r1);                     \
         }                                                                                      \
-    };                                                                                         \
-    template <> struct fa_opt<FA_OPT_ADAGRAD, C> {                                             \
-        typedef FA_CAT(fa_adagrad_k, SUF) K;                                                   \
-        static __device__ __forceinline__ K prepare(const void *c)                             \
+        static __device__ __forceinline__ int nslots(const int flags)                          \
         {                                                                                      \
-            return FA_CAT(fa_adagrad_prepare, SUF)((const fa_adagrad_coeffs *)c);              \
-        }                                                                                      \
-        static __device__ __forceinline__ void apply(const K *k, const int flags, C g, C *x,   \
-                                                     C *s0, C *s1, C *s2)                      \
-        {                                                                                      \
-            (void)s1;                                                                          \
-            (void)s2;                                                                          \
-            FA_CAT(fa_adagrad_math, SUF)(k, flags, g, x, s0);                                  \
-        }                                                                                      \
-        static __device__ __forceinline__ void idle_rates(const void *c, double *r0, double *r1) \
-        {                                                                                      \
-            fa_adagrad_idle_rates((const fa_adagrad_coeffs *)c, r0, r1);                       \
-        }                                                                                      \
-    };                                                                                         \
-    template <> struct fa_opt<FA_OPT_MOMENTUM, C> {                                            \
-        typedef FA_CAT(fa_momentum_k, SUF) K;                                                  \
-        static __device__ __forceinline__ K prepare(const void *c)                             \
-        {                                                                                      \
-            return FA_CAT(fa_momentum_prepare, SUF)((const fa_momentum_coeffs *)c);            \
-        }                                                                                      \
-        static __device__ __forceinline__ void apply(const K *k, const int flags, C g, C *x,   \
-                                                     C *s0, C *s1, C *s2)                      \
-        {                                                                                      \
-            (void)s1;                                                                          \
-            (void)s2;                                                                          \
-            FA_CAT(fa_momentum_math, SUF)(k, flags, g, x, s0);                                 \
-        }                                                                                      \
-        static __device__ __forceinline__ void idle_rates(const void *c, double *r0, double *r1) \
-        {                                                                                      \
-            fa_momentum_idle_rates((const fa_momentum_coeffs *)c, r0, r1);                     \
+            return fa_##name##_nslots(flags);                                                  \
         }                                                                                      \
     };
-FA_CUDA_OPTS(float, _f32)
-FA_CUDA_OPTS(double, _f64)
-#undef FA_CUDA_OPTS
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    FA_CUDA_OPT(name, K, float, _f32)                                                          \
+    FA_CUDA_OPT(name, K, double, _f64)
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+#undef FA_CUDA_OPT
 
 /* The tensor of the table whose block range holds block b (entries sorted by block0). */
 static __device__ __forceinline__ const fa_cuda_tensor *fa_find_tensor(const unsigned char *table,
@@ -183,24 +155,22 @@ static __device__ __forceinline__ const fa_cuda_tensor *fa_find_tensor(const uns
     return tab + lo;
 }
 
-/* One element of the optimizer KIND on storage S: load, apply the formula, store. */
+/* One element of the optimizer KIND on storage S: load x and the slots it uses with FLAGS,
+ * apply the formula, store. */
 template <typename S, int KIND, int FLAGS>
 static __device__ __forceinline__ void fa_update_element(
-    const typename fa_opt<KIND, typename fa_store<S>::C>::K *k, typename fa_store<S>::C g, S *x,
+    const typename fa_opt<KIND, typename fa_store<S>::C>::Kc *k, typename fa_store<S>::C g, S *x,
     S *s0, S *s1, S *s2, fa_i64 i)
 {
     typedef fa_store<S> io;
     typedef typename io::C C;
+    const int nslots = fa_opt<KIND, C>::nslots(FLAGS);
     C xi = io::load(x[i]), a = io::load(s0[i]), b = (C)0, c = (C)0;
-    if (KIND == FA_OPT_ADAM) {
-        b = io::load(s1[i]);
-        if (FLAGS & FA_AMSGRAD) c = io::load(s2[i]);
-    }
+    if (nslots > 1) b = io::load(s1[i]);
+    if (nslots > 2) c = io::load(s2[i]);
     fa_opt<KIND, C>::apply(k, FLAGS, g, &xi, &a, &b, &c);
-    if (KIND == FA_OPT_ADAM) {
-        s1[i] = io::save(b);
-        if (FLAGS & FA_AMSGRAD) s2[i] = io::save(c);
-    }
+    if (nslots > 2) s2[i] = io::save(c);
+    if (nslots > 1) s1[i] = io::save(b);
     s0[i] = io::save(a);
     x[i] = io::save(xi);
 }
@@ -215,7 +185,7 @@ __global__ void fa_dense_step(const unsigned char *table, int ntensors, const in
     const fa_cuda_tensor *e = fa_find_tensor(table, ntensors, (fa_i64)blockIdx.x);
     const fa_i64 begin = ((fa_i64)blockIdx.x - e->block0) * FA_CUDA_CHUNK;
     const fa_i64 end = begin + FA_CUDA_CHUNK < e->n ? begin + FA_CUDA_CHUNK : e->n;
-    const typename fa_opt<KIND, C>::K k = fa_opt<KIND, C>::prepare(table);
+    const typename fa_opt<KIND, C>::Kc k = fa_opt<KIND, C>::prepare(table);
     S *x = (S *)e->x, *s0 = (S *)e->s0, *s1 = (S *)e->s1, *s2 = (S *)e->s2;
     const S *g = (const S *)e->g;
     for (fa_i64 i = begin + threadIdx.x; i < end; i += blockDim.x)
@@ -279,7 +249,7 @@ __global__ void fa_sparse_rows(const unsigned char *coeffs, S *x, S *st0, S *st1
 {
     typedef fa_store<S> io;
     typedef typename io::C C;
-    const typename fa_opt<KIND, C>::K k = fa_opt<KIND, C>::prepare(coeffs);
+    const typename fa_opt<KIND, C>::Kc k = fa_opt<KIND, C>::prepare(coeffs);
     double r0 = 1.0, r1 = 1.0;
     if (CATCHUP) fa_opt<KIND, C>::idle_rates(coeffs, &r0, &r1);
     __shared__ fa_i64 idle;
@@ -296,13 +266,13 @@ __global__ void fa_sparse_rows(const unsigned char *coeffs, S *x, S *st0, S *st1
         for (fa_i64 i = threadIdx.x; i < row_size; i += blockDim.x) {
             if (CATCHUP) {
                 st0[at + i] = fa_decay<S>(st0[at + i], r0, idle);
-                if (KIND == FA_OPT_ADAM) st1[at + i] = fa_decay<S>(st1[at + i], r1, idle);
+                if (fa_opt<KIND, C>::nslots(FLAGS) > 1)
+                    st1[at + i] = fa_decay<S>(st1[at + i], r1, idle);
             }
             const S g =
                 fa_segment_element<S>(values, row_size, perm, offsets[s], offsets[s + 1], i);
-            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at,
-                                              KIND == FA_OPT_ADAM ? st1 + at : st0 + at,
-                                              (S *)0, i);
+            S *const b1 = fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at;
+            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at, b1, (S *)0, i);
         }
         if (CATCHUP) __syncthreads(); /* `idle` is rewritten by the next segment */
     }
@@ -316,16 +286,15 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
 {
     typedef fa_store<S> io;
     typedef typename io::C C;
-    const typename fa_opt<KIND, C>::K k = fa_opt<KIND, C>::prepare(coeffs);
+    const typename fa_opt<KIND, C>::Kc k = fa_opt<KIND, C>::prepare(coeffs);
     for (fa_i64 r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const fa_i64 s = seg_of_row[r];
         const fa_i64 j0 = s >= 0 ? offsets[s] : 0, j1 = s >= 0 ? offsets[s + 1] : 0;
         const fa_i64 at = r * row_size;
         for (fa_i64 i = threadIdx.x; i < row_size; i += blockDim.x) {
             const S g = fa_segment_element<S>(values, row_size, perm, j0, j1, i);
-            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at,
-                                              KIND == FA_OPT_ADAM ? st1 + at : st0 + at,
-                                              (S *)0, i);
+            S *const b1 = fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at;
+            fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at, b1, (S *)0, i);
         }
     }
 }

@@ -1,0 +1,190 @@
+"""``prepare_step``: a dense optimizer step whose arrays are checked once, then stepped many
+times with only the scalars folded and the gradients checked.
+
+Design.  ``prepare_step(name, params, slots)`` reads the optimizer's spec
+(fastadam/_core/_registry.py), checks the parameters and state arrays once (types, dtype,
+shapes, contiguity, writability, no two written buffers overlapping) and decides the device
+(NumPy or CuPy) once.  ``check(**hyper)`` folds the hyper-parameters into the coefficient
+object (the checks of the functional steps, in float64, and those of the arrays' precision)
+without writing anything.  ``step(grads, t, **hyper)`` folds, checks only the gradients
+(dtype, shape, and that none overlaps a written array), and makes the one driver call.  There
+is no dry run and no exception-driven choice of path.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from .. import gpu as _gpu
+from .._core import _dense
+from .._core._registry import spec as _spec
+from .._core._threads import adaptive_threads, resolve_num_threads
+from .._core._validation import as_array_list, check_array, check_disjoint
+from ._functional import KIND_DENSE, check_compute_dtype
+
+__all__ = ["PreparedStep", "prepare_step"]
+
+
+_DOUBLE = np.dtype(np.float64).num
+
+
+def _label(name, i, single):
+    return name if single else f"{name}[{i}]"
+
+
+class PreparedStep:
+    """A prepared dense step of one optimizer over fixed parameters and state arrays (build it
+    with :func:`prepare_step`).
+
+    Attributes
+    ----------
+    optimizer : str
+        The optimizer's registry name (``"adam"``, ``"adagrad"``, ``"momentum"``,
+        ``"rmsprop"``, ``"lion"``).
+    slot_names : tuple of str
+        The state arrays given, by their functional names.
+    device : str
+        ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy), decided once.
+    """
+
+    def __init__(self, optimizer: str, params: Any, slots: Dict[str, Any],
+                 num_threads: Optional[int] = None):
+        self._spec = _spec(optimizer)
+        self.optimizer = optimizer
+        if not isinstance(slots, dict):
+            raise TypeError(f"slots: expected a dict of state arrays by name "
+                            f"{self._spec.slots}, got {type(slots).__name__}")
+        unknown = sorted(set(slots) - set(self._spec.slots))
+        if unknown:
+            raise ValueError(f"slots: unknown state {unknown[0]!r} for {optimizer} (expected "
+                             f"names among {self._spec.slots})")
+        self._nt = 0 if num_threads is None else resolve_num_threads(num_threads)
+        first = params[0] if isinstance(params, (list, tuple)) and params else params
+        self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
+        self._params_arg, self._slots_arg = params, dict(slots)
+        self._names_by_flags = {}
+        if self.device == "gpu":  # the GPU path checks its arrays in fastadam.gpu
+            self.slot_names = tuple(n for n in self._spec.slots if n in slots)
+            return
+        xs, single = as_array_list(params, "params")
+        typenum = -1
+        for i, x in enumerate(xs):
+            x = check_array(x, _label("params", i, single), typenum, None, True)
+            typenum = x.dtype.num
+        self._typenum = typenum if xs else np.dtype(np.float32).num
+        slot_lists = {}
+        for name in self._spec.slots:
+            if name not in slots:
+                continue
+            lst, single_s = as_array_list(slots[name], name)
+            if single_s != single or len(lst) != len(xs):
+                raise ValueError(f"{name}: expected {'one array' if single else len(xs)} "
+                                 f"like params, got {len(lst) if not single_s else 'one array'}")
+            for i, (a, x) in enumerate(zip(lst, xs)):
+                check_array(a, _label(name, i, single), self._typenum, x.shape, True)
+            slot_lists[name] = lst
+        self._written = [("params", xs, True)] + [(n, l, True) for n, l in slot_lists.items()]
+        check_disjoint(self._written, single)
+        self._xs, self._single, self._slot_lists = xs, single, slot_lists
+        self._shapes = [x.shape for x in xs]
+        self.slot_names = tuple(slot_lists)
+
+    def _fold(self, t, hyper):
+        if self._spec.defaults:
+            hyper = {**self._spec.defaults, **hyper}
+        return self._spec.fold(t, **hyper)
+
+    def _slots_for(self, coeffs):
+        names = self._names_by_flags.get(coeffs.flags)
+        if names is not None:
+            return names
+        names = [self._spec.slots[i] for i in self._spec.slot_indices(coeffs.flags)]
+        missing = [n for n in names if n not in self.slot_names]
+        if missing:
+            raise ValueError(f"{missing[0]}: these options of {self.optimizer} need the state "
+                             f"{missing[0]!r}, which the step was not prepared with")
+        self._names_by_flags[coeffs.flags] = names  # the same flags use the same slots
+        return names
+
+    def check(self, t: int = 1, **hyper: Any):
+        """Validate and fold ``hyper`` for step ``t`` without writing anything; returns the
+        coefficient object (TypeError/ValueError naming the argument otherwise)."""
+        coeffs = self._fold(t, hyper)
+        self._slots_for(coeffs)
+        if self.device == "cpu" and self._xs:
+            check_compute_dtype(coeffs, self._typenum, "params")
+        return coeffs
+
+    def step(self, grads: Any, t: int, *, skip_nonfinite: bool = False, **hyper: Any) -> bool:
+        """One step: fold ``hyper`` (the functional step's keywords, e.g. ``lr``, ``beta1``,
+        ``convention``, ``grad_scale``) for step ``t``, check ``grads`` (like ``params``), and
+        update the parameters and state in place.  Returns False when ``skip_nonfinite`` found
+        a NaN or an infinity (nothing written), else True."""
+        coeffs = self._fold(t, hyper)
+        names = self._slots_for(coeffs)
+        if self.device == "gpu":
+            return _gpu.dense_step(coeffs, self._params_arg, grads,
+                                   [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
+        gs, single = as_array_list(grads, "grads")
+        if single != self._single or len(gs) != len(self._xs):
+            raise ValueError(f"grads: expected {'one array' if self._single else len(self._xs)}"
+                             f" like params, got {'one array' if single else len(gs)}")
+        for i, (g, shape) in enumerate(zip(gs, self._shapes)):
+            check_array(g, _label("grads", i, single), self._typenum, shape, False)
+        check_disjoint(self._written + [("grads", gs, False)], single)
+        if self._xs and self._typenum != _DOUBLE:
+            check_compute_dtype(coeffs, self._typenum, "params")
+        lists = [self._slot_lists[n] for n in names]
+        skip = bool(skip_nonfinite)
+        done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, self._nt)
+        if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
+            return adaptive_threads.run(_dense.dense_step,
+                                        (coeffs, self._xs, gs, lists, self._typenum, skip),
+                                        sum([x.size for x in self._xs]), KIND_DENSE)
+        return done
+
+    def __repr__(self) -> str:
+        n = len(self._xs) if self.device == "cpu" else "?"
+        return (f"PreparedStep({self.optimizer!r}, {n} tensors, slots {self.slot_names}, "
+                f"device {self.device!r})")
+
+
+def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
+                 num_threads: Optional[int] = None) -> PreparedStep:
+    """Prepare a dense step of ``optimizer`` over ``params`` and its state ``slots``.
+
+    The arrays are checked once here: C-contiguous, writable, one float dtype, each slot like
+    its parameter, no two of them overlapping; the device (NumPy or CuPy) is decided once.
+    Then ``prepared.check(**hyper)`` validates and folds hyper-parameters without writing, and
+    ``prepared.step(grads, t, **hyper)`` folds, checks the gradients only and makes one
+    compiled call -- what a training loop, an ONNX training operator or a distributed
+    optimizer calls every step.
+
+    Parameters
+    ----------
+    optimizer : {"adam", "adagrad", "momentum", "rmsprop", "lion"}
+        The registry name; its hyper-parameters are its functional step's keywords
+        (:func:`fastadam.step_inplace`, :func:`fastadam.adagrad_step_inplace`,
+        :func:`fastadam.momentum_step_inplace`, :func:`fastadam.rmsprop_step_inplace`,
+        :func:`fastadam.lion_step_inplace`).
+    params : ndarray or list of ndarray (or CuPy arrays)
+        Updated in place by every step.
+    slots : dict
+        The state arrays by their functional names: Adam ``m``, ``v`` (``v_max`` for
+        ``amsgrad``); Adagrad ``h``; momentum ``v``; RMSprop ``square_avg``
+        (``momentum_buffer``, ``grad_avg``); Lion ``m``.  Each like ``params``.
+    num_threads : int, optional
+        As in the functional steps.
+
+    Examples
+    --------
+    >>> import numpy as np, fastadam
+    >>> x, m, v = np.ones(3), np.zeros(3), np.zeros(3)
+    >>> step = fastadam.optim.prepare_step("adam", x, {"m": m, "v": v})
+    >>> step.step(np.full(3, 0.5), 1, lr=0.1, convention="torch")
+    True
+    >>> x
+    array([0.9, 0.9, 0.9])
+    """
+    return PreparedStep(optimizer, params, slots, num_threads)
