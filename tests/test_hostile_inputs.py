@@ -174,9 +174,10 @@ def _scribble(indptr, stop, bad):
         indptr[k] = good
 
 
-def _race(call, X, calls):
+def _race(call, X, calls, bad=None):
     stop = threading.Event()
-    t = threading.Thread(target=_scribble, args=(X.indptr, stop, np.iinfo(X.indptr.dtype).max))
+    bad = np.iinfo(X.indptr.dtype).max if bad is None else bad
+    t = threading.Thread(target=_scribble, args=(X.indptr, stop, bad))
     t.start()
     outcomes = {"result": 0, "refused": 0}
     try:
@@ -205,11 +206,12 @@ def test_writing_indptr_during_a_classifier_fit_cannot_reach_the_walk(rng):
     from fastadam.sklearn import SparseLinearClassifier
     X = _matrix(rng, n=300, n_cols=2000, density=0.05)
     y = rng.integers(0, 3, X.shape[0])
-    fit = SparseLinearClassifier(max_iter=3, batch_size=16, random_state=0, tol=0)
+    fit = SparseLinearClassifier(max_iter=40, batch_size=300, random_state=0, tol=0,
+                                 n_iter_no_change=100)  # whole-matrix walks
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ConvergenceWarning
         ref = fit.fit(X, y).coef_.copy()
-        for got in _race(lambda: fit.fit(X, y), X, 6):
+        for got in _race(lambda: fit.fit(X, y), X, 6, bad=-10**6):  # a row far before the data
             np.testing.assert_array_equal(got.coef_, ref)  # checked once, copied once
 
 
