@@ -37,9 +37,13 @@ echo "sanitize: built in $((SECONDS - START)) s"
 
 ASAN_LIB=$("$COMPILER" -print-file-name=libasan.so)
 [ -f "$ASAN_LIB" ] || { echo "sanitize: no libasan.so for $COMPILER"; exit 1; }
+# libstdc++ loaded with the runtime: ASAN's __cxa_throw interceptor needs the real one at start
+# (onnx's and torch's C++ exceptions, thrown from libraries loaded later, abort otherwise)
+CXX_LIB=$("$COMPILER" -print-file-name=libstdc++.so)
+PRELOAD="$ASAN_LIB${CXX_LIB:+ $CXX_LIB}"
 # Every extension must carry the instrumentation (a silently plain build would pass anything).
 for so in $(find "$WORK/src/fastadam" -name '*.so'); do
-    if ! nm -D "$so" | grep -q '__asan_init'; then
+    if ! grep -q '__asan_init' <<< "$(nm -D "$so")"; then  # (no pipe: grep -q + pipefail)
         echo "sanitize: $so is not instrumented"; exit 1
     fi
 done
@@ -50,7 +54,7 @@ done
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:handle_segv=1:detect_stack_use_after_return=0:log_path=$WORK/reports/asan"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$WORK/reports/ubsan"
 export PYTHONPATH="$WORK/src${PYTHONPATH:+:$PYTHONPATH}"
-run() { LD_PRELOAD="$ASAN_LIB" python "$@"; }
+run() { LD_PRELOAD="$PRELOAD" python "$@"; }
 
 # --- self-check: a deliberately bad call must be reported ----------------------------------------
 if ASAN_OPTIONS="${ASAN_OPTIONS/log_path=$WORK\/reports/log_path=$WORK/selfcheck}" \
@@ -69,7 +73,7 @@ echo "sanitize: self-check passed (the deliberately bad call was reported:" \
 export FASTADAM_FUZZ_EXAMPLES="${FASTADAM_FUZZ_EXAMPLES:-60}"
 export FASTADAM_FUZZ_COUNTS="$WORK/fuzz_counts.json"
 status=0
-(cd "$WORK/src" && LD_PRELOAD="$ASAN_LIB" python -m pytest -q -p no:cacheprovider \
+(cd "$WORK/src" && LD_PRELOAD="$PRELOAD" python -m pytest -q -p no:cacheprovider \
     tests/test_hostile_inputs.py tests/test_fuzz_entry_points.py \
     tests/test_dense_errors.py tests/test_optimizer_errors.py tests/test_reliability.py \
     tests/test_sparse.py tests/test_sparse_csr.py tests/test_sparse_strided.py \

@@ -362,9 +362,12 @@ def test_fuzz_softmax_cross_entropy(data):
                                                       np.float64])))
     via = data.draw(st.sampled_from(["tensor", "kernel_forward", "kernel_backward"]))
     if via == "tensor":
-        t = ad.Tensor(logits, requires_grad=True) if isinstance(logits, np.ndarray) else logits
+        holder = []
 
         def call():
+            t = ad.Tensor(logits, requires_grad=True) if isinstance(logits, np.ndarray) \
+                else logits
+            holder.append(t)
             loss = ad.softmax_cross_entropy(t, labels)
             labels[...] = -100 if labels.dtype.kind == "i" else 0  # refilled before backward
             return ad.gradient(loss, [t])[0].data
