@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import fastadam  # noqa: E402
 import fastadam.autodiff as ad  # noqa: E402
-from fastadam import _autodiff_kernels as C  # noqa: E402
+from fastadam._core import _autodiff_kernels as C  # noqa: E402
 from reference import (adam_reference, conv2d_ref, segment_sum_reference,  # noqa: E402
                        softmax_cross_entropy_grad_ref)
 

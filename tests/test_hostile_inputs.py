@@ -242,7 +242,7 @@ def test_an_out_of_range_label_is_refused(rng, bad):
 
 @pytest.mark.parametrize("kernel", ["sce_forward", "sce_backward"])
 def test_the_compiled_kernels_check_the_labels_on_every_call(rng, kernel):
-    from fastadam import _autodiff_kernels as C
+    from fastadam._core import _autodiff_kernels as C
     x = rng.standard_normal((70, 5)).astype(np.float32)
     labels = rng.integers(0, 5, 70).astype(np.intp)
     labels[66] = -100
