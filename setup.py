@@ -8,7 +8,8 @@ there; no file-name convention decides what is built.
 Flags: ``-O3 -fno-math-errno`` (so gcc vectorizes sqrt), ``-ffp-contract=off`` (no FMA contraction:
 the SIMD body, the scalar tail and every dispatch target round identically, so results do not depend
 on the CPU or the thread count), OpenMP when the compiler has it (``-fopenmp``; Apple clang with
-libomp), ``-g0`` unless ``FASTADAM_DEBUG=1``.  Never ``-march=native``:
+libomp), ``-g0`` unless ``FASTADAM_DEBUG=1``; ``FASTADAM_SANITIZE=1`` adds ASAN and UBSAN (the CI
+sanitizer job, tests/sanitize.sh).  Never ``-march=native``:
 kernels pick their instruction set at run time (see include/fastadam/common.h).
 """
 import os
@@ -77,9 +78,20 @@ macros = [("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"), ("FASTADAM_OPENMP",
 if OPENMP:
     compile_args += OPENMP_FLAGS[0]
     link_args += OPENMP_FLAGS[1]
+# FASTADAM_SANITIZE=1: AddressSanitizer and UndefinedBehaviorSanitizer in every extension, for
+# the CI job tests/sanitize.sh (which builds into a copy of the tree and runs Python with the
+# ASAN runtime preloaded).  Never for a wheel: the extensions then need that runtime loaded.
+SANITIZE = os.environ.get("FASTADAM_SANITIZE") == "1"
+if SANITIZE:
+    sanitizers = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+                  "-fno-omit-frame-pointer"]
+    # after -O3: the later level wins; -O0 compiles the large Cython modules several times
+    # faster than -O1 and keeps every access the sanitizers check; -g1: line numbers in reports
+    compile_args += sanitizers + ["-O0", "-g1"]
+    link_args += sanitizers
 # Shipped extensions carry no debug info (Python's CFLAGS say -g: 3.7 MB of .so instead of
 # 0.8 MB); FASTADAM_DEBUG=1 keeps it for a debugger or a profiler.
-if not os.environ.get("FASTADAM_DEBUG"):
+if not os.environ.get("FASTADAM_DEBUG") and not SANITIZE:
     compile_args.append("-g0")
     if sys.platform.startswith("linux"):
         link_args.append("-Wl,--strip-debug")

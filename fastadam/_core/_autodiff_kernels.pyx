@@ -4,8 +4,10 @@ Callers (fastadam/autodiff/_kernels.py) pass C-contiguous float32/float64 arrays
 this module checks that once more (cheaply), allocates the output, releases the GIL and splits
 the work into static chunks over OpenMP threads when it is large enough to pay for the parallel
 region.  Each element / row / column / plane is computed by one kernel call whatever the split,
-so results do not depend on the thread count.  The thread count is OpenMP's current maximum
-(``OMP_NUM_THREADS``, ``threadpoolctl``), capped by the CPUs this process may use.
+so results do not depend on the thread count.  The thread count comes from
+``fastadam._core._threads.resolve_num_threads(None)``, the package's one policy: OpenMP's current
+maximum (``OMP_NUM_THREADS``, ``threadpoolctl``) capped by the CPUs this process may use, and
+one thread in a forked child (libgomp's pool does not survive ``fork``).
 """
 cimport numpy as cnp
 from cython.parallel cimport prange
@@ -13,7 +15,7 @@ from libc.stdint cimport intptr_t
 
 import numpy as np
 
-from ._threads import cpu_count
+from ._threads import resolve_num_threads
 
 cnp.import_array()
 
@@ -53,31 +55,18 @@ cdef extern from "fastadam/autodiff_kernels.h":
     void fa_ad_col2im_f64(const double *cols, double *x, const fa_conv_geom *g, Py_ssize_t k0,
                           Py_ssize_t k1) nogil
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int fa_ad_max_threads(void) { return omp_get_max_threads(); }
-    #else
-    static int fa_ad_max_threads(void) { return 1; }
-    #endif
-    """
-    int fa_ad_max_threads() nogil
-
 # Elementwise work is cut into chunks of CHUNK elements (a multiple of 64 bytes); below
 # PARALLEL_MIN elements everything runs on the calling thread (a parallel region costs more).
 DEF CHUNK = 16384
 DEF PARALLEL_MIN = 65536
 
-cdef int _cpu_cap = cpu_count()
-
-
-cdef inline int _threads(Py_ssize_t work, Py_ssize_t parts) noexcept nogil:
+cdef inline int _threads(Py_ssize_t work, Py_ssize_t parts) except -1:
+    """Threads for ``work`` elements in ``parts`` pieces: 1 below PARALLEL_MIN, else the
+    package's one policy (fastadam/_core/_threads.py: OpenMP's maximum capped by the usable CPUs,
+    and one thread in a process forked after a parallel region ran, where libgomp hangs)."""
     if work < PARALLEL_MIN or parts < 2:
         return 1
-    cdef int nt = fa_ad_max_threads()
-    if nt > _cpu_cap:
-        nt = _cpu_cap
+    cdef int nt = resolve_num_threads(None)
     if nt > parts:
         nt = <int>parts
     return nt if nt > 1 else 1
@@ -304,6 +293,7 @@ cdef _check_sce(cnp.ndarray x, cnp.ndarray labels):
     if cnp.PyArray_TYPE(labels) != cnp.NPY_INTP or labels.ndim != 1 or \
             labels.shape[0] != x.shape[0] or not cnp.PyArray_IS_C_CONTIGUOUS(labels):
         raise ValueError("labels: expected a contiguous intp array of length N")
+    check_labels(labels, x.shape[1])  # O(N) beside the O(N x C) kernel: checked every call
 
 
 def sce_forward(cnp.ndarray x, cnp.ndarray labels):

@@ -233,7 +233,10 @@ defvjp(_sce_grad, _sce_grad_vjp, zero_vjp)
 def softmax_cross_entropy(logits, labels):
     """Mean over the batch of ``-log softmax(logits[i])[labels[i]]`` (fused, stable).
 
-    ``logits``: (N, C) floating; ``labels``: (N,) integers in ``[0, C)`` (not differentiable).
+    ``logits``: (N, C) floating; ``labels``: (N,) integers in ``[0, C)`` (not differentiable;
+    copied when the loss is recorded, so changing the caller's array before ``gradient()``
+    changes nothing).  There is no ignore index: a label outside ``[0, C)`` (e.g. -100) raises
+    IndexError.
     Computed as ``logsumexp(logits[i]) - logits[i, labels[i]]`` with the row maximum subtracted.
     """
     logits = as_tensor(logits)
@@ -245,9 +248,11 @@ def softmax_cross_entropy(logits, labels):
         raise TypeError(f"labels: expected an integer array, got {lab.dtype}")
     if lab.shape != shape[:1]:
         raise ValueError(f"labels: expected shape ({shape[0]},), got {lab.shape}")
-    if lab.dtype != np.intp or not lab.flags.c_contiguous:
-        lab = np.ascontiguousarray(lab, dtype=np.intp)
+    # a private, read-only copy: the backward pass reads the labels again, and the caller's
+    # buffer may have been refilled (or set to an out-of-range value) by then
+    lab = np.array(lab, dtype=np.intp, order="C", copy=True)
     K.check_labels(lab, shape[1], "labels")
+    lab.flags.writeable = False
     return _sce(logits, _wrap(lab))
 
 

@@ -18,7 +18,7 @@ from .._core import _sparse
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint, check_indices, check_rows
 from ..sparse import IndexedSlices
-from ..sparse._segments import _threaded
+from ..sparse._segments import _threaded, check_csr_structure
 from ._coefficients import (adagrad_coefficients, adam_coefficients,
                             momentum_coefficients, step_number)
 from ._functional import check_compute_dtype
@@ -67,19 +67,13 @@ def _csr_rows(x, grad):
         raise ValueError(f"grad: CSR shape {tuple(grad.shape)} does not match x.shape "
                          f"{x.shape}")
     n_rows, n_cols = x.shape
-    indptr, cols, data = grad.indptr, grad.indices, grad.data
-    if indptr.shape != (n_rows + 1,) or (n_rows + 1 and indptr[0] != 0):
-        raise ValueError(f"grad: invalid CSR indptr (expected {n_rows + 1} entries from 0)")
-    nnz = int(indptr[-1])
-    if np.any(np.diff(indptr) < 0) or nnz > cols.shape[0] or nnz > data.shape[0]:
-        raise ValueError("grad: invalid CSR indptr (decreasing, or past the stored entries)")
-    cols = check_indices(np.asarray(cols[:nnz]), "grad.indices", n_cols, "columns")
+    indptr, cols, data = check_csr_structure(grad, "grad")  # private, checked copies
     if data.dtype != x.dtype:
         raise TypeError(f"grad.data: expected dtype {x.dtype} (the dtype of x), "
                         f"got {data.dtype}")
     row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr).astype(np.int64))
     flat = row_of * np.int64(n_cols) + cols.astype(np.int64, copy=False)
-    return flat, np.ascontiguousarray(data[:nnz])
+    return flat, data
 
 
 def sparse_step_inplace(x: np.ndarray, grad: Any, m: np.ndarray, v: np.ndarray, t: int, *,
@@ -313,6 +307,11 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
                              f"row, got {bad}")
 
     row_size = math.prod(row_shape)  # Python ints: no overflow, no NumPy call
+    if mode == "catchup" and row_size == 0:
+        # zero-width rows: no element to update, but the touched rows were seen at step t
+        # (the compiled step has nothing to walk and returns at once)
+        last_step.reshape(-1)[rows] = t
+        return
     args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
             values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)

@@ -133,10 +133,26 @@ cdef inline double _half_squared_error(const real_t *z, const real_t *targets,
     return value
 
 
+cdef int _check_loss_args(Py_ssize_t n, Py_ssize_t k, Py_ssize_t n_targets, Py_ssize_t n_weights,
+                          Py_ssize_t grad_rows, Py_ssize_t grad_cols) except -1:
+    """The loss kernels' shapes (O(1), every call: the estimators pass their own arrays, but
+    these are compiled entry points and must not read past a wrong-sized argument)."""
+    if n_targets != n or n_weights != n or grad_rows != n or grad_cols != k:
+        raise ValueError(f"loss kernel: z of shape ({n}, {k}) needs {n} targets, {n} weights "
+                         f"and a ({n}, {k}) gradient; got {n_targets}, {n_weights} and "
+                         f"({grad_rows}, {grad_cols})")
+    return 0
+
+
 def softmax_cross_entropy(const real_t[:, ::1] z, const cnp.intp_t[::1] labels,
                           const real_t[::1] weights, real_t[:, ::1] grad):
-    """Loss value (float) of z (n, K) and its gradient written to grad (n, K)."""
-    cdef Py_ssize_t n = z.shape[0], k = z.shape[1]
+    """Loss value (float) of z (n, K) and its gradient written to grad (n, K); labels in
+    [0, K) (IndexError otherwise)."""
+    cdef Py_ssize_t n = z.shape[0], k = z.shape[1], i
+    _check_loss_args(n, k, labels.shape[0], weights.shape[0], grad.shape[0], grad.shape[1])
+    for i in range(n):
+        if labels[i] < 0 or labels[i] >= k:
+            raise IndexError(f"labels: values must lie in [0, {k}), got {labels[i]} at row {i}")
     if n == 0 or k == 0:
         return 0.0
     cdef double value
@@ -149,6 +165,11 @@ def binary_cross_entropy(const real_t[:, ::1] z, const real_t[:, ::1] targets,
                          const real_t[::1] weights, real_t[:, ::1] grad, double eps):
     """Loss value (float) of one logistic output z (n, 1) and its gradient (n, 1)."""
     cdef Py_ssize_t n = z.shape[0]
+    _check_loss_args(n, z.shape[1], targets.shape[0], weights.shape[0], grad.shape[0],
+                     grad.shape[1])
+    if targets.shape[1] != z.shape[1]:
+        raise ValueError(f"targets: expected shape ({n}, {z.shape[1]}), got "
+                         f"({targets.shape[0]}, {targets.shape[1]})")
     if n == 0:
         return 0.0
     cdef double value
@@ -162,6 +183,10 @@ def half_squared_error(const real_t[:, ::1] z, const real_t[:, ::1] targets,
                        const real_t[::1] weights, real_t[:, ::1] grad):
     """Loss value (float) of z (n, K) against targets and its gradient (n, K)."""
     cdef Py_ssize_t n = z.shape[0], k = z.shape[1]
+    _check_loss_args(n, k, targets.shape[0], weights.shape[0], grad.shape[0], grad.shape[1])
+    if targets.shape[1] != k:
+        raise ValueError(f"targets: expected shape ({n}, {k}), got "
+                         f"({targets.shape[0]}, {targets.shape[1]})")
     if n == 0 or k == 0:
         return 0.0
     cdef double value

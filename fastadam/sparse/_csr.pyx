@@ -19,7 +19,10 @@ mini-batch is read in place, without gathering a new CSR matrix.  Two calls per 
 
 Cost O(nnz x K + u) for u distinct columns.  Arguments arrive validated
 (fastadam/sparse/_segments.py checks the CSR structure, index range and dtypes; fastadam/sklearn
-checks a training matrix once per fit).  ``-ffp-contract=off`` (setup.py) keeps ``a + b * c``
+checks a training matrix once per fit), and ``indptr`` and ``indices`` are the private copies
+that check made: another thread writing into the caller's matrix cannot reach the walks.  The
+walks re-check only the batch rows' range (O(batch), before the GIL is released).
+``-ffp-contract=off`` (setup.py) keeps ``a + b * c``
 as two roundings, as NumPy computes it.  Written directly in Cython (typed pointer loops): the
 kernels are a few lines each and have no SIMD or dispatch to share with include/fastadam.
 """
@@ -83,16 +86,36 @@ cdef int _table_bits(Py_ssize_t total):
     return bits
 
 
+cdef int64_t _batch_entries(const index_t[::1] indptr, const int64_t[::1] batch_rows) except -1:
+    """The stored entries of the rows batch_rows; IndexError for a row outside the matrix.
+    indptr is a checked private copy (fastadam.sparse._api.check_csr_structure: from 0,
+    non-decreasing); this re-checks the one precondition the walks add, rows in range."""
+    cdef Py_ssize_t i, n_rows = indptr.shape[0] - 1
+    cdef int64_t r, total = 0
+    if n_rows < 0:
+        raise ValueError("indptr: expected at least one entry")
+    for i in range(batch_rows.shape[0]):
+        r = batch_rows[i]
+        if r < 0 or r >= n_rows:
+            raise IndexError(f"batch_rows: row {r} is out of range for {n_rows} rows")
+        total += indptr[r + 1] - indptr[r]
+    return total
+
+
 def dot_and_columns(const index_t[::1] indptr, const index_t[::1] indices,
                     const real_t[::1] data, const int64_t[::1] batch_rows, Py_ssize_t n_cols,
                     const real_t[:, ::1] w, real_t[:, ::1] z):
     """One walk over the rows batch_rows: (cols, entry_rank) as ``columns`` returns them, and,
     when w (n_cols, K) has columns, z[i] = X[batch_rows[i]] @ w (z of shape (n, K), written)."""
     cdef Py_ssize_t n = batch_rows.shape[0], k = w.shape[1], i, u = 0
-    cdef int64_t r, total = 0
-    for i in range(n):
-        r = batch_rows[i]
-        total += indptr[r + 1] - indptr[r]
+    cdef int64_t total = _batch_entries(indptr, batch_rows)
+    cdef int64_t nnz = indptr[indptr.shape[0] - 1]
+    if indices.shape[0] < nnz or data.shape[0] < nnz:
+        raise ValueError(f"indptr ends at {nnz}, past {indices.shape[0]} indices or "
+                         f"{data.shape[0]} values")
+    if k and (w.shape[0] < n_cols or z.shape[0] != n or z.shape[1] != k):
+        raise ValueError(f"w of shape {tuple(w.shape)[:2]} and z of shape {tuple(z.shape)[:2]} "
+                         f"do not fit {n} rows of {n_cols} columns")
     cdef cnp.ndarray entry_rank = np.empty(total, dtype=np.int64)
     if total == 0:
         if k:
@@ -271,6 +294,10 @@ def sum_rows(const index_t[::1] indptr, const real_t[::1] data, const int64_t[::
     """sums (u, K): sums[entry_rank[e]] += data[p] * dz[i] over the entries e (stored entry p
     of row batch_rows[i]) in walk order, from +0."""
     cdef Py_ssize_t n = batch_rows.shape[0], k = dz.shape[1]
+    cdef int64_t total = _batch_entries(indptr, batch_rows)
+    if entry_rank.shape[0] != total or dz.shape[0] != n:
+        raise ValueError(f"sum_rows: entry_rank of {entry_rank.shape[0]} entries and dz of "
+                         f"{dz.shape[0]} rows for {n} rows holding {total} entries")
     cdef cnp.ndarray out = np.zeros((u, k), dtype=np.float32 if real_t is float else np.float64)
     if u and k:
         with nogil:

@@ -65,7 +65,9 @@
             T m = row[0], s = (T)0;                                                              \
             for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
             FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) s += EXP(row[j] - m);                   \
-            loss[i] = m + LOG(s) - row[labels[i]];                                               \
+            /* a label outside [0, cols) (refused by the caller) gives NaN, never a read */     \
+            loss[i] = (uintptr_t)labels[i] < (uintptr_t)cols                                    \
+                          ? m + LOG(s) - row[labels[i]] : (T)NAN;                               \
         }                                                                                        \
     }                                                                                            \
     void fa_ad_sce_grad_rows_##S(const T *restrict x, const intptr_t *restrict labels,           \
@@ -83,7 +85,8 @@
             }                                                                                    \
             T r = scale / s;                                                                     \
             FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;                              \
-            o[labels[i]] -= scale;                                                               \
+            if ((uintptr_t)labels[i] < (uintptr_t)cols) o[labels[i]] -= scale;                  \
+            else for (ptrdiff_t j = 0; j < cols; j++) o[j] = (T)NAN; /* refused by the caller */ \
         }                                                                                        \
     }                                                                                            \
     void fa_ad_im2col_##S(const T *restrict x, T *restrict cols, const fa_conv_geom *gm,         \

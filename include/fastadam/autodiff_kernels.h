@@ -56,10 +56,12 @@ typedef struct {
     void fa_ad_sum_rows_##S(const T *x, T *out, ptrdiff_t rows, ptrdiff_t cols,                  \
                             ptrdiff_t j0, ptrdiff_t j1);                                         \
     /* loss[i0, i1) OUT: per-row softmax cross-entropy of logits (rows x cols, IN) and labels    \
-     * (IN, values in [0, cols), checked by the caller).  O((i1 - i0) * cols). */                \
+     * (IN, values in [0, cols), checked by the caller; a row whose label is outside gets NaN:  \
+     * the kernel never reads or writes outside x's row).  O((i1 - i0) * cols). */              \
     void fa_ad_sce_rows_##S(const T *x, const intptr_t *labels, T *loss, ptrdiff_t cols,         \
                             ptrdiff_t i0, ptrdiff_t i1);                                         \
-    /* out rows [i0, i1) OUT = scale * (softmax(x[i]) - onehot(labels[i])).  x IN, no aliasing. */\
+    /* out rows [i0, i1) OUT = scale * (softmax(x[i]) - onehot(labels[i])).  x IN, no aliasing. \
+     * A label outside [0, cols) fills its row of out with NaN (never indexes outside it). */   \
     void fa_ad_sce_grad_rows_##S(const T *x, const intptr_t *labels, T *out, ptrdiff_t cols,     \
                                  T scale, ptrdiff_t i0, ptrdiff_t i1);                           \
     /* rows u = n*R + r in [u0, u1) OUT of the N x R x (Ho*Wo) im2col array of x (N,C,H,W IN), \
