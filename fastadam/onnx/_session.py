@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
+from ..io import atomic_write
 from ._codegen import generate_step
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
@@ -463,8 +464,13 @@ class TrainingSession:
         return out
 
     def save(self, path):
-        """Write ``model()`` to ``path``."""
-        onnx.save(self.model(), path)
+        """Write ``model()`` to ``path``, atomically (:func:`fastadam.io.atomic_write`): the
+        model is serialised first, then written to a temporary file beside ``path``, fsynced
+        and renamed over it, so a crash, a full disk or a file-size limit leaves the previous
+        file whole."""
+        data = self.model().SerializeToString()
+        with atomic_write(path) as f:
+            f.write(data)
 
 
 class _LineProgress:
