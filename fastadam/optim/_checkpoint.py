@@ -135,7 +135,9 @@ def check_metadata(opt, state: Dict[str, Any], where: str,
         hyper = {k: group[k] for k in opt.group_keys}
         hyper["lr"] = _decode_lr(hyper["lr"], opt._groups[gi]["lr"], f"{gwhere}['lr']")
         try:
-            checked.append(opt.check_group(hyper))
+            hyper = opt.check_group(hyper)
+            opt.check_precision(hyper, [opt._arrays[i] for i in opt._group_params[gi]])
+            checked.append(hyper)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{gwhere}: {exc}") from None
     return int(t), clip, checked
