@@ -413,9 +413,11 @@ def identity(inputs, attrs, opset):
 
 @register("Cast", since=6)
 def cast(inputs, attrs, opset):
-    from onnx import helper
+    from ._graph import onnx_dtype
     x, = inputs
-    to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if "to" not in attrs:
+        raise ValueError("Cast: missing attribute 'to'")
+    to = onnx_dtype(attrs["to"], "Cast", "to")
     if is_float(x) and to.kind == "f":
         return [ad.cast(x, to)]
     return [const(x.data.astype(to))]

@@ -53,6 +53,14 @@ def _bindings(entries, where, allowed_keys, allowed_values, values_what, taken):
     return out
 
 
+def _check_defined(plan, names, where):
+    """Every declared output is computed by some node or is an input or initializer."""
+    for name in names:
+        if name not in plan.producer and name not in plan.known:
+            raise ValueError(f"{where}: output '{name}' is not produced by any node and is "
+                             f"not an input or initializer")
+
+
 def _mark_inplace(plan, updates, state):
     """Flag the optimizer steps whose outputs all go straight back to the arrays they read."""
     bound = {value: key for key, value in updates}
@@ -149,6 +157,7 @@ class TrainingSession:
                              graph_known_names(graph, info.algorithm))
             alg.inputs = list(graph.input) + list(info.algorithm.input)
             alg.outputs = [o.name for o in info.algorithm.output]
+            _check_defined(alg.plan, alg.outputs + self._graph_outputs, f"{where}.algorithm")
             alg.updates = _bindings(info.update_binding, f"{where}.update_binding",
                                     main_inits | set(own),
                                     set(alg.outputs) | set(self._graph_outputs),
@@ -163,6 +172,7 @@ class TrainingSession:
             alg.init_plan = Graph(init.node, ops, graph_known_names(init))
             alg.init_arrays = initializer_arrays(init)
             alg.init_outputs = [o.name for o in init.output]
+            _check_defined(alg.init_plan, alg.init_outputs, f"{where}.initialization")
             alg.init_bindings = _bindings(info.initialization_binding,
                                           f"{where}.initialization_binding",
                                           main_inits | set(own), set(alg.init_outputs),
