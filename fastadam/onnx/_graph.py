@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
+from ._budget import step_scope
 from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
 
@@ -336,13 +337,14 @@ class Graph:
 
         With Gradient nodes the forward pass must be recorded, so recording is switched on
         for the call even inside ``fastadam.autodiff.no_grad()``."""
-        if not self.grad_names:
-            return self._execute(env, order)
-        previous = ad.set_grad_enabled(True)
-        try:
-            return self._execute(env, order)
-        finally:
-            ad.set_grad_enabled(previous)
+        with step_scope():  # the per-step memory budget (_budget.py)
+            if not self.grad_names:
+                return self._execute(env, order)
+            previous = ad.set_grad_enabled(True)
+            try:
+                return self._execute(env, order)
+            finally:
+                ad.set_grad_enabled(previous)
 
     def _execute(self, env, order):
         steps = self.steps

@@ -22,6 +22,9 @@ def load_model(model):
         except DecodeError as e:
             raise ValueError(f"model: {path!r} is not a valid ONNX model (protobuf cannot "
                              f"parse it: {e})") from None
+        except onnx.checker.ValidationError as e:  # external data outside the model's folder
+            raise ValueError(f"model: {path!r}: onnx refuses its external data: "
+                             f"{str(e).strip()}") from None
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model: expected an onnx.ModelProto or a path, got "
                         f"{type(model).__name__}")

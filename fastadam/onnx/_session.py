@@ -30,6 +30,7 @@ from onnx import numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ..io import atomic_write
+from ._budget import step_scope
 from ._codegen import generate_step
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
@@ -248,7 +249,13 @@ class TrainingSession:
     def step(self, feeds, output_names=None):
         """One training step: every ``algorithm`` graph in order, each followed by its
         ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
-        algorithm outputs bound to no initializer, e.g. the loss)."""
+        algorithm outputs bound to no initializer, e.g. the loss).  A node that would allocate
+        more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
+        it, before allocating and before any initializer changes."""
+        with step_scope():
+            return self._step(feeds, output_names)
+
+    def _step(self, feeds, output_names=None):
         if output_names is None and feeds.__class__ is dict:
             names, run = self._fast_step  # the step below decided once for these feed names
             if names == tuple(feeds):
