@@ -148,6 +148,14 @@ def test_non_utf8_attribute_names_the_node_and_attribute():
         fo.run(m, {"X": np.ones((1, 1, 4, 4), np.float32)})
 
 
+def test_input_of_unknown_type_names_it():
+    m = model([helper.make_node("Identity", ["X"], ["Y"])], [("X", [2])], [("Y", [2])])
+    m.graph.input[0].type.tensor_type.elem_type = 121
+    with pytest.raises(ValueError, match="input 'X': elem_type=121 is not an ONNX tensor data "
+                                         "type"):
+        fo.run(m, {"X": np.ones(2, np.float32)})
+
+
 def test_corrupt_file_is_a_value_error(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(b"\x08\x07\x12\xff\xff\xff\xff\x0f garbage")

@@ -5,12 +5,12 @@ import os
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from google.protobuf.message import DecodeError
 
 from ..autodiff import Tensor
-from ._graph import VALID_DATA_TYPES, Graph
+from ._graph import VALID_DATA_TYPES, Graph, onnx_dtype
 
 
 def load_model(model):
@@ -65,7 +65,8 @@ def _declared(value_info):
     if t.WhichOneof("value") != "tensor_type":
         return None
     tt = t.tensor_type
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+    dtype = onnx_dtype(tt.elem_type, f"input '{value_info.name}'", "elem_type") \
+        if tt.elem_type else None
     shape = None
     if tt.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
