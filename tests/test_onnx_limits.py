@@ -180,3 +180,17 @@ def test_single_byte_corruptions_raise_only_clear_errors():
     assert n == 2845
     assert not others, others[:5]
     assert counts["refused"] > 100 and counts["accepted"] > 50
+
+
+def test_broadcast_shape_equals_numpy():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        shapes = [tuple(int(d) for d in rng.choice([1, 2, 3], rng.integers(0, 4)))
+                  for _ in range(rng.integers(1, 4))]
+        try:
+            expected = np.broadcast_shapes(*shapes)
+        except ValueError:
+            with pytest.raises(ValueError, match="x: operands could not be broadcast"):
+                _budget.broadcast_shape("x", *shapes)
+        else:
+            assert _budget.broadcast_shape("x", *shapes) == expected

@@ -90,24 +90,39 @@ def _format(nbytes):
 def reserve(op_type, shape, dtype, what="output"):
     """Account for a tensor of ``shape`` and ``dtype`` that ``op_type`` is about to allocate;
     raises MemoryBudgetError (naming ``op_type`` and ``what``) if it is over a limit."""
-    nbytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
-    tensor_limit, step_limit = _resolved()
-    limits = {"tensor_bytes": tensor_limit, "step_bytes": step_limit}
+    nbytes = dtype.itemsize if isinstance(dtype, np.dtype) else np.dtype(dtype).itemsize
+    for d in shape:
+        nbytes *= int(d)
+    tensor_limit, step_limit = _in_force[0] if _in_force else _resolved()
+    total = getattr(_local, "total", None)
+    if nbytes <= tensor_limit and (total is None or total + nbytes <= step_limit):
+        if total is not None:
+            _local.total = total + nbytes
+        return
+    shown = f"{tuple(int(d) for d in shape)} ({np.dtype(dtype)}"
     if nbytes > tensor_limit:
         raise MemoryBudgetError(
-            f"{op_type}: the {what} of shape {tuple(int(d) for d in shape)} ({np.dtype(dtype)}) "
-            f"needs {_format(nbytes)}, over the per-tensor budget of "
-            f"{_format(limits['tensor_bytes'])} (fastadam.onnx.set_memory_budget)")
-    total = getattr(_local, "total", None)
-    if total is not None:
-        total += nbytes
-        if total > step_limit:
-            raise MemoryBudgetError(
-                f"{op_type}: the {what} of shape {tuple(int(d) for d in shape)} "
-                f"({np.dtype(dtype)}, {_format(nbytes)}) brings this step to {_format(total)}, "
-                f"over the per-step budget of {_format(limits['step_bytes'])} "
-                f"(fastadam.onnx.set_memory_budget)")
-        _local.total = total
+            f"{op_type}: the {what} of shape {shown}) needs {_format(nbytes)}, over the "
+            f"per-tensor budget of {_format(tensor_limit)} (fastadam.onnx.set_memory_budget)")
+    raise MemoryBudgetError(
+        f"{op_type}: the {what} of shape {shown}, {_format(nbytes)}) brings this step to "
+        f"{_format(total + nbytes)}, over the per-step budget of {_format(step_limit)} "
+        f"(fastadam.onnx.set_memory_budget)")
+
+
+def broadcast_shape(op_type, *shapes):
+    """NumPy's broadcast of ``shapes`` (tuples of ints), without building arrays; ValueError
+    naming ``op_type`` if they do not broadcast."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for s in shapes:
+        for i, d in enumerate(s, rank - len(s)):
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    raise ValueError(f"{op_type}: operands could not be broadcast together "
+                                     f"with shapes {' '.join(str(t) for t in shapes)}")
+                out[i] = d
+    return tuple(out)
 
 
 def reserve_broadcast(op_type, dtype, *shapes):
@@ -116,12 +131,7 @@ def reserve_broadcast(op_type, dtype, *shapes):
     first = shapes[0]
     if all(s == first for s in shapes[1:]):
         return
-    try:
-        out = np.broadcast_shapes(*shapes)
-    except ValueError:
-        raise ValueError(f"{op_type}: operands could not be broadcast together with shapes "
-                         f"{' '.join(str(s) for s in shapes)}") from None
-    reserve(op_type, out, dtype)
+    reserve(op_type, broadcast_shape(op_type, *shapes), dtype)
 
 
 class step_scope:

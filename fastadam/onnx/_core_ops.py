@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import autodiff as ad
 from ..autodiff import Tensor
-from ._budget import reserve, reserve_broadcast
+from ._budget import broadcast_shape, reserve, reserve_broadcast
 
 class UnsupportedOperatorError(NotImplementedError):
     """An operator, domain, opset or operator form that fastadam.onnx does not run."""
@@ -212,7 +212,8 @@ def matmul(inputs, attrs, opset):
     kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if ka != kb:
         raise ValueError(f"MatMul: shapes {a.shape} and {b.shape} do not match ({ka} != {kb})")
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])  # ValueError names the shapes
+    batch = broadcast_shape("MatMul", a.shape[:-2], b.shape[:-2]) \
+        if a.ndim > 2 or b.ndim > 2 else ()
     reserve("MatMul", batch + a.shape[-2:-1] + b.shape[-1:] if b.ndim > 1 else
             batch + a.shape[-2:-1], a.data.dtype)
     return [ad.matmul(a, b)]
