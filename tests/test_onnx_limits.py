@@ -132,7 +132,8 @@ def test_step_budget_counts_every_node_and_changes_nothing(budget):
 
 
 def test_cast_to_an_unknown_type_names_the_node_and_field():
-    m = model([helper.make_node("Cast", ["X"], ["Y"], name="c", to=9999)], [("X", [2])], [("Y", [2])])
+    m = model([helper.make_node("Cast", ["X"], ["Y"], name="c", to=9999)], [("X", [2])],
+              [("Y", [2])])
     with pytest.raises(ValueError, match=r"node 'c' \(Cast\): to=9999 is not an ONNX tensor "
                                          r"data type"):
         fo.run(m, {"X": np.ones(2, np.float32)})

@@ -11,9 +11,11 @@ File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.
 metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
 writes through :func:`fastadam.io.atomic_write` (a temporary file beside the target, flushed
 and fsynced, then ``os.replace``d over it), so a crash or a full disk leaves the previous
-checkpoint whole.  ``load`` never unpickles; it reads every entry's ``.npy`` header (dtype, shape, order)
-and checks it, and the entry's size, against what this optimizer expects before reading any
-array data, so a small file cannot make it allocate more than its own parameters and state.
+checkpoint whole.  ``load`` never unpickles; it reads every entry's ``.npy`` header (dtype,
+shape, order) and checks it, and the entry's size, against what this optimizer expects before
+reading any array data, so a small file cannot make it allocate more than its own parameters
+and state.  The metadata goes through the constructor's checks, those that depend on the
+parameters' dtypes included (``Optimizer.check_precision``).
 """
 from __future__ import annotations
 
