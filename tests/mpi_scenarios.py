@@ -362,6 +362,17 @@ def scenario_abort(comm, workdir):
     comm.Barrier()
 
 
+def scenario_abort_plain(comm, workdir):
+    """Under plain ``python`` (no ``-m mpi4py``): the last rank raises after building a
+    ShardedOptimizer while the others wait in a collective; its excepthook must abort the job."""
+    from fastadam.distributed import ShardedOptimizer
+    ShardedOptimizer(fastadam.Adam([np.zeros(4, np.float32)]), comm)
+    comm.Barrier()
+    if comm.Get_rank() == comm.Get_size() - 1:
+        raise RuntimeError("deliberate failure on the last rank")
+    comm.Barrier()
+
+
 def main(argv):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD

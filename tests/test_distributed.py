@@ -32,14 +32,16 @@ def _mpiexec():
     return found
 
 
-def run_mpi(n, scenarios, workdir, timeout=TIMEOUT_S):
-    """Run ``scenarios`` on ``n`` ranks; returns (returncode, output, seconds)."""
+def run_mpi(n, scenarios, workdir, timeout=TIMEOUT_S, plain_python=False):
+    """Run ``scenarios`` on ``n`` ranks (under ``python -m mpi4py``, or plain ``python``);
+    returns (returncode, output, seconds)."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(fastadam.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in
                                          [os.environ.get("PYTHONPATH")] if p])
-    command = [_mpiexec(), "-n", str(n), "--oversubscribe", sys.executable, "-m", "mpi4py",
+    runner = [sys.executable] if plain_python else [sys.executable, "-m", "mpi4py"]
+    command = [_mpiexec(), "-n", str(n), "--oversubscribe", *runner,
                os.path.join(HERE, "mpi_scenarios.py"), *scenarios, "--dir", str(workdir)]
     start = time.perf_counter()
     try:
@@ -95,6 +97,16 @@ def test_a_rank_that_raises_aborts_the_job(tmp_path):
     rc, output, seconds = run_mpi(2, ["abort"], tmp_path, timeout=60)
     assert rc != 0
     assert "deliberate failure on the last rank" in output
+    assert seconds < 60
+
+
+def test_a_rank_that_raises_aborts_a_plain_python_job(tmp_path):
+    """Launched without ``-m mpi4py``, the job used to hang for ever when one rank raised; the
+    excepthook installed by ShardedOptimizer aborts it (the other rank waits in a Barrier)."""
+    rc, output, seconds = run_mpi(2, ["abort_plain"], tmp_path, timeout=60, plain_python=True)
+    assert rc != 0
+    assert "deliberate failure on the last rank" in output
+    assert "aborting the MPI job" in output
     assert seconds < 60
 
 
@@ -161,6 +173,23 @@ def test_one_rank_embedding_equals_sparse_step(dist, comm_self):
 def _adam(dtype=np.float32):
     return fastadam.Adam([np.zeros(3, dtype), np.zeros((2, 2), dtype)], lr=1e-3,
                          convention="torch")
+
+
+def test_abort_hook_is_installed_once_and_can_be_declined(dist, comm_self, monkeypatch):
+    from fastadam.distributed import ShardedOptimizer, abort_on_error
+    calls = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: calls.append(a))
+    ShardedOptimizer(_adam(), comm_self, abort_on_error=False)
+    assert not getattr(sys.excepthook, "fastadam_abort_on_error", False)
+    ShardedOptimizer(_adam(), comm_self)
+    hook = sys.excepthook
+    assert hook.fastadam_abort_on_error
+    abort_on_error()
+    assert sys.excepthook is hook  # not wrapped twice
+    hook(ValueError, ValueError("x"), None)  # one process: prints through, no Abort
+    assert len(calls) == 1 and calls[0][0] is ValueError
+    with pytest.raises(TypeError, match="abort_on_error: expected a bool, got int"):
+        ShardedOptimizer(_adam(), comm_self, abort_on_error=1)
 
 
 def test_error_comm_type(dist):

@@ -135,19 +135,22 @@ def test_float16_is_rejected_by_a_build_without_float16(monkeypatch):
 
 
 def test_a_multi_dtype_optimizer_step_is_all_or_nothing():
-    """Two dtypes take two compiled calls; an eps that float32 cannot hold must fail before the
-    float64 call writes anything."""
+    """Two dtypes take two compiled calls; a learning rate that float32 cannot hold (from a
+    schedule: known only at step time) must fail before the float64 call writes anything.
+    (A fixed eps that float32 cannot hold is refused by the constructor already.)"""
     p64, p32 = np.ones(5), np.ones(5, np.float32)
-    opt = fastadam.Adam([p64, p32], lr=0.1, eps=1e-50)
     with pytest.raises(ValueError, match="eps: 1e-50 rounds to 0 in float32"):
+        fastadam.Adam([p64, p32], lr=0.1, eps=1e-50)
+    opt = fastadam.Adam([p64, p32], lr=lambda k: 1e40)
+    with pytest.raises(ValueError, match="lr: .* overflows float32"):
         opt.step([np.ones(5), np.ones(5, np.float32)])
     np.testing.assert_array_equal(p64, 1.0)
     np.testing.assert_array_equal(p32, 1.0)
     assert opt.t == 0
     # the same with a sparse gradient beside the dense one
     table = np.ones((4, 3), np.float32)
-    opt = fastadam.Adagrad([p64, table], lr=0.1, eps=1e-60)
-    with pytest.raises(ValueError, match="eps: 1e-60 rounds to 0 in float32"):
+    opt = fastadam.Adagrad([p64, table], lr=lambda k: 1e40)
+    with pytest.raises(ValueError, match="lr: .* overflows float32"):
         opt.step([np.ones(5), fastadam.IndexedSlices(np.ones((1, 3), np.float32),
                                                      np.array([2]), (4, 3))])
     np.testing.assert_array_equal(p64, 1.0)

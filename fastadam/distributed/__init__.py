@@ -11,9 +11,11 @@ Design
 - Only the public fastadam API is used below this package; MPI moves bits, NumPy adds them in
   rank order, so results never depend on MPI's choice of algorithm (``_collectives.py``).
 - Every method is collective.  Input errors are agreed on by all ranks before any data
-  moves, so they raise everywhere instead of leaving a rank waiting; run training scripts as
-  ``mpiexec -n N python -m mpi4py train.py`` so that any other uncaught exception calls
-  ``MPI_Abort`` and ends the job.
+  moves, so they raise everywhere instead of leaving a rank waiting.  Any other uncaught
+  exception on one rank aborts the whole job (``MPI_Abort``, after its traceback), even under
+  plain ``mpiexec -n N python train.py``: building a ``ShardedOptimizer`` or
+  ``ShardedEmbedding`` installs that ``sys.excepthook`` (``abort_on_error()``, ``_abort.py``);
+  ``abort_on_error=False`` opts out.
 - Limits: MPI counts and displacements are C ints.  ``ShardedOptimizer`` counts elements, so one
   dtype's parameters must stay below 2**31 elements (mpi4py raises OverflowError beyond);
   ``ShardedEmbedding`` counts rows (a contiguous row datatype), so only ``num_rows`` is bounded.
@@ -36,7 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("fastadam.distributed needs mpi4py and an MPI library: "
                       "pip install 'fastadam[mpi]'") from exc
 
+from ._abort import abort_on_error
 from ._sharded_embedding import ShardedEmbedding
 from ._sharded_optimizer import ShardedOptimizer
 
-__all__ = ["ShardedEmbedding", "ShardedOptimizer"]
+__all__ = ["ShardedEmbedding", "ShardedOptimizer", "abort_on_error"]

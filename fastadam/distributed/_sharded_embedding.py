@@ -19,6 +19,8 @@ from mpi4py import MPI
 
 import fastadam
 
+from ._abort import abort_on_error as install_abort_hook
+
 from ._collectives import (agree_on_errors, alltoallv, carrier, exclusive_offsets, on_root,
                            row_type)
 
@@ -52,6 +54,9 @@ class ShardedEmbedding:
         ``init(rows)`` returns the initial values (shape ``(len(rows), dim)``) of the global
         rows ``rows`` (int64); called once with this rank's rows, so the table does not depend
         on the number of ranks.  Default: zeros.
+    abort_on_error : bool, default True
+        Install :func:`fastadam.distributed.abort_on_error`: an uncaught exception on any rank
+        aborts the whole job instead of leaving the other ranks waiting in a collective.
     **hyperparameters
         Passed to the sparse step (``lr``, ``beta1``, ``convention``, ...); checked here.
 
@@ -64,9 +69,14 @@ class ShardedEmbedding:
     """
 
     def __init__(self, num_rows, dim, comm, optimizer="adam", mode="lazy", *, dtype=np.float32,
-                 init=None, **hyperparameters):
+                 init=None, abort_on_error=True, **hyperparameters):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm: expected an mpi4py.MPI.Comm, got {type(comm).__name__}")
+        if not isinstance(abort_on_error, bool):
+            raise TypeError(f"abort_on_error: expected a bool, got "
+                            f"{type(abort_on_error).__name__}")
+        if abort_on_error:
+            install_abort_hook()
         for name, value in (("num_rows", num_rows), ("dim", dim)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")

@@ -24,6 +24,8 @@ therefore an ordinary single-process checkpoint, loadable with any number of ran
 import numpy as np
 from mpi4py import MPI
 
+from ._abort import abort_on_error as install_abort_hook
+
 from ._collectives import (agree_on_errors, allgather_in_place, carrier, gather_slices, on_root,
                            reduce_scatter_chunk, reduce_scatter_in_rank_order, scatter_slices,
                            slice_bounds)
@@ -139,6 +141,9 @@ class ShardedOptimizer:
         Every rank must pass the same parameter shapes and dtypes and the same values.
     comm : mpi4py.MPI.Comm, default ``MPI.COMM_WORLD``
         Every method is collective: all ranks of ``comm`` call it, in the same order.
+    abort_on_error : bool, default True
+        Install :func:`fastadam.distributed.abort_on_error`: an uncaught exception on any rank
+        aborts the whole job instead of leaving the other ranks waiting in a collective.
 
     Attributes
     ----------
@@ -148,10 +153,15 @@ class ShardedOptimizer:
         Steps applied so far.
     """
 
-    def __init__(self, optimizer, comm=None):
+    def __init__(self, optimizer, comm=None, *, abort_on_error=True):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm: expected an mpi4py.MPI.Comm, got {type(comm).__name__}")
+        if not isinstance(abort_on_error, bool):
+            raise TypeError(f"abort_on_error: expected a bool, got "
+                            f"{type(abort_on_error).__name__}")
+        if abort_on_error:
+            install_abort_hook()
         params = getattr(optimizer, "params", None)
         if not isinstance(params, list) or not hasattr(optimizer, "state_dict"):
             raise TypeError(f"optimizer: expected a fastadam optimizer object (with params and "

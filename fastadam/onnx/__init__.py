@@ -16,17 +16,22 @@ Capabilities, one module each:
   (``initialize``, ``step``, ``run``, ``model``, ``save``, ``fit``), updating the initializers
   in place on the fused kernels;
 - ``_builder``: ``make_training_model``, which adds a loss, a Gradient node, an optimizer node
-  and the bindings to an inference model.
+  and the bindings to an inference model;
+- ``_budget``: the memory budget (``set_memory_budget``, ``memory_budget``): operators that can
+  make a tensor much larger than their inputs check the shape they are about to allocate and
+  raise ``MemoryBudgetError`` (a ValueError) naming the node first.
 
 Anything outside this (another domain, operator, opset or operator form) raises
 ``UnsupportedOperatorError`` (a ``NotImplementedError``) naming the node, operator, domain and
 opset; nothing is approximated.  Needs the ``onnx`` package (``pip install fastadam[onnx]``).
 """
+from ._budget import MemoryBudgetError, memory_budget, set_memory_budget
 from ._builder import make_training_model
 from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError
 from ._model import run
 from ._session import TrainingSession
 from ._training_ops import adagrad, adam, momentum
 
-__all__ = ["TRAINING_DOMAIN", "TrainingSession", "UnsupportedOperatorError", "adagrad", "adam",
-           "make_training_model", "momentum", "run"]
+__all__ = ["MemoryBudgetError", "TRAINING_DOMAIN", "TrainingSession", "UnsupportedOperatorError",
+           "adagrad", "adam", "make_training_model", "memory_budget", "momentum", "run",
+           "set_memory_budget"]

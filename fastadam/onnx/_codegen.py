@@ -210,7 +210,8 @@ def _write_program(w, ns, plan, program, ident, what, later):
     w.depth += 1
     for step, fun, fetch, wants_env, outs, drop in program:
         k = step.index
-        w(f"k = {k}  # {step.label}")
+        label = step.label if step.label.isprintable() else ascii(step.label)  # no newline
+        w(f"k = {k}  # {label}")
         args = [ident[n] if n else "None" for n in step.inputs]
         targets = [ident[n] if n else "_" for n in step.outputs]
         lhs = ", ".join(targets) + ("," if len(targets) == 1 else "")

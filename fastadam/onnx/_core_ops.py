@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import autodiff as ad
 from ..autodiff import Tensor
+from ._budget import broadcast_shape, reserve, reserve_broadcast
 
 class UnsupportedOperatorError(NotImplementedError):
     """An operator, domain, opset or operator form that fastadam.onnx does not run."""
@@ -102,6 +103,8 @@ def _binary(op_type, ad_fun, np_fun, py_fun=None):
         dtype = x.dtype
         if y.dtype != dtype:
             same_dtype(op_type, a, b)  # NumPy names the shapes that do not broadcast
+        if x.shape != y.shape:
+            reserve_broadcast(op_type, dtype, x.shape, y.shape)
         if dtype.kind == "f":
             return [ad_fun(a, b)]
         if py_fun is not None and not x.ndim and not y.ndim and dtype.kind in "iu":
@@ -128,7 +131,7 @@ _binary("Div", ad.divide, _int_divide)
 @register("Pow")
 def pow_(inputs, attrs, opset):
     x, y = inputs
-    np.broadcast_shapes(x.shape, y.shape)
+    reserve_broadcast("Pow", x.data.dtype, x.shape, y.shape)
     if not is_float(x):
         return [const(np.power(x.data, y.data).astype(x.data.dtype))]
     if y.data.dtype != x.data.dtype:  # opset 12+: the exponent may have another type
@@ -174,7 +177,7 @@ def where(inputs, attrs, opset):
     if c.data.dtype != np.bool_:
         raise TypeError(f"condition: expected a bool tensor, got {c.data.dtype}")
     same_dtype("Where", x, y)
-    np.broadcast_shapes(c.shape, x.shape, y.shape)
+    reserve_broadcast("Where", x.data.dtype, c.shape, x.shape, y.shape)
     if is_float(x):
         return [ad.where(c.data, x, y)]
     return [const(np.where(c.data, x.data, y.data))]
@@ -209,6 +212,10 @@ def matmul(inputs, attrs, opset):
     kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if ka != kb:
         raise ValueError(f"MatMul: shapes {a.shape} and {b.shape} do not match ({ka} != {kb})")
+    batch = broadcast_shape("MatMul", a.shape[:-2], b.shape[:-2]) \
+        if a.ndim > 2 or b.ndim > 2 else ()
+    reserve("MatMul", batch + a.shape[-2:-1] + b.shape[-1:] if b.ndim > 1 else
+            batch + a.shape[-2:-1], a.data.dtype)
     return [ad.matmul(a, b)]
 
 
@@ -235,6 +242,9 @@ def compile_gemm(attrs, opset):
         dtype = a.data.dtype
         if b.data.dtype is not dtype or (c is not None and c.data.dtype is not dtype):
             same_dtype("Gemm", a, b, c)  # raises unless the dtypes are equal after all
+        sa, sb = a.data.shape, b.data.shape
+        if len(sa) == 2 and len(sb) == 2:
+            reserve("Gemm", (sa[1 if ta else 0], sb[0 if tb else 1]), dtype)
         try:
             return [gemm(a, b, c, alpha, beta, ta, tb)]
         except ValueError:  # nothing was recorded; wrong shapes of A and B are named here
@@ -413,9 +423,11 @@ def identity(inputs, attrs, opset):
 
 @register("Cast", since=6)
 def cast(inputs, attrs, opset):
-    from onnx import helper
+    from ._graph import onnx_dtype
     x, = inputs
-    to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if "to" not in attrs:
+        raise ValueError("Cast: missing attribute 'to'")
+    to = onnx_dtype(attrs["to"], "Cast", "to")
     if is_float(x) and to.kind == "f":
         return [ad.cast(x, to)]
     return [const(x.data.astype(to))]

@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
+from ._budget import step_scope
 from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
 
@@ -41,17 +42,42 @@ MIN_OPSET = 7
 LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
 
 
-def attributes(node):
-    """The node's attributes as Python values (strings decoded, tensors as ndarrays)."""
+# the TensorProto.DataType values (UNDEFINED excluded)
+VALID_DATA_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values() if v)
+
+
+def onnx_dtype(code, label, field):
+    """The NumPy dtype of ONNX data type ``code``; ValueError naming ``label`` and ``field``
+    if ``code`` is not one."""
+    if code not in VALID_DATA_TYPES:
+        raise ValueError(f"{label}: {field}={code} is not an ONNX tensor data type")
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(code))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{label}: {field}={code} has no NumPy dtype") from None
+
+
+def attributes(node, label=None):
+    """The node's attributes as Python values (strings decoded, tensors as ndarrays); a
+    malformed attribute raises ValueError naming the node and the attribute."""
+    label = label or f"node {node.op_type}"
     out = {}
     for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [s.decode() for s in v]
+        try:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, onnx.TensorProto):
+                onnx_dtype(v.data_type, f"{label}: attribute '{a.name}'", "data_type")
+                v = numpy_helper.to_array(v)
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [s.decode() for s in v]
+        except UnicodeError:
+            raise ValueError(f"{label}: attribute '{a.name}' is not valid UTF-8") from None
+        except (ValueError, TypeError) as e:
+            if str(e).startswith(label):
+                raise
+            raise ValueError(f"{label}: attribute '{a.name}' is malformed ({e})") from None
         out[a.name] = v
     return out
 
@@ -86,7 +112,7 @@ class Step:
         self.label = node_label(node, index)
         self.inputs = list(node.input)
         self.outputs = list(node.output)
-        self.attrs = attributes(node)
+        self.attrs = attributes(node, self.label)
         self.subgraph = None
         self.differentiated = False
         self.inplace = False
@@ -311,13 +337,14 @@ class Graph:
 
         With Gradient nodes the forward pass must be recorded, so recording is switched on
         for the call even inside ``fastadam.autodiff.no_grad()``."""
-        if not self.grad_names:
-            return self._execute(env, order)
-        previous = ad.set_grad_enabled(True)
-        try:
-            return self._execute(env, order)
-        finally:
-            ad.set_grad_enabled(previous)
+        with step_scope():  # the per-step memory budget (_budget.py)
+            if not self.grad_names:
+                return self._execute(env, order)
+            previous = ad.set_grad_enabled(True)
+            try:
+                return self._execute(env, order)
+            finally:
+                ad.set_grad_enabled(previous)
 
     def _execute(self, env, order):
         steps = self.steps

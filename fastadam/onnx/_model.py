@@ -5,16 +5,26 @@ import os
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
+
+from google.protobuf.message import DecodeError
 
 from ..autodiff import Tensor
-from ._graph import Graph
+from ._graph import VALID_DATA_TYPES, Graph, onnx_dtype
 
 
 def load_model(model):
     """``model`` (a ModelProto or a path) checked by ``onnx.checker``."""
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        path = os.fspath(model)
+        try:
+            model = onnx.load(path)
+        except DecodeError as e:
+            raise ValueError(f"model: {path!r} is not a valid ONNX model (protobuf cannot "
+                             f"parse it: {e})") from None
+        except onnx.checker.ValidationError as e:  # external data outside the model's folder
+            raise ValueError(f"model: {path!r}: onnx refuses its external data: "
+                             f"{str(e).strip()}") from None
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model: expected an onnx.ModelProto or a path, got "
                         f"{type(model).__name__}")
@@ -23,6 +33,8 @@ def load_model(model):
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
         raise ValueError(f"model: onnx.checker rejects it: {first}") from None
+    except UnicodeError as e:  # a string field that is not UTF-8 (raised by the C checker)
+        raise ValueError(f"model: a name or string attribute is not valid UTF-8 ({e})") from None
     return model
 
 
@@ -34,7 +46,17 @@ def initializer_arrays(graph):
     """Writable copies of the graph's initializers (sparse initializers are refused)."""
     if len(graph.sparse_initializer):
         raise NotImplementedError(f"graph '{graph.name}': sparse initializers are not supported")
-    return {t.name: np.array(numpy_helper.to_array(t)) for t in graph.initializer}
+    out = {}
+    for t in graph.initializer:
+        if t.data_type not in VALID_DATA_TYPES:
+            raise ValueError(f"graph '{graph.name}': initializer '{t.name}' has data_type "
+                             f"{t.data_type}, which is not an ONNX tensor type")
+        try:
+            out[t.name] = np.array(numpy_helper.to_array(t))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"graph '{graph.name}': initializer '{t.name}' cannot be read "
+                             f"({e})") from None
+    return out
 
 
 def _declared(value_info):
@@ -43,7 +65,8 @@ def _declared(value_info):
     if t.WhichOneof("value") != "tensor_type":
         return None
     tt = t.tensor_type
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+    dtype = onnx_dtype(tt.elem_type, f"input '{value_info.name}'", "elem_type") \
+        if tt.elem_type else None
     shape = None
     if tt.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)

@@ -9,6 +9,7 @@ Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pad
 import numpy as np
 
 from .. import autodiff as ad
+from ._budget import reserve
 from ._core_ops import UnsupportedOperatorError, compiler, register, same_dtype
 
 
@@ -39,6 +40,16 @@ def _spatial(x, w_shape, attrs, what):
     else:
         raise ValueError(f"auto_pad: expected NOTSET, VALID, SAME_UPPER or SAME_LOWER, got "
                          f"{auto_pad!r}")
+    if len(pads) != 4 or len(strides) != 2 or len(dilations) != 2:
+        raise ValueError(f"pads, strides, dilations: expected 4, 2 and 2 values, got {pads}, "
+                         f"{strides} and {dilations}")
+    if any(p < 0 for p in pads) or min(strides) < 1 or min(dilations) < 1:
+        raise ValueError(f"pads, strides, dilations: expected pads >= 0, strides >= 1 and "
+                         f"dilations >= 1, got {pads}, {strides} and {dilations}")
+    if any(pads):
+        n, c, h, w = x.shape
+        reserve(what, (n, c, h + pads[0] + pads[2], w + pads[1] + pads[3]), x.data.dtype,
+                "padded input")
     return kernel, strides, dilations, pads
 
 
@@ -54,6 +65,11 @@ def conv(inputs, attrs, opset):
     if kernel != tuple(w.shape[2:]):
         raise ValueError(f"kernel_shape: {kernel} differs from W's spatial shape {w.shape[2:]}")
     t, lft, bot, r = pads
+    (sh, sw), (dh, dw) = strides, dilations
+    oh = (x.shape[2] + t + bot - (kernel[0] - 1) * dh - 1) // sh + 1
+    ow = (x.shape[3] + lft + r - (kernel[1] - 1) * dw - 1) // sw + 1
+    if oh > 0 and ow > 0:
+        reserve("Conv", (x.shape[0], w.shape[0], oh, ow), x.data.dtype)
     if (t, lft) != (bot, r):  # asymmetric: pad explicitly, then convolve without padding
         x = ad.pad(x, ((0, 0), (0, 0), (t, bot), (lft, r)))
         t = lft = 0

@@ -29,6 +29,8 @@ from onnx import numpy_helper
 
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
+from ..io import atomic_write
+from ._budget import step_scope
 from ._codegen import generate_step
 from ._graph import Graph
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
@@ -50,6 +52,14 @@ def _bindings(entries, where, allowed_keys, allowed_values, values_what, taken):
         taken.add(e.key)
         out.append((e.key, e.value))
     return out
+
+
+def _check_defined(plan, names, where):
+    """Every declared output is computed by some node or is an input or initializer."""
+    for name in names:
+        if name not in plan.producer and name not in plan.known:
+            raise ValueError(f"{where}: output '{name}' is not produced by any node and is "
+                             f"not an input or initializer")
 
 
 def _mark_inplace(plan, updates, state):
@@ -148,6 +158,7 @@ class TrainingSession:
                              graph_known_names(graph, info.algorithm))
             alg.inputs = list(graph.input) + list(info.algorithm.input)
             alg.outputs = [o.name for o in info.algorithm.output]
+            _check_defined(alg.plan, alg.outputs + self._graph_outputs, f"{where}.algorithm")
             alg.updates = _bindings(info.update_binding, f"{where}.update_binding",
                                     main_inits | set(own),
                                     set(alg.outputs) | set(self._graph_outputs),
@@ -162,6 +173,7 @@ class TrainingSession:
             alg.init_plan = Graph(init.node, ops, graph_known_names(init))
             alg.init_arrays = initializer_arrays(init)
             alg.init_outputs = [o.name for o in init.output]
+            _check_defined(alg.init_plan, alg.init_outputs, f"{where}.initialization")
             alg.init_bindings = _bindings(info.initialization_binding,
                                           f"{where}.initialization_binding",
                                           main_inits | set(own), set(alg.init_outputs),
@@ -237,7 +249,13 @@ class TrainingSession:
     def step(self, feeds, output_names=None):
         """One training step: every ``algorithm`` graph in order, each followed by its
         ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
-        algorithm outputs bound to no initializer, e.g. the loss)."""
+        algorithm outputs bound to no initializer, e.g. the loss).  A node that would allocate
+        more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
+        it, before allocating and before any initializer changes."""
+        with step_scope():
+            return self._step(feeds, output_names)
+
+    def _step(self, feeds, output_names=None):
         if output_names is None and feeds.__class__ is dict:
             names, run = self._fast_step  # the step below decided once for these feed names
             if names == tuple(feeds):
@@ -463,8 +481,13 @@ class TrainingSession:
         return out
 
     def save(self, path):
-        """Write ``model()`` to ``path``."""
-        onnx.save(self.model(), path)
+        """Write ``model()`` to ``path``, atomically (:func:`fastadam.io.atomic_write`): the
+        model is serialised first, then written to a temporary file beside ``path``, fsynced
+        and renamed over it, so a crash, a full disk or a file-size limit leaves the previous
+        file whole."""
+        data = self.model().SerializeToString()
+        with atomic_write(path) as f:
+            f.write(data)
 
 
 class _LineProgress:

@@ -27,6 +27,7 @@ from .._core._validation import plain_gradients
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
+from ._guard import guarded_step, locked, new_lock
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
 
@@ -127,6 +128,7 @@ class Optimizer:
     structural_options: Tuple[str, ...] = ()  # options that decide the slots (e.g. amsgrad)
 
     def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):
+        self._lock = new_lock()  # steps and checkpoints one at a time (_guard.py)
         self.defaults: Dict[str, Any] = dict(defaults)
         self._options: Dict[str, Any] = {}
         self._clip = check_clip(defaults.get("clip_grad_norm"))
@@ -171,6 +173,17 @@ class Optimizer:
     def sparse_step(self, x, grad, slots, t, hyper, lr) -> None:
         raise NotImplementedError
 
+    def check_precision(self, hyper: Dict[str, Any], arrays: List[Any]) -> None:
+        """The checks that depend on the parameters' dtypes (a value the compute precision
+        cannot hold: ``eps=1e-50`` rounds to 0 in float32): the functional step's own, run on
+        empty arrays of each dtype.  The constructor, ``add_param_group``,
+        ``set_hyperparameters`` and ``load`` all run it, so no step can fail on them later."""
+        lr = 0.0 if callable(hyper["lr"]) else hyper["lr"]
+        for dtype in {a.dtype for a in arrays}:
+            empty = {name: [np.empty(0, dtype)] for name, _ in self.slot_specs(hyper)}
+            self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t, hyper,
+                            lr, None, False)
+
     def sparse_unsupported(self, hyper: Dict[str, Any]) -> Optional[str]:
         """Why a sparse gradient cannot be used with these hyper-parameters (None: it can)."""
         return None
@@ -197,6 +210,12 @@ class Optimizer:
         single = single and not isinstance(params, list)
         labels = ["params" if single else f"params[{start + j}]" for j in range(len(plist))]
         arrays = [param_array(p, label) for p, label in zip(plist, labels)]
+        try:
+            self.check_precision(hyper, arrays)
+        except (TypeError, ValueError) as exc:
+            if where is None:
+                raise
+            raise type(exc)(f"{where}: {exc}") from None
         check_no_shared_memory(self._arrays + arrays, self._labels + labels)
         specs = self.slot_specs(hyper)
         new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
@@ -210,6 +229,7 @@ class Optimizer:
         self._group_params.append(list(range(start, start + len(plist))))
         self._rebuild_buckets()
 
+    @locked
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """Add a group: ``{"params": [...], **hyper-parameters}``; hyper-parameters not given
         take the constructor's values.  Its state starts fresh."""
@@ -270,6 +290,7 @@ class Optimizer:
     def clip_grad_norm(self, value: Optional[float]) -> None:
         self._clip = check_clip(value)
 
+    @locked
     def set_hyperparameters(self, group: Optional[int] = 0, **hyper: Any) -> None:
         """Change hyper-parameters of one group (``group=i``) or of every group
         (``group=None``); each value is checked as by the constructor, and nothing changes if
@@ -290,6 +311,8 @@ class Optimizer:
                                  f"{self.group_keys})")
         updated = [self.check_group({**self._groups[gi], **hyper}) for gi in targets]
         for gi, h in zip(targets, updated):
+            self.check_precision(h, [self._arrays[i] for i in self._group_params[gi]])
+        for gi, h in zip(targets, updated):
             self._groups[gi] = h
 
     # ---- stepping --------------------------------------------------------------------------
@@ -304,6 +327,7 @@ class Optimizer:
             raise type(exc)(f"lr: the schedule of group {gi} returned {value!r} at step "
                             f"{self.t}; expected a finite number >= 0") from None
 
+    @guarded_step
     def step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
              skip_nonfinite: bool = False) -> bool:
         """Apply one step; returns True, or False if ``skip_nonfinite`` found a NaN or an
@@ -432,6 +456,7 @@ class Optimizer:
             if isinstance(p, Tensor):
                 p.grad = None
 
+    @locked
     def zero_state(self) -> None:
         """Reset every state slot to its initial value and ``t`` to 0 (hyper-parameters and
         parameters are kept)."""
@@ -442,16 +467,19 @@ class Optimizer:
         self.t = 0
 
     # ---- state and checkpoints (fastadam/optim/_checkpoint.py) -----------------------------
+    @locked
     def state_dict(self) -> Dict[str, Any]:
         """A copy of the state: ``t``, the groups' hyper-parameters (schedules by name and
         arguments), the options, and one list of arrays per slot name."""
         return _checkpoint.state_dict(self)
 
+    @locked
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.  Everything is checked first (keys, types, group
         layout, array dtypes and shapes); a failed load raises and changes nothing."""
         _checkpoint.load_state_dict(self, state)
 
+    @locked
     def save(self, path: Any) -> None:
         """Write parameters and state to ``path`` (a zip of ``.npy`` entries, no pickle),
         atomically: a temporary file in the same folder, flushed and fsynced, then renamed over
@@ -459,12 +487,22 @@ class Optimizer:
         leave a ``.NAME.*.tmp`` file beside it).  :meth:`load` resumes bit-exactly."""
         _checkpoint.save(self, path)
 
+    @locked
     def load(self, path: Any, *, params: bool = True) -> None:
         """Read a file written by :meth:`save` (and, with ``params=True``, copy the saved
         parameter values into the parameters).  The file is not trusted: its layout, every key,
         type and array header are checked before any array is read, and a failed load changes
         nothing."""
         _checkpoint.load(self, path, params=params)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]  # a lock is not pickled; a copy gets its own
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = new_lock()
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(t={self.t}, clip_grad_norm={self._clip}, "

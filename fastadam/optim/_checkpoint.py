@@ -9,24 +9,26 @@ naming the key -- and only then writes, so a failed load changes nothing.
 
 File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.npy`` (the
 metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
-writes a temporary file beside the target, flushes and fsyncs it, then ``os.replace``s it over
-the target (and fsyncs the folder), so a crash or a full disk leaves the previous checkpoint
-whole.  ``load`` never unpickles; it reads every entry's ``.npy`` header (dtype, shape, order)
-and checks it, and the entry's size, against what this optimizer expects before reading any
-array data, so a small file cannot make it allocate more than its own parameters and state.
+writes through :func:`fastadam.io.atomic_write` (a temporary file beside the target, flushed
+and fsynced, then ``os.replace``d over it), so a crash or a full disk leaves the previous
+checkpoint whole.  ``load`` never unpickles; it reads every entry's ``.npy`` header (dtype,
+shape, order) and checks it, and the entry's size, against what this optimizer expects before
+reading any array data, so a small file cannot make it allocate more than its own parameters
+and state.  The metadata goes through the constructor's checks, those that depend on the
+parameters' dtypes included (``Optimizer.check_precision``).
 """
 from __future__ import annotations
 
 import json
 import numbers
 import os
-import secrets
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from numpy.lib import format as npy_format
 
+from ..io import atomic_write
 from . import schedules
 from .schedules import Schedule
 
@@ -135,7 +137,9 @@ def check_metadata(opt, state: Dict[str, Any], where: str,
         hyper = {k: group[k] for k in opt.group_keys}
         hyper["lr"] = _decode_lr(hyper["lr"], opt._groups[gi]["lr"], f"{gwhere}['lr']")
         try:
-            checked.append(opt.check_group(hyper))
+            hyper = opt.check_group(hyper)
+            opt.check_precision(hyper, [opt._arrays[i] for i in opt._group_params[gi]])
+            checked.append(hyper)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{gwhere}: {exc}") from None
     return int(t), clip, checked
@@ -184,41 +188,13 @@ def _entries(opt) -> List[Tuple[str, np.ndarray]]:
     return names
 
 
-def _fsync_folder(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # not possible on every platform (Windows): the rename is done anyway
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save(opt, path: Any) -> None:
-    target = os.fspath(path)
     meta = json.dumps(metadata(opt), allow_nan=False).encode("utf-8")
-    folder = os.path.dirname(os.path.abspath(target))
-    tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name, array in [("meta", np.frombuffer(meta, np.uint8))] + _entries(opt):
-                    with zf.open(name + ".npy", "w", force_zip64=True) as out:
-                        npy_format.write_array(out, array, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_folder(folder)
+    with atomic_write(path) as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, array in [("meta", np.frombuffer(meta, np.uint8))] + _entries(opt):
+                with zf.open(name + ".npy", "w", force_zip64=True) as out:
+                    npy_format.write_array(out, array, allow_pickle=False)
 
 
 def _read_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str):

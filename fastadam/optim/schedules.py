@@ -64,7 +64,12 @@ class Schedule:
         self.args = args
 
     def __call__(self, k: int) -> float:
-        return _FORMULAS[self.name](k, **self.args)
+        k = _count(k, "k", 0)
+        try:
+            return _FORMULAS[self.name](k, **self.args)
+        except OverflowError:  # gamma**k past float64's range
+            raise ValueError(f"{self!r}: the learning rate at step k={k} overflows float64 "
+                             f"(gamma**k is out of range)") from None
 
     def to_dict(self) -> Dict[str, Any]:
         """``{"schedule": name, **arguments}``: JSON-compatible; :func:`from_dict` rebuilds it."""

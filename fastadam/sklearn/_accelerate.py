@@ -26,7 +26,6 @@ other dtypes take ``_numpy_update``, scikit-learn's own update (it computes floa
 partly in float64, which the fused float32 kernel does not), so the coefficients are
 scikit-learn's bit for bit.
 """
-import contextlib
 import inspect
 import threading
 
@@ -187,12 +186,16 @@ class AdamOptimizer(_BASE):
 
 
 _PATCH_LOCK = threading.RLock()
-_PATCH_DEPTH = 0
-_ORIGINAL = None  # (AdamOptimizer global, _fit_stochastic) while a block is open
 
 
-@contextlib.contextmanager
-def accelerate_mlp():
+class _PatchState:
+    """The process-wide swap: ``now = (open blocks, what was swapped out)``, one attribute so
+    that one assignment changes both; what was swapped out is (AdamOptimizer global,
+    _fit_stochastic) while a block is open."""
+    now = (0, None)
+
+
+class accelerate_mlp:
     """Make scikit-learn's ``MLPClassifier``/``MLPRegressor(solver="adam")`` use
     :class:`AdamOptimizer` and fastadam's mini-batch loop (``_sk_backprop``: scikit-learn's
     operations into reused buffers) inside the ``with`` block::
@@ -208,28 +211,56 @@ def accelerate_mlp():
     processes (``GridSearchCV(n_jobs=2)``): enter the block inside the worker, or use
     ``fastadam.sklearn.MLPClassifier``.  Blocks nest.  Raises ``RuntimeError`` if the installed
     scikit-learn changed the private contract this relies on.
+
+    Interrupt safety: entering swaps both scikit-learn names and the block count in one
+    assignment on one line that calls nothing (no line event, no eval-breaker check inside),
+    and leaving restores them the same way, so a KeyboardInterrupt never leaves them half
+    swapped.  If one lands in ``__enter__`` after the swap, or in ``__exit__`` before the
+    restore, the block object's finalizer (run as the exception unwinds) restores them.
     """
-    global _PATCH_DEPTH, _ORIGINAL
-    check_sklearn_contract()
-    from . import _sk_backprop  # imports scikit-learn's private MLP helpers: after the check
-    base = _sk_mlp.BaseMultilayerPerceptron
-    with _PATCH_LOCK:
-        if _PATCH_DEPTH == 0:
-            _ORIGINAL = (_sk_mlp.AdamOptimizer, base.__dict__.get("_fit_stochastic"))
-            _sk_backprop.original_fit_stochastic = base._fit_stochastic
-            _sk_mlp.AdamOptimizer = AdamOptimizer
-            base._fit_stochastic = _sk_backprop.fit_stochastic
-        _PATCH_DEPTH += 1
-    try:
-        yield
-    finally:
+
+    _entered = False  # a class default: the finalizer must find it even if __init__ never ran
+
+    def __enter__(self) -> "accelerate_mlp":
+        check_sklearn_contract()
+        from . import _sk_backprop  # imports scikit-learn's private MLP helpers: after the check
+        base = _sk_mlp.BaseMultilayerPerceptron
         with _PATCH_LOCK:
-            _PATCH_DEPTH -= 1
-            if _PATCH_DEPTH == 0:
-                optimizer, fit_stochastic = _ORIGINAL
-                _sk_mlp.AdamOptimizer = optimizer
-                if fit_stochastic is None:  # pragma: no cover - inherited, not defined there
-                    del base._fit_stochastic
-                else:
-                    base._fit_stochastic = fit_stochastic
-                _ORIGINAL = None
+            if self._entered:
+                raise RuntimeError("accelerate_mlp(): this block is already open (use a new "
+                                   "accelerate_mlp() for a nested block)")
+            depth, original = _PatchState.now
+            if depth == 0:
+                original = (_sk_mlp.AdamOptimizer, base.__dict__.get("_fit_stochastic"))
+                _sk_backprop.original_fit_stochastic = base._fit_stochastic
+                new = (AdamOptimizer, _sk_backprop.fit_stochastic, (1, original), True)
+                # the swap: one line, no call
+                _sk_mlp.AdamOptimizer, base._fit_stochastic, _PatchState.now, self._entered = new
+            else:
+                _PatchState.now, self._entered = (depth + 1, original), True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._leave()
+
+    def __del__(self):
+        if self._entered:  # an interrupt stopped __enter__ after the swap or __exit__ before
+            self._leave()
+
+    def _leave(self) -> None:
+        base = _sk_mlp.BaseMultilayerPerceptron
+        with _PATCH_LOCK:
+            if not self._entered:
+                return
+            depth, original = _PatchState.now
+            if depth > 1:
+                _PatchState.now, self._entered = (depth - 1, original), False
+                return
+            optimizer, fit_stochastic = original
+            if fit_stochastic is None:  # pragma: no cover - inherited, not defined there
+                del base._fit_stochastic
+                _sk_mlp.AdamOptimizer, _PatchState.now, self._entered = optimizer, (0, None), False
+                return
+            old = (optimizer, fit_stochastic, (0, None), False)
+            # the restore: one line, no call
+            _sk_mlp.AdamOptimizer, base._fit_stochastic, _PatchState.now, self._entered = old
