@@ -353,8 +353,7 @@ class Graph:
         re-evaluated from the inputs, then differentiated."""
         xs_names, zs_names, y_name = step.xs, step.zs, step.y
         nx, n_in = len(xs_names), len(step.inputs)
-        retain, create = self.retain_graph, step.differentiated
-        gradient, ones_like = ad.gradient, np.ones_like
+        differentiate = self._differentiation(step)
 
         def reevaluate(inputs):
             sub = {}
@@ -372,6 +371,19 @@ class Graph:
                 xs, zs = values[:nx], values[nx:n_in]
             else:
                 y, xs, zs = reevaluate(values[:n_in])
+            return differentiate(y, xs, zs)
+        return run
+
+    def _differentiation(self, step):
+        """``differentiate(y, xs, zs)``: the Gradient node's outputs, ``d y / d xs`` (zeros where
+        y does not depend on x), by one backward walk from ``y`` computed from these ``xs``
+        and ``zs`` (its forward pass on the tape).  ``autodiff.gradient`` records the walk
+        exactly when ``create_graph`` is on (a Gradient of this node's output)."""
+        xs_names, y_name = step.xs, step.y
+        retain, create = self.retain_graph, step.differentiated
+        gradient, ones_like = ad.gradient, np.ones_like
+
+        def differentiate(y, xs, zs):
             for x in xs:
                 if x.data.dtype.kind != "f":
                     n, x = next((n, x) for n, x in zip(xs_names, xs) if x.data.dtype.kind != "f")
@@ -391,7 +403,7 @@ class Graph:
                 if g.__class__ is not Tensor:  # None (y does not depend on x) or IndexedSlices
                     return _dense_gradients(xs, grads)
             return grads
-        return run
+        return differentiate
 
 
 def _as_leaves(fun, leaves):
@@ -408,10 +420,22 @@ def _as_leaves(fun, leaves):
 _ABSENT, _DISCARDED = 0, 1
 
 
-def _slot_operation(fun, fetch, outs, drop):
+def _slot_operation(fun, fetch, outs, drop, single=None):
     """``op(slots)``: the node's outputs ``fun(fetch(slots))`` stored in the slots ``outs``,
-    then the slots ``drop`` cleared (written out for the usual one output and one drop)."""
-    if len(outs) == 1 and not drop:
+    then the slots ``drop`` cleared (written out for the usual one output and one drop, and for
+    a node with one input, ``single``, its slot)."""
+    if single is not None and len(outs) == 1 and not drop:
+        out, = outs
+
+        def op(slots):
+            slots[out] = fun((slots[single],))[0]
+    elif single is not None and len(outs) == 1 and len(drop) == 1:
+        (out,), (cleared,) = outs, drop
+
+        def op(slots):
+            slots[out] = fun((slots[single],))[0]
+            slots[cleared] = None
+    elif len(outs) == 1 and not drop:
         out, = outs
 
         def op(slots):
@@ -496,12 +520,21 @@ class Program:
                 if n in produced and n not in keep:
                     if graph.producer[n] == order[i]:
                         unread.add(n)
-                    else:
+                    elif i < len(steps) - 1:  # (after the last operation, the slots go)
                         drops[i].append(self.slot[n])
         self.ops, self.layout = [], []
         for s, d in zip(steps, drops):
             fun, fetch, outs = self._operation(s, unread)
-            self.ops.append((s, _slot_operation(fun, fetch, outs, tuple(d))))
+            if s.kind == "gradient" and s.inputs == s.xs + s.zs and \
+                    not any(n in graph.grad_names for n in s.outputs):
+                op = self._gradient_operation(s, fun, fetch, outs, tuple(d))
+            elif s.inplace and not outs:
+                op = self._inplace_operation(s, d)
+            else:
+                single = self.slot[s.inputs[0]] if len(s.inputs) == 1 and s.inputs[0] and \
+                    s.kind == "core" else None
+                op = _slot_operation(fun, fetch, outs, tuple(d), single)
+            self.ops.append((s, op))
             self.layout.append((outs, tuple(d)))
 
     def _operation(self, step, unread):
@@ -533,6 +566,47 @@ class Program:
         while outs and outs[-1] == _DISCARDED:  # the outputs are stored by zip(outs, values)
             outs.pop()
         return fun, fetch, tuple(outs)
+
+    def _gradient_operation(self, step, fun, fetch, outs, drop):
+        """A Gradient node whose inputs are the tensors named by its ``xs`` and ``zs``: when
+        ``y`` has been computed, one backward walk (``Graph._differentiation``) on the slots;
+        else ``fun`` (the sub-graph re-evaluated)."""
+        slot = self.slot
+        xs = operator.itemgetter(*[slot[n] for n in step.xs], slot[step.y])
+        zs = [slot[n] for n in step.zs]
+        zs = operator.itemgetter(*zs, _ABSENT) if zs else (lambda slots: (None,))
+        y_slot = slot[step.y]
+        differentiate = self.graph._differentiation(step)
+
+        def op(slots):
+            if slots[y_slot] is None:  # y not computed yet: re-evaluate the sub-graph
+                values = fun(fetch(slots))
+            else:  # (each getter ends with one more slot, so that it returns a tuple)
+                xs_y, zs_ = xs(slots), zs(slots)
+                values = differentiate(xs_y[-1], xs_y[:-1], zs_[:-1])
+            for i, value in zip(outs, values):
+                slots[i] = value
+            for i in drop:
+                slots[i] = None
+        return op
+
+    def _inplace_operation(self, step, drop):
+        """An in-place optimizer node whose outputs nothing reads (``Graph._inplace_runner``
+        on the slots): the update, then the slots ``drop`` cleared."""
+        _, apply, per, _, _ = OPTIMIZERS[step.node.op_type]
+        n = (len(step.inputs) - 2) // per
+        arrays_of = operator.itemgetter(*[self.slot[name] for name in step.inputs])
+        split = operator.itemgetter(*[slice(2 + k * n, 2 + (k + 1) * n) for k in range(per)])
+        data, attrs = operator.attrgetter("data"), step.attrs
+
+        def op(slots):
+            arrays = list(map(data, arrays_of(slots)))
+            lists = list(split(arrays))  # X, G, then the states
+            lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
+            apply(arrays[0], arrays[1], lists, **attrs)
+            for i in drop:
+                slots[i] = None
+        return op
 
     def load(self, env):
         """The slots of a run on ``env`` (name -> Tensor)."""

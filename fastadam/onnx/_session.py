@@ -368,7 +368,8 @@ class TrainingSession:
         was."""
         plan = alg.plan
         checked = alg.check_feeds(feeds)
-        env = self._state_env(alg)
+        base = alg.base_env
+        env = self._state_env(alg) if base is None else base.copy()
         if plan.grad_names.isdisjoint(checked):
             env.update(checked)
         else:  # a fed tensor that some Gradient differentiates becomes a recorded leaf
@@ -392,7 +393,7 @@ class TrainingSession:
                     binding_error(key, value, new, old)
                 # a copy, taken before the in-place updates (the value may alias what they
                 # write), unless it is a fresh output of a functional optimizer node
-                pending.append((key, _own(new, is_private), is_private))
+                pending.append((key, _own(new, True) if is_private else new.copy(), is_private))
             result = {}
             if sched.results:
                 state_ids = self._state_array_ids()
@@ -405,7 +406,10 @@ class TrainingSession:
             if not previous:
                 ad.set_grad_enabled(False)
         for key, new, is_private in pending:
-            self._bind(key, new, is_private)
+            if is_private:
+                self._bind(key, new, True)
+            else:  # written into the initializer's own array (``_bind``)
+                state[key][...] = new
         for n, i in sched.fresh:  # outputs of in-place updates: report the new values
             result[n] = slots[i].data.copy()
         return result
