@@ -320,28 +320,6 @@ class Graph:
 
     # -- the callables of optimizer and Gradient nodes ------------------------------------------
 
-    def _inplace_runner(self, step):
-        """An optimizer node run on its input arrays themselves (see ``TrainingSession``):
-        ``run(inputs)`` updates them and returns the written inputs, which now hold the new
-        values.  The X/G/state index ranges are computed once."""
-        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
-        n = (len(step.inputs) - 2) // per
-        groups = [slice(k * n, (k + 1) * n) for k in range(per)]  # X, G, then the states
-        returned = [2 + k * n + i for k in written for i in range(n)]
-        attrs = step.attrs
-        data = operator.attrgetter("data")
-
-        split = operator.itemgetter(*groups)
-        new_values = operator.itemgetter(*returned)
-
-        def run(inputs):
-            arrays = list(map(data, inputs))
-            lists = list(split(arrays[2:]))
-            lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
-            apply(arrays[0], arrays[1], lists, **attrs)
-            return new_values(inputs)  # now the new values
-        return run
-
     def _gradient_runner(self, step, reuse_known):
         """``run(values)`` for a Gradient node, ``values`` being its inputs, then (unless
         ``reuse_known``) the current values of the tensors named by its ``xs`` and ``zs``
@@ -528,8 +506,8 @@ class Program:
             if s.kind == "gradient" and s.inputs == s.xs + s.zs and \
                     not any(n in graph.grad_names for n in s.outputs):
                 op = self._gradient_operation(s, fun, fetch, outs, tuple(d))
-            elif s.inplace and not outs:
-                op = self._inplace_operation(s, d)
+            elif s.inplace:
+                op = self._inplace_operation(s, outs, tuple(d))
             else:
                 single = self.slot[s.inputs[0]] if len(s.inputs) == 1 and s.inputs[0] and \
                     s.kind == "core" else None
@@ -547,8 +525,8 @@ class Program:
                 ins += [slot[n] for n in step.xs + step.zs]
             ins.append(slot[step.y])
             fun = graph._gradient_runner(step, reuse_known)
-        elif step.inplace:
-            fun = graph._inplace_runner(step)
+        elif step.inplace:  # (its operation is _inplace_operation)
+            fun = None
         else:
             fun = step.run
         leaves = [n in graph.grad_names for n in step.outputs]
@@ -590,20 +568,27 @@ class Program:
                 slots[i] = None
         return op
 
-    def _inplace_operation(self, step, drop):
-        """An in-place optimizer node whose outputs nothing reads (``Graph._inplace_runner``
-        on the slots): the update, then the slots ``drop`` cleared."""
-        _, apply, per, _, _ = OPTIMIZERS[step.node.op_type]
+    def _inplace_operation(self, step, outs, drop):
+        """An optimizer node run on its input arrays themselves (see ``TrainingSession``): the
+        update, with the X/G/state index ranges computed once; its outputs are its written
+        inputs, which now hold the new values (stored in ``outs``, usually none: nothing reads
+        them); then the slots ``drop`` cleared."""
+        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
         n = (len(step.inputs) - 2) // per
-        arrays_of = operator.itemgetter(*[self.slot[name] for name in step.inputs])
+        inputs_of = operator.itemgetter(*[self.slot[name] for name in step.inputs])
         split = operator.itemgetter(*[slice(2 + k * n, 2 + (k + 1) * n) for k in range(per)])
+        new_values = operator.itemgetter(*[2 + k * n + i for k in written for i in range(n)])
         data, attrs = operator.attrgetter("data"), step.attrs
 
         def op(slots):
-            arrays = list(map(data, arrays_of(slots)))
+            inputs = inputs_of(slots)
+            arrays = list(map(data, inputs))
             lists = list(split(arrays))  # X, G, then the states
             lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
             apply(arrays[0], arrays[1], lists, **attrs)
+            if outs:
+                for i, value in zip(outs, new_values(inputs)):
+                    slots[i] = value
             for i in drop:
                 slots[i] = None
         return op
