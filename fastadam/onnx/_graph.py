@@ -444,7 +444,10 @@ class Program:
     tuple of its inputs, ``outs`` the slots its outputs go to (outputs nothing reads go nowhere),
     ``drop`` the slots cleared after their last use (only when ``keep``, the names read after
     the program, is given: the tape alone then holds those tensors, and the backward walk frees
-    them as it goes).  ``layout`` keeps each operation's ``(outs, drop)`` for ``describe``.
+    them as it goes).  A Gradient node whose inputs are the tensors named by its ``xs`` and
+    ``zs`` (the backward walk on the forward pass just run) and an in-place optimizer node get
+    operations of their own (``_gradient_operation``, ``_inplace_operation``) that read the
+    slots directly.  ``layout`` keeps each operation's ``(outs, drop)`` for ``describe``.
 
     ``load(env)`` makes the slots from an environment ``name -> Tensor`` (the names the
     program reads before it writes them; a missing one is an error naming the first node that
