@@ -391,3 +391,91 @@ class AutodiffRatioVsTorch:
         return self.speedup
 
     track_speedup_vs_torch_eager.unit = "x (torch time / fastadam time), higher is better"
+
+
+class _PythonTape:
+    """Inside ``with``: the tape's Python recording and walk (``Primitive._call_python``,
+    ``binary_operator(..., compiled=False)``, ``_tensor._wrap_python``, ``_engine._run_python``),
+    the paths the compiled ``_tape`` replaces and is tested against; the compiled ones again
+    after it."""
+
+    def __init__(self):
+        from fastadam.autodiff import (_engine, _methods, _nn, _ops, _ops_extra, _registry,
+                                       _tensor)
+        T, ops = _tensor.Tensor, _methods
+        self.modules = [m for m in (_engine, _methods, _nn, _ops, _ops_extra, _registry)
+                        if hasattr(m, "_wrap")]
+        self.saved = {
+            (_registry.Primitive, "__call__"): _registry.Primitive._call_python,
+            (_engine, "_run"): _engine._run_python,
+            **{(m, "_wrap"): _tensor._wrap_python for m in self.modules},
+            **{(T, name): _registry.binary_operator(prim, compiled=False)
+               for name, prim in (("__add__", ops.add), ("__sub__", ops.subtract),
+                                  ("__mul__", ops.multiply), ("__truediv__", ops.divide),
+                                  ("__matmul__", ops.matmul))}}
+        self.python = dict(self.saved)
+        self.compiled = {key: getattr(*key) for key in self.saved}
+
+    def __enter__(self):
+        for (owner, name), value in self.python.items():
+            setattr(owner, name, value)
+
+    def __exit__(self, *exc):
+        for (owner, name), value in self.compiled.items():
+            setattr(owner, name, value)
+
+
+class TapeCompiledRatio:
+    """The compiled tape (``autodiff/_tape.pyx``: recording and backward walk in C) against the
+    Python recording and walk it replaces (kept as the fallback without a build and as the
+    reference the tests compare it with), on the overhead-bound workloads: forward + backward
+    of logistic regression (20 features, batch 16) and of the 784-256-256-10 MLP (batch 32),
+    float32, 1 thread, interleaved rounds in one process.  > 1: the compiled tape is faster."""
+
+    params = (["logreg", "mlp"],)
+    param_names = ["workload"]
+    timeout = 120
+
+    def setup(self, workload):
+        import time
+        try:
+            from fastadam.autodiff import _tensor
+        except ImportError:
+            raise NotImplementedError("fastadam.autodiff is not available") from None
+        if getattr(_tensor, "_tape", None) is None or not hasattr(_tensor, "_wrap_python"):
+            raise NotImplementedError("no compiled tape in this build")
+        build = build_logreg if workload == "logreg" else build_mlp
+        step = build("fastadam", np.float32, 16 if workload == "logreg" else 32)
+        python = _PythonTape()
+        undo = _limit_threads()
+        try:
+            step()
+            with python:
+                step()
+            start = time.perf_counter()
+            step()
+            calls = max(1, int(0.02 / max(time.perf_counter() - start, 1e-7)))
+            ratios = []
+            for _ in range(7):
+                seconds = []
+                for context in (python, None):
+                    if context is not None:
+                        context.__enter__()
+                    try:
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            step()
+                        seconds.append(time.perf_counter() - start)
+                    finally:
+                        if context is not None:
+                            context.__exit__(None, None, None)
+                ratios.append(seconds[0] / seconds[1])
+        finally:
+            undo()
+        self.ratio = float(np.median(ratios))
+
+    def track_python_tape_over_compiled(self, workload):
+        return self.ratio
+
+    track_python_tape_over_compiled.unit = ("x (Python tape time / compiled tape time), "
+                                            "higher is better")

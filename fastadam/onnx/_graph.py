@@ -5,8 +5,9 @@ opsets, operators, input names, variadic counts, what each Gradient node differe
 turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
 every error a node raises is re-raised with the node's name and operator in front.
-``Graph.compile(order)`` / ``Graph.run_program(env, program)`` do the same with the per-node
-decisions taken once (``TrainingSession`` runs its steps this way).
+It compiles ``order`` once into a ``Program`` (a slot per tensor, one operation per node, every
+per-node decision taken when it is built) and runs that; ``TrainingSession`` runs its steps on
+``Program`` directly.
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the
@@ -160,6 +161,7 @@ class Graph:
             if step.kind == "gradient":
                 self._gradient_subgraph(step)
                 self.grad_names.update(step.xs)
+        self._programs = {}  # compiled programs of ``execute``, by order
         # the tape may be freed by the backward walk when no other Gradient node walks it again
         self.retain_graph = sum(s.kind == "gradient" for s in self.steps) > 1
         for step in self.steps:
@@ -234,17 +236,6 @@ class Graph:
         step.kind = "optimizer"
         step.attrs = attrs
         step.run = lambda inputs: [Tensor(a) for a in fun(*[t.data for t in inputs], **attrs)]
-
-    @staticmethod
-    def run_inplace(step, inputs):
-        """An optimizer step on its input arrays themselves (see ``TrainingSession``)."""
-        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
-        arrays = [t.data for t in inputs[2:]]
-        n = len(arrays) // per
-        lists = [arrays[k * n:(k + 1) * n] for k in range(per)]
-        lists[1] = [contiguous(g) for g in lists[1]]  # gradients are only read
-        apply(inputs[0].data, inputs[1].data, lists, **step.attrs)
-        return [inputs[2 + k * n + i] for k in written for i in range(n)]  # now the new values
 
     def _compile_gradient(self, step):
         a = step.attrs
@@ -333,166 +324,71 @@ class Graph:
         return type(e)(f"{step.label}: {msg}")
 
     def execute(self, env, order):
-        """Run the steps ``order`` (indices) on ``env`` (name -> Tensor), in place.
+        """Run the steps ``order`` (indices) on ``env`` (name -> Tensor): their outputs are
+        added to ``env``.  The program for ``order`` is compiled at its first run and kept.
 
         With Gradient nodes the forward pass must be recorded, so recording is switched on
         for the call even inside ``fastadam.autodiff.no_grad()``."""
+        key = tuple(order)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = Program(self, order)
         with step_scope():  # the per-step memory budget (_budget.py)
+            slots = program.load(env)
             if not self.grad_names:
-                return self._execute(env, order)
-            previous = ad.set_grad_enabled(True)
-            try:
-                return self._execute(env, order)
-            finally:
-                ad.set_grad_enabled(previous)
-
-    def _execute(self, env, order):
-        steps = self.steps
-        for k in order:
-            step = steps[k]
-            try:
-                inputs = [env[n] if n else None for n in step.inputs]
-            except KeyError as e:
-                raise ValueError(f"{step.label}: input {e} has no value (a missing feed?)") \
-                    from None
-            try:
-                if step.kind == "gradient":
-                    outs = self._run_gradient(step, inputs, env)
-                elif step.inplace:
-                    outs = self.run_inplace(step, inputs)
-                else:
-                    outs = step.run(inputs)
-            except LABELLED_ERRORS as e:
-                labelled = self.relabel(step, e)
-                if labelled is e:
-                    raise
-                raise labelled from e
-            leaves = self.grad_names
-            for name, value in zip(step.outputs, outs):
-                if name in leaves:
-                    self.assign(env, name, value)
-                elif name:
-                    env[name] = value
-
-    # -- compiled programs (the training session's per-step fast path) --------------------------
-
-    def compile(self, order, keep=None):
-        """The steps ``order`` as a program for ``run_program``: per step, its callable resolved
-        (attributes folded by the operator's compiler, an in-place optimizer's input lists
-        pre-split, a Gradient node's forward-reuse test decided), a getter of its inputs, how
-        its outputs are stored and, when ``keep`` (the names wanted afterwards) is given, the
-        intermediate tensors to drop from ``env`` after their last use (the tape alone then holds
-        them, and the backward walk frees them as it goes).  Running a program does what
-        ``_execute(env, order)`` does, with less work per node."""
-        last_use = {}
-        for i, k in enumerate(order):
-            step = self.steps[k]
-            for n in step.inputs + ([step.y] if step.kind == "gradient" else []):
-                last_use[n] = i
-            for n in step.outputs:
-                last_use.setdefault(n, i)
-        drops = [[] for _ in order]
-        if keep is not None:
-            produced = {n for k in order for n in self.steps[k].outputs if n}
-            for n, i in last_use.items():
-                if n in produced and n not in keep:
-                    drops[i].append(n)
-        program = []
-        for i, k in enumerate(order):
-            step = self.steps[k]
-            ins = step.inputs
-            if step.kind == "gradient":
-                fun, wants_env = self._gradient_runner(step), True
-            elif step.inplace:
-                fun, wants_env = self._inplace_runner(step), False
+                program.run(slots)
             else:
-                fun, wants_env = step.run, False
-            # inputs: a tuple from one C call, unless some optional input is omitted ("")
-            if "" in ins:
-                fetch = None
-            elif not ins:  # Constant
-                fetch = lambda env: ()  # noqa: E731
-            elif len(ins) == 1:
-                name = ins[0]
-                fetch = lambda env, name=name: (env[name],)  # noqa: E731
-            else:
-                fetch = operator.itemgetter(*ins)
-            # outputs: plain stores unless one is omitted or is a Gradient's differentiated leaf
-            plain = all(n and n not in self.grad_names for n in step.outputs)
-            outs = tuple(step.outputs) if plain else None
-            program.append((step, fun, fetch, wants_env, outs, tuple(drops[i])))
-        return program
-
-    def run_program(self, env, program):
-        """Run a program from ``compile`` on ``env``; errors are labelled as in ``_execute``.
-        A program with Gradient nodes runs with recording on (the caller switches it on)."""
-        step = None
-        try:
-            for step, fun, fetch, wants_env, outs, drop in program:
+                previous = ad.set_grad_enabled(True)
                 try:
-                    inputs = fetch(env) if fetch is not None else \
-                        [env[n] if n else None for n in step.inputs]
-                except KeyError as e:
-                    raise ValueError(f"{step.label}: input {e} has no value (a missing feed?)") \
-                        from None
-                values = fun(inputs, env) if wants_env else fun(inputs)
-                if outs is not None:
-                    for name, value in zip(outs, values):
-                        env[name] = value
-                else:
-                    leaves = self.grad_names
-                    for name, value in zip(step.outputs, values):
-                        if name in leaves:
-                            self.assign(env, name, value)
-                        elif name:
-                            env[name] = value
-                for name in drop:
-                    del env[name]
-        except LABELLED_ERRORS as e:
-            labelled = e if step is None else self.relabel(step, e)
-            if labelled is e:
-                raise
-            raise labelled from e
+                    program.run(slots)
+                finally:
+                    ad.set_grad_enabled(previous)
+        program.store(slots, env)
 
-    def _inplace_runner(self, step):
-        """``run_inplace`` with the X/G/state index ranges computed once."""
-        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
-        n = (len(step.inputs) - 2) // per
-        bounds = [(2 + k * n, 2 + (k + 1) * n) for k in range(per)]
-        returned = [2 + k * n + i for k in written for i in range(n)]
-        attrs = step.attrs
+    # -- the callables of optimizer and Gradient nodes ------------------------------------------
 
-        def run(inputs):
-            lists = [[t.data for t in inputs[a:b]] for a, b in bounds]
-            lists[1] = [g if g.flags.c_contiguous else contiguous(g) for g in lists[1]]
-            apply(inputs[0].data, inputs[1].data, lists, **attrs)
-            return [inputs[i] for i in returned]  # now the new values
+    def _gradient_runner(self, step, reuse_known):
+        """``run(values)`` for a Gradient node, ``values`` being its inputs, then (unless
+        ``reuse_known``) the current values of the tensors named by its ``xs`` and ``zs``
+        (None where there is none), then the current ``y`` (None when not computed yet).
+
+        When ``y`` was computed from these very input tensors in this pass (``reuse_known``:
+        the node's inputs are the tensors named by ``xs`` and ``zs``, so only ``y`` is to be
+        tested), its forward pass is on the tape: one backward walk.  Otherwise the sub-graph is
+        re-evaluated from the inputs, then differentiated."""
+        xs_names, zs_names, y_name = step.xs, step.zs, step.y
+        nx, n_in = len(xs_names), len(step.inputs)
+        differentiate = self._differentiation(step)
+
+        def reevaluate(inputs):
+            sub = {}
+            for n, t in zip(xs_names + zs_names, inputs):
+                if n in xs_names and not t.requires_grad and t.data.dtype.kind == "f":
+                    t = Tensor(t.data, requires_grad=True)
+                sub[n] = t
+            self.execute(sub, step.subgraph)
+            return sub[y_name], [sub[n] for n in xs_names], [sub[n] for n in zs_names]
+
+        def run(values):
+            y = values[-1]
+            if y is not None and (reuse_known or all(
+                    a is b for a, b in zip(values[n_in:2 * n_in], values[:n_in]))):
+                xs, zs = values[:nx], values[nx:n_in]
+            else:
+                y, xs, zs = reevaluate(values[:n_in])
+            return differentiate(y, xs, zs)
         return run
 
-    def _gradient_runner(self, step):
-        """``_run_gradient``, with the test "are the inputs the very tensors named by xs and
-        zs?" decided once when the node's input names are those names (the usual case)."""
-        if step.inputs != step.xs + step.zs:
-            return lambda inputs, env: self._run_gradient(step, inputs, env)
-        nx, y_name = len(step.xs), step.y
-        direct = self._gradient_direct(step)
-
-        def run(inputs, env):
-            y = env.get(y_name)
-            if y is None:  # y not computed yet: re-evaluate the sub-graph
-                return self._run_gradient(step, inputs, env)
-            return direct(inputs[:nx], inputs[nx:], y)
-        return run
-
-    def _gradient_direct(self, step):
-        """``run(xs, zs, y)``: the Gradient node's outputs when ``y`` was computed from these
-        very ``xs`` and ``zs`` in this pass (its forward pass is on the tape): one backward walk.
-        What ``_differentiate`` does, with the node's constants bound once."""
+    def _differentiation(self, step):
+        """``differentiate(y, xs, zs)``: the Gradient node's outputs, ``d y / d xs`` (zeros where
+        y does not depend on x), by one backward walk from ``y`` computed from these ``xs``
+        and ``zs`` (its forward pass on the tape).  ``autodiff.gradient`` records the walk
+        exactly when ``create_graph`` is on (a Gradient of this node's output)."""
         xs_names, y_name = step.xs, step.y
         retain, create = self.retain_graph, step.differentiated
         gradient, ones_like = ad.gradient, np.ones_like
 
-        def run(xs, zs, y):
+        def differentiate(y, xs, zs):
             for x in xs:
                 if x.data.dtype.kind != "f":
                     n, x = next((n, x) for n, x in zip(xs_names, xs) if x.data.dtype.kind != "f")
@@ -512,40 +408,269 @@ class Graph:
                 if g.__class__ is not Tensor:  # None (y does not depend on x) or IndexedSlices
                     return _dense_gradients(xs, grads)
             return grads
-        return run
+        return differentiate
 
-    def _differentiate(self, step, y, xs, zs):
-        """The Gradient node's outputs: ``d y / d xs`` (zeros where y does not depend on x).
-        ``autodiff.gradient`` itself records the walk exactly when ``create_graph`` is on."""
-        if y.data.dtype.kind != "f":
-            raise TypeError(f"y '{step.y}': expected a floating-point tensor, got {y.data.dtype}")
-        seed = None if y.data.size == 1 else np.ones_like(y.data)
-        for z in zs:
-            if z._node is not None or z.requires_grad:
-                break
-        else:  # no z is on the tape (feeds, constants): stopping at them changes nothing
-            zs = ()
-        grads = ad.gradient(y, xs, zs, grad_output=seed, retain_graph=self.retain_graph,
-                            create_graph=step.differentiated, allow_unused=True)
-        return _dense_gradients(xs, grads)
 
-    def _run_gradient(self, step, inputs, env):
-        nx = len(step.xs)
-        names = step.xs + step.zs
-        y = env.get(step.y)
-        reuse = y is not None and all(env.get(n) is t for n, t in zip(names, inputs))
-        if reuse:
-            xs, zs = inputs[:nx], inputs[nx:]
+def _as_leaves(fun, leaves):
+    """``fun`` whose outputs flagged in ``leaves`` become recorded leaves (``Graph.leaf``)."""
+    leaf = Graph.leaf
+
+    def run(inputs):
+        return [leaf(v) if is_leaf else v for v, is_leaf in zip(fun(inputs), leaves)]
+    return run
+
+
+# the two reserved slots of every program: an omitted optional input reads slot 0 (always None);
+# an omitted output is written to slot 1 (never read)
+_ABSENT, _DISCARDED = 0, 1
+
+
+def _slot_operation(fun, fetch, outs, drop, single=None):
+    """``op(slots)``: the node's outputs ``fun(fetch(slots))`` stored in the slots ``outs``,
+    then the slots ``drop`` cleared (written out for the usual one output and one drop, and for
+    a node with one input, ``single``, its slot)."""
+    if single is not None and len(outs) == 1 and not drop:
+        out, = outs
+
+        def op(slots):
+            slots[out] = fun((slots[single],))[0]
+    elif single is not None and len(outs) == 1 and len(drop) == 1:
+        (out,), (cleared,) = outs, drop
+
+        def op(slots):
+            slots[out] = fun((slots[single],))[0]
+            slots[cleared] = None
+    elif len(outs) == 1 and not drop:
+        out, = outs
+
+        def op(slots):
+            slots[out] = fun(fetch(slots))[0]
+    elif len(outs) == 1 and len(drop) == 1:
+        (out,), (cleared,) = outs, drop
+
+        def op(slots):
+            slots[out] = fun(fetch(slots))[0]
+            slots[cleared] = None
+    else:
+        def op(slots):
+            for i, value in zip(outs, fun(fetch(slots))):
+                slots[i] = value
+            for i in drop:
+                slots[i] = None
+    return op
+
+
+class Program:
+    """Steps of a ``Graph`` compiled over a flat list of slots, one per tensor name.
+
+    Built once for a list of step indices ``order``; every per-node decision is taken here:
+    each tensor name gets a slot index, each step becomes one *operation* ``(step, op)``,
+    ``op(slots)`` being ``outs <- fun(fetch(slots))`` then ``drop`` (``_operation``): ``fun`` the
+    node's callable (attributes folded by the operator's compiler, an in-place optimizer's
+    input ranges computed, a Gradient node's forward-reuse test decided), ``fetch(slots)`` the
+    tuple of its inputs, ``outs`` the slots its outputs go to (outputs nothing reads go nowhere),
+    ``drop`` the slots cleared after their last use (only when ``keep``, the names read after
+    the program, is given: the tape alone then holds those tensors, and the backward walk frees
+    them as it goes).  A Gradient node whose inputs are the tensors named by its ``xs`` and
+    ``zs`` (the backward walk on the forward pass just run) and an in-place optimizer node get
+    operations of their own (``_gradient_operation``, ``_inplace_operation``) that read the
+    slots directly.  ``layout`` keeps each operation's ``(outs, drop)`` for ``describe``.
+
+    ``load(env)`` makes the slots from an environment ``name -> Tensor`` (the names the
+    program reads before it writes them; a missing one is an error naming the first node that
+    reads it); ``run(slots, ops)`` runs operations, each error re-raised with its node's
+    label; ``store(slots, env)`` adds what the program produced to ``env``.  ``describe()``
+    lists the operations, one line per node, for reading and debugging.
+    """
+
+    __slots__ = ("graph", "ops", "layout", "names", "slot", "loaded", "soft", "_get", "_blank")
+
+    def __init__(self, graph, order, keep=None):
+        steps = [graph.steps[k] for k in order]
+        produced = {n for s in steps for n in s.outputs if n}
+        loaded, soft = [], []  # read before written: required / looked up if present
+        seen = set()
+
+        def reads(name, required):
+            if name and name not in produced and name not in seen:
+                seen.add(name)
+                (loaded if required else soft).append(name)
+        for s in steps:
+            for n in s.inputs:
+                reads(n, True)
+        for s in steps:
+            if s.kind == "gradient":
+                for n in s.xs + s.zs + [s.y]:
+                    reads(n, False)
+        for n in keep or ():
+            reads(n, True)
+        self.names = ["(absent)", "(discarded)"] + loaded + soft + \
+            sorted(produced, key=lambda n: (graph.producer[n], n))
+        self.slot = {n: i for i, n in enumerate(self.names) if i >= 2}
+        self.loaded, self.soft = loaded, soft
+        self.graph = graph
+        if len(loaded) > 1:
+            self._get = operator.itemgetter(*loaded)
         else:
-            sub = {}
-            for n, t in zip(names, inputs):
-                if n in step.xs and not t.requires_grad and t.data.dtype.kind == "f":
-                    t = Tensor(t.data, requires_grad=True)
-                sub[n] = t
-            self._execute(sub, step.subgraph)
-            y = sub[step.y]
-            xs, zs = [sub[n] for n in step.xs], [sub[n] for n in step.zs]
-        for n, x in zip(step.xs, xs):
-            if x.data.dtype.kind != "f":
-                raise TypeError(f"xs '{n}': expected a floating-point tensor, got {x.data.dtype}")
-        return self._differentiate(step, y, xs, zs)
+            self._get = (lambda env, n=loaded[0]: (env[n],)) if loaded else (lambda env: ())
+        self._blank = [None] * (len(self.names) - 2 - len(loaded) - len(soft))
+        # the last operation that reads each name; what is not kept is dropped after it
+        last_use = {}
+        for i, s in enumerate(steps):
+            for n in s.inputs + ([s.y] + s.xs + s.zs if s.kind == "gradient" else []):
+                last_use[n] = i
+            for n in s.outputs:
+                last_use.setdefault(n, i)
+        drops = [[] for _ in steps]
+        unread = set()  # outputs nothing reads: written to the discarded slot
+        if keep is not None:
+            for n, i in last_use.items():
+                if n in produced and n not in keep:
+                    if graph.producer[n] == order[i]:
+                        unread.add(n)
+                    elif i < len(steps) - 1:  # (after the last operation, the slots go)
+                        drops[i].append(self.slot[n])
+        self.ops, self.layout = [], []
+        for s, d in zip(steps, drops):
+            fun, fetch, outs = self._operation(s, unread)
+            if s.kind == "gradient" and s.inputs == s.xs + s.zs and \
+                    not any(n in graph.grad_names for n in s.outputs):
+                op = self._gradient_operation(s, fun, fetch, outs, tuple(d))
+            elif s.inplace:
+                op = self._inplace_operation(s, outs, tuple(d))
+            else:
+                single = self.slot[s.inputs[0]] if len(s.inputs) == 1 and s.inputs[0] and \
+                    s.kind == "core" else None
+                op = _slot_operation(fun, fetch, outs, tuple(d), single)
+            self.ops.append((s, op))
+            self.layout.append((outs, tuple(d)))
+
+    def _operation(self, step, unread):
+        """``(fun, fetch, outs)`` of one step (see the class note)."""
+        graph, slot = self.graph, self.slot
+        ins = [slot[n] if n else _ABSENT for n in step.inputs]
+        if step.kind == "gradient":
+            reuse_known = step.inputs == step.xs + step.zs
+            if not reuse_known:  # the reuse test compares the inputs with the named tensors
+                ins += [slot[n] for n in step.xs + step.zs]
+            ins.append(slot[step.y])
+            fun = graph._gradient_runner(step, reuse_known)
+        elif step.inplace:  # (its operation is _inplace_operation)
+            fun = None
+        else:
+            fun = step.run
+        leaves = [n in graph.grad_names for n in step.outputs]
+        if any(leaves):  # a tensor some Gradient differentiates: a recorded leaf
+            fun = _as_leaves(fun, leaves)
+        if len(ins) > 1:
+            fetch = operator.itemgetter(*ins)
+        elif ins:
+            fetch = lambda slots, i=ins[0]: (slots[i],)  # noqa: E731
+        else:  # Constant
+            fetch = lambda slots: ()  # noqa: E731
+        if "" in step.inputs:  # operators with omitted optional inputs are handed a list
+            fetch = lambda slots, get=fetch: list(get(slots))  # noqa: E731
+        outs = [slot[n] if n and n not in unread else _DISCARDED for n in step.outputs]
+        while outs and outs[-1] == _DISCARDED:  # the outputs are stored by zip(outs, values)
+            outs.pop()
+        return fun, fetch, tuple(outs)
+
+    def _gradient_operation(self, step, fun, fetch, outs, drop):
+        """A Gradient node whose inputs are the tensors named by its ``xs`` and ``zs``: when
+        ``y`` has been computed, one backward walk (``Graph._differentiation``) on the slots;
+        else ``fun`` (the sub-graph re-evaluated)."""
+        slot = self.slot
+        xs = operator.itemgetter(*[slot[n] for n in step.xs], slot[step.y])
+        zs = [slot[n] for n in step.zs]
+        zs = operator.itemgetter(*zs, _ABSENT) if zs else (lambda slots: (None,))
+        y_slot = slot[step.y]
+        differentiate = self.graph._differentiation(step)
+
+        def op(slots):
+            if slots[y_slot] is None:  # y not computed yet: re-evaluate the sub-graph
+                values = fun(fetch(slots))
+            else:  # (each getter ends with one more slot, so that it returns a tuple)
+                xs_y, zs_ = xs(slots), zs(slots)
+                values = differentiate(xs_y[-1], xs_y[:-1], zs_[:-1])
+            for i, value in zip(outs, values):
+                slots[i] = value
+            for i in drop:
+                slots[i] = None
+        return op
+
+    def _inplace_operation(self, step, outs, drop):
+        """An optimizer node run on its input arrays themselves (see ``TrainingSession``): the
+        update, with the X/G/state index ranges computed once; its outputs are its written
+        inputs, which now hold the new values (stored in ``outs``, usually none: nothing reads
+        them); then the slots ``drop`` cleared."""
+        _, apply, per, written, _ = OPTIMIZERS[step.node.op_type]
+        n = (len(step.inputs) - 2) // per
+        inputs_of = operator.itemgetter(*[self.slot[name] for name in step.inputs])
+        split = operator.itemgetter(*[slice(2 + k * n, 2 + (k + 1) * n) for k in range(per)])
+        new_values = operator.itemgetter(*[2 + k * n + i for k in written for i in range(n)])
+        data, attrs = operator.attrgetter("data"), step.attrs
+
+        def op(slots):
+            inputs = inputs_of(slots)
+            arrays = list(map(data, inputs))
+            lists = list(split(arrays))  # X, G, then the states
+            lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
+            apply(arrays[0], arrays[1], lists, **attrs)
+            if outs:
+                for i, value in zip(outs, new_values(inputs)):
+                    slots[i] = value
+            for i in drop:
+                slots[i] = None
+        return op
+
+    def load(self, env):
+        """The slots of a run on ``env`` (name -> Tensor)."""
+        try:
+            values = self._get(env)
+        except KeyError as e:
+            raise self._missing(e.args[0]) from None
+        if self.soft:
+            return [None, None, *values, *[env.get(n) for n in self.soft], *self._blank]
+        return [None, None, *values, *self._blank]
+
+    def _missing(self, name):
+        for step, _ in self.ops:
+            if name in step.inputs:
+                return ValueError(f"{step.label}: input {name!r} has no value (a missing feed?)")
+        return ValueError(f"{name!r} has no value (a missing feed?)")
+
+    def run(self, slots, ops=None):
+        """Run ``ops`` (default: all operations, in order) on ``slots``.  A program with
+        Gradient nodes runs with recording on (the caller switches it on)."""
+        step = None
+        try:
+            for step, op in self.ops if ops is None else ops:
+                op(slots)
+        except LABELLED_ERRORS as e:
+            labelled = e if step is None else self.graph.relabel(step, e)
+            if labelled is e:
+                raise
+            raise labelled from e
+
+    def store(self, slots, env):
+        """Add the tensors the program produced to ``env``."""
+        names = self.names
+        for i in range(2 + len(self.loaded) + len(self.soft), len(names)):
+            if slots[i] is not None:
+                env[names[i]] = slots[i]
+
+    def describe(self):
+        """The operations, one line per node: ``label: inputs -> outputs`` by tensor name and
+        slot, and the slots cleared after it."""
+        names, lines = self.names, []
+        for (step, _), (outs, drop) in zip(self.ops, self.layout):
+            ins = ", ".join(f"{n}@{self.slot[n]}" if n else "(absent)" for n in step.inputs)
+            outs += (_DISCARDED,) * (len(step.outputs) - len(outs))
+            out = ", ".join(f"{names[i]}@{i}" if i > _DISCARDED else names[i] for i in outs)
+            line = f"{step.label}: {ins} -> {out}"
+            if step.inplace:
+                line += "  (in place)"
+            if drop:
+                line += "; drop " + ", ".join(names[i] for i in drop)
+            lines.append(line)
+        return "\n".join(lines)

@@ -11,15 +11,17 @@ runs last, directly on the session's arrays through the fused kernels: no copies
 optimizer states per step.  Every other bound value is checked (dtype, shape) before the first
 in-place write, so a step that fails leaves every initializer as it was.
 
-The per-step path.  The first step with a given set of outputs compiles its nodes into programs
-(``Graph.compile``: callables and input getters resolved, attributes folded, intermediates
-dropped after their last use); the feed check has a fast path for feeds with the names, dtypes
-and shapes of the last ones that passed (anything else takes the full check); the Tensors around
-the state arrays are kept between steps (bindings write into the arrays, ``initialize()``
-replaces them).  Every check a step makes is still made; only the work of deciding again what
-was decided is skipped.  Each compiled step then runs as one generated Python function
-(``_codegen``): locals instead of an environment dict, one call per node.
+The per-step path.  The first step with a given set of outputs compiles its nodes into one
+``Program`` (``_graph``: a slot per tensor, callables and input getters resolved, attributes
+folded, intermediates dropped after their last use); the feed check has a fast path for feeds
+with the names, dtypes and shapes of the last ones that passed (anything else takes the full
+check); the Tensors around the state arrays are kept between steps (bindings write into the
+arrays, ``initialize()`` replaces them).  Every check a step makes is still made; only the work
+of deciding again what was decided is skipped.  ``_run_schedule`` is the whole step, as plain
+code: the program's operations before the in-place updates, the binding checks and the outputs,
+then the in-place updates and the bindings.
 """
+import functools
 import itertools
 import sys
 
@@ -31,8 +33,7 @@ from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ..io import atomic_write
 from ._budget import step_scope
-from ._codegen import generate_step
-from ._graph import Graph
+from ._graph import Graph, Program
 from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
                      opsets)
 from ._training_ops import OPTIMIZERS
@@ -103,11 +104,14 @@ class _Algorithm:
 
 
 class _Schedule:
-    """What a step with a given set of outputs runs, compiled at its first step: the programs
-    (``Graph.compile``) of the nodes before and of the in-place optimizer nodes run last, and
-    the bindings to apply."""
+    """What a step with a given set of outputs runs, compiled at its first step: one
+    ``Program`` over the nodes it needs, its operations split into ``first`` (the nodes before
+    the in-place optimizer updates) and ``last`` (those updates), and, by slot of that
+    program, the bindings to check and copy (``copied``: key, slot, value name, private), the
+    outputs read before the updates (``results``) and after them (``fresh``); ``run(feeds)``
+    is the step."""
 
-    __slots__ = ("wanted", "first", "last", "copied", "fresh", "run")
+    __slots__ = ("wanted", "program", "first", "last", "copied", "results", "fresh", "run")
 
 
 def binding_error(key, value, new, old):
@@ -184,10 +188,8 @@ class TrainingSession:
         self._declared_inputs = {vi.name for alg in self._algorithms for vi in alg.inputs}
         self._feed_split = ((), None)  # (feed names in order, the names per algorithm)
         self._state_ids = None  # {id(array) of every initializer}; initialize() resets it
-        # steps run as generated functions (``_codegen``); False: interpret the programs
-        self._codegen = True
-        # (feed names, generated step) of the last step with the default outputs and one
-        # algorithm fed as it is: the next such step goes straight to the generated function
+        # (feed names, schedule's run) of the last step with the default outputs and one
+        # algorithm fed as it is: the next such step goes straight to that schedule
         self._fast_step = (None, None)
 
     # -- state ---------------------------------------------------------------------------------
@@ -282,12 +284,9 @@ class TrainingSession:
             sched = alg.schedules.get(tuple(wanted))
             if sched is None:
                 sched = self._schedule(alg, wanted)
-            if sched.run is None:
-                results = self._step_one(alg, feeds, wanted, interpreted=True)
-            else:
-                results = sched.run(feeds)
-                if output_names is None and len(sched.wanted) == len(wanted):
-                    self._fast_step = (names, sched.run)
+            results = sched.run(feeds)
+            if output_names is None and len(sched.wanted) == len(wanted):
+                self._fast_step = (names, sched.run)
         else:
             results = {}
             for alg, mine in zip(self._algorithms, split):
@@ -317,16 +316,18 @@ class TrainingSession:
 
             sched = _Schedule()
             sched.wanted = wanted
+            first = [k for k in order if not plan.steps[k].inplace]
             last = [k for k in order if plan.steps[k].inplace]
-            sched.copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
-            sched.fresh = [n for n in wanted if by_inplace(n)]
-            # what must stay in the environment after the first program: the wanted outputs,
-            # the bound values and the inputs of the in-place updates run last
-            keep = set(wanted) | {v for _, v, _ in sched.copied}
-            keep.update(n for k in last for n in plan.steps[k].inputs)
-            sched.first = plan.compile([k for k in order if not plan.steps[k].inplace], keep)
-            sched.last = plan.compile(last)
-            sched.run = generate_step(self, alg, sched) if self._codegen else None
+            copied = [(k, v, private(v)) for k, v in alg.updates if not by_inplace(v)]
+            # read after the program: the wanted outputs and the bound values
+            keep = set(wanted) | {v for _, v, _ in copied}
+            program = sched.program = Program(plan, first + last, keep)
+            sched.first, sched.last = program.ops[:len(first)], program.ops[len(first):]
+            slot = program.slot
+            sched.copied = [(k, slot[v], v, p) for k, v, p in copied]
+            sched.results = [(n, slot[n]) for n in wanted if not by_inplace(n)]
+            sched.fresh = [(n, slot[n]) for n in wanted if by_inplace(n)]
+            sched.run = functools.partial(self._run_schedule, alg, sched)
             alg.schedules[key] = sched
         return sched
 
@@ -372,51 +373,63 @@ class TrainingSession:
             ids = self._state_ids = {id(a) for a in self._state.values()}
         return ids
 
-    def _step_one(self, alg, feeds, wanted, interpreted=False):
-        """One algorithm's step: its generated function (``_codegen``) when there is one and
-        not ``interpreted``, else its programs run by ``Graph.run_program``."""
-        plan = alg.plan
+    def _step_one(self, alg, feeds, wanted):
+        """One algorithm's step, with the schedule of these outputs."""
         sched = alg.schedules.get(tuple(wanted))
         if sched is None:
             sched = self._schedule(alg, wanted)
-        if sched.run is not None and not interpreted:
-            return sched.run(feeds)
+        return sched.run(feeds)
+
+    def _run_schedule(self, alg, sched, feeds):
+        """One step of ``alg`` by its schedule ``sched``: every check (feeds, bound values)
+        before the first in-place write, so a step that fails leaves every initializer as it
+        was."""
+        plan = alg.plan
         checked = alg.check_feeds(feeds)
-        env = self._state_env(alg)
+        base = alg.base_env
+        env = self._state_env(alg) if base is None else base.copy()
         if plan.grad_names.isdisjoint(checked):
             env.update(checked)
-        else:
+        else:  # a fed tensor that some Gradient differentiates becomes a recorded leaf
             for name, t in checked.items():
                 plan.assign(env, name, t)
-        # with Gradient nodes the forward pass is recorded, even inside autodiff.no_grad()
-        previous = ad.set_grad_enabled(True) if plan.grad_names else None
+        program = sched.program
+        slots = program.load(env)
+        previous = True
+        if plan.grad_names:  # the forward pass is recorded, even inside autodiff.no_grad()
+            previous = ad.is_grad_enabled()
+            if not previous:
+                ad.set_grad_enabled(True)
         try:
-            plan.run_program(env, sched.first)
+            program.run(slots, sched.first)
             pending = []
             state = self._state
-            for key, value, is_private in sched.copied:
-                new = env[value].data
+            for key, i, value, is_private in sched.copied:
+                new = slots[i].data
                 old = state[key]
                 if new.dtype != old.dtype or new.shape != old.shape:
                     binding_error(key, value, new, old)
-                pending.append((key, _own(new, is_private), is_private))
+                # a copy, taken before the in-place updates (the value may alias what they
+                # write), unless it is a fresh output of a functional optimizer node
+                pending.append((key, _own(new, True) if is_private else new.copy(), is_private))
             result = {}
-            if sched.wanted:
+            if sched.results:
                 state_ids = self._state_array_ids()
-                for n in sched.wanted:
-                    if n in sched.fresh:  # not computed yet: reported after the update
-                        continue
-                    a = env[n].data
+                for n, i in sched.results:
+                    a = slots[i].data
                     result[n] = a.copy() if id(a) in state_ids else a
-            plan.run_program(env, sched.last)  # the in-place optimizer updates, once nothing
-            #                                    else can fail
+            program.run(slots, sched.last)  # the in-place optimizer updates, once nothing
+            #                                 else can fail
         finally:
-            if previous is not None:
-                ad.set_grad_enabled(previous)
+            if not previous:
+                ad.set_grad_enabled(False)
         for key, new, is_private in pending:
-            self._bind(key, new, is_private)
-        for n in sched.fresh:  # outputs of in-place updates: report the new values
-            result[n] = env[n].data.copy()
+            if is_private:
+                self._bind(key, new, True)
+            else:  # written into the initializer's own array (``_bind``)
+                state[key][...] = new
+        for n, i in sched.fresh:  # outputs of in-place updates: report the new values
+            result[n] = slots[i].data.copy()
         return result
 
     def run(self, feeds, output_names=None):

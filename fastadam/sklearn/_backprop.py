@@ -19,17 +19,22 @@ NumPy expressions' roundings up to the last bit of C's exp/log against NumPy's:
 
 First order only (the estimators need nothing else); the tape remains the way to higher orders.
 
-``BatchPass`` is the same pass for the estimators' training loop: every temporary (the layers'
-values, the deltas, the gradients) lives in buffers allocated once per fit and reused by every
-mini-batch (matrix products written with ``out=``).  With ReLU hidden layers the whole pass is
-compiled (``_kernels.relu_network_pass``: the same NumPy matrix products, the bias and ReLU in
-one loop, the bias gradients summed in the ReLU backward loop, and a one-column output layer's
-``dz @ W.T``, a product with inner dimension 1 that BLAS runs slowly, as an outer-product loop
-fused with them); other activations run the NumPy expressions below into the buffers.  Each
-fused loop rounds as the NumPy expression it replaces (a product with inner dimension 1 is one
-rounded multiplication; ``sum(axis=0)`` of a C-contiguous array with two or more columns adds
-the rows in order from +0; one column is left to NumPy, which sums it pairwise), so
-``BatchPass`` gives the bits of ``loss_and_gradients`` (tested).
+``BatchPass`` is the same pass for the estimators' training loop, for every activation: every
+temporary (the layers' values, the deltas, the gradients) lives in buffers allocated once per
+fit and reused by every mini-batch (matrix products written with ``out=``); its forward half,
+``forward_into``, also gives the estimators' predictions (into fresh arrays).  The loops it
+calls (``_kernels``: bias and ReLU in one pass, ReLU backward, column sums, a one-column output
+layer's ``dz @ W.T`` as an outer product, which BLAS runs slowly) each round as the NumPy
+expression they replace (a product with inner dimension 1 is one rounded multiplication;
+``sum(axis=0)`` of a C-contiguous array with two or more columns adds the rows in order from
++0; one column is left to NumPy, which sums it pairwise), so ``BatchPass`` gives the bits of
+``loss_and_gradients`` (tested).
+
+The one compiled twin: with ReLU hidden layers the estimators' epoch loop
+(``_kernels.EpochTrainer``) runs this pass compiled, with those loops fused (the bias gradients
+summed in the ReLU backward loop) and no interpreter between mini-batches; it is tested bit
+for bit against ``BatchPass.run`` and timed against it and against the autodiff tape
+(``asv_bench/benchmarks/bench_sklearn.py``, ``MLPPassRatios``).
 """
 import numpy as np
 
@@ -118,32 +123,36 @@ class BatchPass:
         self.coef_grads, self.intercept_grads = views[:len(coefs)], views[len(coefs):]
         self.scratch = [np.empty((max_rows, w.shape[1]), dtype)
                         if activation in ("tanh", "logistic") else None for w in coefs]
-        self._views = {}  # rows -> (values, deltas) sliced to that many rows
+        self._views = {}  # rows -> the values' buffers sliced to that many rows
+
+    @staticmethod
+    def forward_into(X, coefs, intercepts, activation, outputs):
+        """The forward pass: ``outputs[i] = act(h @ coefs[i] + intercepts[i])`` (no activation
+        on the last layer), each ``outputs[i]`` an (n, units) C-contiguous array of X's dtype;
+        returns the last one."""
+        last = len(coefs) - 1
+        h = X
+        for i in range(last + 1):
+            z = outputs[i]
+            np.matmul(h, coefs[i], out=z)
+            if i != last and activation == "relu":
+                _kernels.bias_relu(z, intercepts[i])  # max(z + b, 0), one pass
+            else:
+                z += intercepts[i]
+                if i != last:
+                    activation_inplace(activation, z)
+            h = z
+        return h
 
     def run(self, X, coefs, intercepts, loss, targets, weights, extra=()):
         """``loss(network(X))`` and its gradients (in ``coef_grads``, ``intercept_grads``);
         the loss is ``loss(z, targets, weights, grad, *extra)``."""
         n = X.shape[0]
-        if self.activation == "relu":  # the same pass, compiled (_kernels.relu_network_pass)
-            views = self._views.get(n)
-            if views is None:
-                views = self._views[n] = ([v[:n] for v in self.values],
-                                          [d[:n] for d in self.deltas])
-            return _kernels.relu_network_pass(X, coefs, intercepts, views[0], views[1],
-                                              self.coef_grads, self.intercept_grads, loss,
-                                              targets, weights, extra)
         last = len(coefs) - 1
-        activation = self.activation
-        h = X
-        outputs = []
-        for i in range(last + 1):
-            z = self.values[i][:n]
-            np.matmul(h, coefs[i], out=z)
-            z += intercepts[i]
-            if i != last:
-                activation_inplace(activation, z)
-            outputs.append(z)
-            h = z
+        outputs = self._views.get(n)
+        if outputs is None:
+            outputs = self._views[n] = [v[:n] for v in self.values]
+        h = self.forward_into(X, coefs, intercepts, self.activation, outputs)
         dz = self.deltas[last][:n]
         value = loss(h, targets, weights, dz, *extra)
         for i in range(last, -1, -1):
@@ -172,7 +181,9 @@ class BatchPass:
     def _activation_backward(self, g, a, scratch):
         """``g *= act'(a)`` with ``_layers``' roundings, temporaries in ``scratch``."""
         name = self.activation
-        if name == "tanh":
+        if name == "relu":
+            _kernels.relu_backward(g, a)  # g * (a > 0), one pass
+        elif name == "tanh":
             d = np.multiply(a, a, out=scratch[:a.shape[0]])
             np.subtract(1, d, out=d)
             g *= d

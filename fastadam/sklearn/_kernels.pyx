@@ -28,14 +28,15 @@ expression it replaces (tested):
   ``column_sums`` in one pass;
 - ``add_l2_gradient``: ``g += decay * w`` (``decay`` rounded to the dtype first, as NumPy
   rounds a Python float), returning ``sum(w * w)`` accumulated in double (the L2 penalty);
-- ``relu_network_pass``: ``BatchPass.run`` for ReLU networks, compiled: NumPy's matrix
-  products (``np.matmul`` with ``out=``, or ``np.dot``, the same gemm call with less dispatch,
-  when no dimension is 1) and the loss kernel, with the loops above called on raw pointers in
-  between (about 10 us less per mini-batch than the Python pass);
 - ``EpochTrainer``: the estimators' mini-batch loop for one epoch in one call (gather, pass
   with the loss loop called directly, L2 term, Adam step through fastadam's dense driver with
-  the arrays and hyper-parameters validated once per fit), bit for bit the Python loop with
-  ``fastadam.step_inplace`` (tested).
+  the arrays and hyper-parameters validated once per fit), bit for bit the Python loop of
+  ``BatchPass.run`` and ``fastadam.step_inplace`` (tested).  With ReLU hidden layers the pass
+  is compiled too (``_relu_pass``: NumPy's matrix products, ``np.matmul`` with ``out=`` or
+  ``np.dot``, the same gemm call with less dispatch, when no dimension is 1, and the loss
+  kernel, with the loops above fused and called on raw pointers in between): the one compiled
+  twin of ``BatchPass.run``, timed against it and the autodiff tape in
+  ``asv_bench/benchmarks/bench_sklearn.py``.
 
 libm is linked explicitly (the ``distutils`` line above) so that, built against a current
 glibc, exp and log bind to their current symbol versions rather than the SVID-wrapper
@@ -196,7 +197,7 @@ def half_squared_error(const real_t[:, ::1] z, const real_t[:, ::1] targets,
 
 
 # ---- row-pointer loops over C-contiguous (n, k) arrays; the def kernels below and
-# relu_network_pass call them
+# _relu_pass call them
 
 cdef inline void _bias_relu(real_t *h, const real_t *b, Py_ssize_t n,
                             Py_ssize_t k) noexcept nogil:
@@ -404,8 +405,9 @@ def add_l2_gradient(real_t[::1] g, const real_t[::1] w, double decay):
     return value
 
 
-# ---- BatchPass.run for activation="relu", compiled: the same calls in the same order, with
-# the loops above called on raw pointers (no memoryview per call, no interpreter glue)
+# ---- BatchPass.run for activation="relu", compiled (EpochTrainer's pass): the same calls in
+# the same order, with the loops above called on raw pointers (no memoryview per call, no
+# interpreter glue)
 
 cdef object _matmul = np.matmul
 cdef object _dot = np.dot
@@ -449,8 +451,8 @@ cdef void _sums_of(object g, object out, bint dbl):
 
 
 
-# loss codes of _relu_pass: a Python callable (BatchPass.run's ``loss``), or one of the pointer
-# loops above, called directly
+# loss codes of _relu_pass: a Python callable (``loss(z, targets, weights, dz, *extra)``), or one
+# of the pointer loops above, called directly
 cdef enum:
     LOSS_CALLABLE = 0
     LOSS_SOFTMAX = 1
@@ -492,7 +494,10 @@ cdef double _loss(int code, object loss, object z, object targets, object weight
 cdef double _relu_pass(object X, list coefs, list intercepts, list values, list deltas,
                        list coef_grads, list intercept_grads, int loss_code, object loss,
                        object targets, object weights, tuple extra, double eps) except? -1.0:
-    """The body of relu_network_pass (below); the loss is ``loss_code``'s."""
+    """``BatchPass.run`` for ReLU hidden layers, compiled: ``values[i]`` and ``deltas[i]`` are
+    the (n, units) buffers of this batch's n rows; every array is C-contiguous and of X's dtype
+    (float32 or float64), as BatchPass allocates them; the loss is ``loss_code``'s.  Returns the
+    loss value."""
     cdef Py_ssize_t last = len(coefs) - 1, i, n, k
     cdef bint dbl = cnp.PyArray_TYPE(<cnp.ndarray>X) == cnp.NPY_DOUBLE
     cdef double value
@@ -563,22 +568,12 @@ cdef double _relu_pass(object X, list coefs, list intercepts, list values, list 
     return value
 
 
-def relu_network_pass(X, list coefs, list intercepts, list values, list deltas,
-                      list coef_grads, list intercept_grads, loss, targets, weights,
-                      tuple extra):
-    """``_backprop.BatchPass.run`` for ReLU hidden layers: ``values[i]`` and ``deltas[i]`` are
-    the (n, units) buffers of this batch's n rows; every array is C-contiguous and of X's
-    dtype (float32 or float64), as BatchPass allocates them.  Returns the loss value."""
-    return _relu_pass(X, coefs, intercepts, values, deltas, coef_grads, intercept_grads,
-                      LOSS_CALLABLE, loss, targets, weights, extra, 0.0)
-
-
 # ---- the training epoch, compiled: no interpreter between mini-batches
 
 cdef class EpochTrainer:
     """The estimators' mini-batch loop (``_mlp``) for one fit: ``epoch()`` runs every
     mini-batch of an epoch.  Per mini-batch: the shuffled rows copied into the batch buffer,
-    the forward/backward pass (``relu_network_pass``' body with the loss called directly, or
+    the forward/backward pass (``_relu_pass`` with the loss called directly, or
     ``BatchPass.run`` for the other activations), the L2 term (``add_l2_gradient``) and one
     Adam step through fastadam's dense driver.
 

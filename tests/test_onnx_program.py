@@ -1,14 +1,20 @@
-"""TrainingSession's generated step functions (``_codegen``) against the interpreted programs
-(``Graph.run_program``), the reference here: the same model trained from the same weights on
-the same batches gives bit-identical losses, outputs and initializers either way (MLP and CNN,
-Adam in place and functional, Adagrad, Momentum, extra outputs).  The generated source is
-printed and read back: one call per node, in the graph's order."""
+"""TrainingSession's compiled step (``_graph.Program``, run by ``_session._run_schedule``)
+against a plain node-by-node interpreter written here, the reference: the same model trained
+from the same weights on the same batches gives bit-identical losses, outputs and initializers
+(MLP and CNN, Adam in place and functional, Adagrad, Momentum, extra outputs, a Gradient of an
+intermediate).  The reference keeps every tensor in a dict, runs every node in the graph's
+order, differentiates with ``fastadam.autodiff.gradient`` and applies the optimizer nodes'
+functional form (fresh outputs) and then ``update_binding``: none of the program's slots, drops,
+in-place updates or forward-reuse decisions."""
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 
+import fastadam.autodiff as ad  # noqa: E402
 import fastadam.onnx as fo  # noqa: E402
+from fastadam.onnx._graph import Graph  # noqa: E402
+from fastadam.onnx._model import graph_known_names, initializer_arrays, opsets  # noqa: E402
 
 from test_onnx_session import cnn_model, mlp_model, torch_forward  # noqa: E402
 
@@ -27,45 +33,84 @@ def _batches(X, y, n, seed=0):
         yield {"X": X[idx], "labels": y[idx]}
 
 
-def _pair(model):
-    generated, interpreted = fo.TrainingSession(model), fo.TrainingSession(model)
-    interpreted._codegen = False
-    return generated, interpreted
+class ReferenceTrainer:
+    """The training model's one algorithm, interpreted node by node on a dict of Tensors."""
 
+    def __init__(self, model):
+        graph, info = model.graph, model.training_info[0]
+        self.state = {**initializer_arrays(graph), **initializer_arrays(info.algorithm)}
+        self.state = {k: np.array(v) for k, v in self.state.items()}
+        self.graph = Graph(list(graph.node) + list(info.algorithm.node), opsets(model),
+                           graph_known_names(graph, info.algorithm))
+        self.bindings = [(e.key, e.value) for e in info.update_binding]
 
-def _schedules(session):
-    return [s for alg in session._algorithms for s in alg.schedules.values()]
+    def step(self, feeds, output_names):
+        grad_names = self.graph.grad_names
+        env = {}
+
+        def put(name, t):
+            if name in grad_names and t.data.dtype.kind == "f":
+                t = ad.Tensor(t.data, requires_grad=True)
+            env[name] = t
+        for name, a in self.state.items():
+            put(name, ad.Tensor(a.copy()))
+        for name, a in feeds.items():
+            put(name, ad.Tensor(np.asarray(a)))
+        previous = ad.set_grad_enabled(True)
+        try:
+            for step in self.graph.steps:
+                inputs = [env[n] if n else None for n in step.inputs]
+                if step.kind == "gradient":
+                    y, xs = env[step.y], [env[n] for n in step.xs]
+                    seed = None if y.data.size == 1 else np.ones_like(y.data)
+                    grads = ad.gradient(y, xs, grad_output=seed, retain_graph=True,
+                                        allow_unused=True)
+                    outs = [ad.Tensor(np.zeros_like(x.data)) if g is None else g
+                            for x, g in zip(xs, grads)]
+                else:  # core operators, and the optimizers' functional form
+                    outs = step.run(inputs)
+                for name, t in zip(step.outputs, outs):
+                    if name:
+                        put(name, t)
+        finally:
+            ad.set_grad_enabled(previous)
+        out = {n: np.array(env[n].data) for n in output_names}
+        for key, value in self.bindings:
+            self.state[key] = np.array(env[value].data)
+        return out
 
 
 def _train_both(model, digits, output_names=None, functional=False, steps=7):
     X, y = digits
-    generated, interpreted = _pair(model)
+    session, reference = fo.TrainingSession(model), ReferenceTrainer(model)
     if functional:  # optimizer nodes return fresh outputs, then update_binding copies them
-        for session in (generated, interpreted):
-            for step in session._algorithms[0].plan.steps:
-                step.inplace = False
+        for step in session._algorithms[0].plan.steps:
+            step.inplace = False
+    names = session.default_outputs() if output_names is None else output_names
     for feeds in _batches(X, y, steps):
-        a = generated.step(feeds, output_names)
-        b = interpreted.step(feeds, output_names)
-        assert list(a) == list(b)
+        a = session.step(feeds, output_names)
+        b = reference.step(feeds, names)
+        assert list(a) == list(names)
         for name in a:
             assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         for name in a:  # an in-place update's output is the initializer's new value
             if name.startswith("fastadam.new.") and "." not in name[len("fastadam.new."):]:
                 np.testing.assert_array_equal(
-                    a[name], generated.initializers[name[len("fastadam.new."):]])
-    after_g, after_i = generated.initializers, interpreted.initializers
-    assert set(after_g) == set(after_i)
-    for name in after_g:
-        np.testing.assert_array_equal(after_g[name], after_i[name], err_msg=name)
-    assert all(s.run is not None for s in _schedules(generated))
-    assert all(s.run is None for s in _schedules(interpreted))
-    return generated
+                    a[name], session.initializers[name[len("fastadam.new."):]])
+    after = session.initializers
+    assert set(after) == set(reference.state)
+    for name in after:
+        np.testing.assert_array_equal(after[name], reference.state[name], err_msg=name)
+    return session
+
+
+def _schedules(session):
+    return [s for alg in session._algorithms for s in alg.schedules.values()]
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
-def test_generated_step_equals_interpreted_bit_for_bit(kind, digits):
+def test_compiled_step_equals_reference_bit_for_bit(kind, digits):
     model, _ = mlp_model(16) if kind == "mlp" else cnn_model()
     session = _train_both(fo.make_training_model(model, lr=1e-2), digits)
     assert int(session.initializers["fastadam.T"]) == 7
@@ -74,12 +119,12 @@ def test_generated_step_equals_interpreted_bit_for_bit(kind, digits):
 @pytest.mark.parametrize("optimizer,attrs", [
     ("adagrad", dict(decay_factor=0.1)),
     ("momentum", dict(alpha=0.9, beta=1.0, mode="nesterov", norm_coefficient=0.01))])
-def test_generated_step_other_optimizers(optimizer, attrs, digits):
+def test_compiled_step_other_optimizers(optimizer, attrs, digits):
     model, _ = mlp_model(16)
     _train_both(fo.make_training_model(model, lr=1e-2, optimizer=optimizer, **attrs), digits)
 
 
-def test_generated_step_functional_optimizer_and_extra_outputs(digits):
+def test_compiled_step_functional_optimizer_and_extra_outputs(digits):
     model, _ = cnn_model()
     trained = fo.make_training_model(model, lr=1e-2)
     # a parameter (aliases an initializer: copied), a gradient, the counter's new value (bound
@@ -89,24 +134,42 @@ def test_generated_step_functional_optimizer_and_extra_outputs(digits):
     _train_both(trained, digits, output_names=names, functional=True)
 
 
-def test_generated_source_is_readable(digits):
+def test_program_reads_one_line_per_node(digits):
+    """``Program.describe()``: one line per node, in the graph's order, the in-place update
+    last, intermediates dropped after their last use."""
     X, y = digits
     model, _ = mlp_model(16)
     session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
     session.step({"X": X[:8], "labels": y[:8]})
     sched, = _schedules(session)
-    source = sched.run._program_source
-    print(source)
+    text = sched.program.describe()
+    print(text)
+    lines = text.splitlines()
     steps = session._algorithms[0].plan.steps
-    at = [source.index(f"k = {s.index}  # {s.label}") for s in steps]
-    assert at == sorted(at)  # one call per node, in order
-    assert "n6(t_fastadam_R.data, t_fastadam_T_next.data, [" in source  # Adam, in place
-    assert "[t_b2.data, t_W2.data, t_b1.data, t_W1.data],  # X" in source
-    assert "del t_h" in source  # intermediates dropped after their last use
-    assert "env[" not in source.split("_load(env)")[1]  # locals only, after the load
+    assert [line.split(":")[0] for line in lines] == [s.label for s in steps]
+    assert lines[-1].startswith("node 'fastadam.adam' (Adam): fastadam.R@")
+    # the new values are the updated inputs, which nothing reads after: not kept
+    # (nor are the gradients dropped after it: the step's slots go right after)
+    assert lines[-1].endswith(" -> " + ", ".join(["(discarded)"] * 12) + "  (in place)")
+    assert [len(sched.first), len(sched.last)] == [len(steps) - 1, 1]
+    relu = next(line for line in lines if "(Relu)" in line)
+    assert relu.endswith("; drop h")  # the Gemm's output, read by the Relu only
+    gemm2 = lines[lines.index(relu) + 1]
+    assert gemm2.endswith("; drop r")
 
 
-def test_generated_step_runs_the_forward_pass_once(digits, monkeypatch):
+def test_missing_input_names_the_node_that_reads_it():
+    from fastadam.onnx._graph import Program
+    model, _ = mlp_model(16)
+    g = model.graph
+    plan = Graph(g.node, opsets(model), graph_known_names(g))
+    program = Program(plan, plan.needed([o.name for o in g.output]))
+    env = {n: ad.Tensor(a) for n, a in initializer_arrays(g).items()}
+    with pytest.raises(ValueError, match=r"node .*\(Gemm\): input 'X' has no value"):
+        program.load(env)
+
+
+def test_compiled_step_runs_the_forward_pass_once(digits, monkeypatch):
     """The Gradient node differentiates the forward pass the step just ran: each Gemm runs once
     per step (a re-evaluation of the sub-graph would run it twice)."""
     import fastadam.autodiff as ad
@@ -119,36 +182,33 @@ def test_generated_step_runs_the_forward_pass_once(digits, monkeypatch):
     monkeypatch.setattr(ad, "gemm", counting_gemm)  # before the runners bind it
     X, y = digits
     model, _ = mlp_model(16)
-    for codegen in (True, False):
-        session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
-        session._codegen = codegen
-        for k in range(3):
-            session.step({"X": X[:16], "labels": y[:16]})
-            assert len(calls) == 2 * (k + 1)
-        calls.clear()
+    session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
+    for k in range(3):
+        session.step({"X": X[:16], "labels": y[:16]})
+        assert len(calls) == 2 * (k + 1)
 
 
-def test_generated_step_restores_the_grad_mode(digits):
-    import fastadam.autodiff as ad
+def test_compiled_step_restores_the_grad_mode(digits):
     X, y = digits
     model, _ = mlp_model(16)
-    generated, interpreted = _pair(fo.make_training_model(model, lr=1e-2))
+    trained = fo.make_training_model(model, lr=1e-2)
+    session, reference = fo.TrainingSession(trained), ReferenceTrainer(trained)
     feeds = {"X": X[:16], "labels": y[:16]}
     with ad.no_grad():
-        a = generated.step(feeds)
+        a = session.step(feeds)
         assert not ad.is_grad_enabled()
-        b = interpreted.step(feeds)
-        before = {k: v.copy() for k, v in generated.initializers.items()}
+        b = reference.step(feeds, ["fastadam.loss"])
+        before = {k: v.copy() for k, v in session.initializers.items()}
         bad = np.full(16, 99, np.int64)  # fails inside the loss node, with recording on
         with pytest.raises(IndexError, match=r"node 'fastadam.loss' \(SoftmaxCrossEntropyLoss\)"):
-            generated.step({"X": X[:16], "labels": bad})
+            session.step({"X": X[:16], "labels": bad})
         assert not ad.is_grad_enabled()
-        for name, v in generated.initializers.items():
+        for name, v in session.initializers.items():
             np.testing.assert_array_equal(v, before[name], err_msg=name)
     assert ad.is_grad_enabled()
     np.testing.assert_array_equal(a["fastadam.loss"], b["fastadam.loss"])
-    for name, v in generated.initializers.items():
-        np.testing.assert_array_equal(v, interpreted.initializers[name], err_msg=name)
+    for name, v in session.initializers.items():
+        np.testing.assert_array_equal(v, reference.state[name], err_msg=name)
 
 
 def _model_with_gradient_of_an_intermediate():
@@ -169,10 +229,9 @@ def _model_with_gradient_of_an_intermediate():
     return trained
 
 
-def test_generated_step_gradient_of_an_intermediate(digits):
+def test_compiled_step_gradient_of_an_intermediate(digits):
     trained = _model_with_gradient_of_an_intermediate()
     session = _train_both(trained, digits, output_names=["fastadam.loss", "grad.Xs"])
-    assert "_leaf(t_Xs)" in _schedules(session)[0].run._program_source
     # the reference: PyTorch's d loss / d Xs at the weights before the step
     torch = pytest.importorskip("torch")
     X, y = digits
