@@ -23,6 +23,7 @@ seed of ones).  An ``x`` that ``y`` does not depend on gets a zero gradient.  A 
 whose output lies in another Gradient node's sub-graph records its backward pass
 (``create_graph=True``), which gives second and higher derivatives.
 """
+import functools
 import operator
 
 import numpy as np
@@ -41,19 +42,34 @@ MIN_OPSET = 7
 LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
 
 
+def _attribute_value(a):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        v = v.decode()
+    elif isinstance(v, onnx.TensorProto):
+        v = numpy_helper.to_array(v)
+    elif isinstance(v, list) and v and isinstance(v[0], bytes):
+        v = [s.decode() for s in v]
+    return v
+
+
 def attributes(node):
     """The node's attributes as Python values (strings decoded, tensors as ndarrays)."""
-    out = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [s.decode() for s in v]
-        out[a.name] = v
-    return out
+    return {a.name: _attribute_value(a) for a in node.attribute}
+
+
+@functools.lru_cache(maxsize=None)
+def schema_defaults(op_type, opset, domain=""):
+    """``{name: value}`` of the attributes with a default in the operator's schema at
+    ``opset``, as ``attributes`` reads them: a float default is the float32 number a node that
+    sets it would hold (LeakyRelu's alpha 0.01 is 0.009999999776482582), so that a node without
+    the attribute computes what the same node with it does.  ``{}`` for an unknown schema."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: _attribute_value(a.default_value) for name, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED}
 
 
 def _dense_gradients(xs, grads):
@@ -156,6 +172,8 @@ class Graph:
                     f"{step.label}: operator {node.op_type} of domain ai.onnx opset "
                     f"{self.core_opset} is not supported by fastadam.onnx" +
                     (f" (supported from opset {entry[0]})" if entry else ""))
+            # a missing attribute takes the schema's default (float32 numbers, as set ones)
+            step.attrs = {**schema_defaults(node.op_type, self.core_opset), **step.attrs}
             fun, opset, attrs = entry[1], self.core_opset, step.attrs
             n_out = len(node.output)
             make = COMPILERS.get(node.op_type)

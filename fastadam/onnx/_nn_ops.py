@@ -9,7 +9,7 @@ Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pad
 import numpy as np
 
 from .. import autodiff as ad
-from ._core_ops import UnsupportedOperatorError, compiler, register, same_dtype
+from ._core_ops import UnsupportedOperatorError, compiler, normalize_axis, register, same_dtype
 
 
 def _spatial(x, w_shape, attrs, what):
@@ -111,14 +111,9 @@ def _softmax(fun, name):
     def run(inputs, attrs, opset):
         x, = inputs
         if opset >= 13:
-            axis = attrs.get("axis", -1)
-            if not -x.ndim <= axis < x.ndim:
-                raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
-            return [fun(x, axis=axis % x.ndim)]
-        axis = attrs.get("axis", 1)  # before opset 13: coerce to 2-D around axis
-        if not -x.ndim <= axis <= x.ndim:
-            raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
-        axis %= x.ndim + 1
+            return [fun(x, axis=normalize_axis(attrs.get("axis", -1), x.ndim))]
+        # before opset 13: coerce to 2-D, (prod(shape[:axis]), prod(shape[axis:]))
+        axis = normalize_axis(attrs.get("axis", 1), x.ndim)
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         y = fun(ad.reshape(x, (outer, -1)), axis=1)
         return [ad.reshape(y, x.shape)]
