@@ -202,8 +202,8 @@ def test_xs_and_zs_must_determine_y():
                               name="grad")]
     model = _model(nodes, [("x", D, [3]), ("w", D, [3])], [("dx", D, [3])])
     with pytest.raises(ValueError, match=r"node 'grad' \(Gradient\): y 'y' depends on 'w' "
-                                         r"\(a graph input or initializer\), which is in neither "
-                                         r"xs nor zs"):
+                                         r"\(a graph input, or an initializer that the training "
+                                         r"info updates\), which is in neither xs nor zs"):
         fo.run(model, {"x": np.ones(3), "w": np.ones(3)})
 
 

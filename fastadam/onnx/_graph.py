@@ -1,6 +1,6 @@
 """Compiling and executing a list of ONNX nodes: core operators, optimizers and Gradient nodes.
 
-``Graph(nodes, opsets, known)`` checks everything that can be checked without values (domains,
+``Graph(nodes, opsets, known, constants)`` checks everything that can be checked without values (domains,
 opsets, operators, input names, variadic counts, what each Gradient node differentiates) and
 turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
@@ -10,7 +10,12 @@ decisions taken once (``TrainingSession`` runs its steps this way).
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the
-graph is compiled; when ``xs`` and ``zs`` cannot determine ``y`` that is an error.  At run time:
+graph is compiled.  The spec asks ``xs`` and ``zs`` to be the minimal set that determines ``y``;
+a constant in neither of them (a ``Constant`` node's output, or an initializer named in
+``constants``: one the training info does not bind, such as the Reshape target shape an
+exporter stores as an initializer) is read at its current value, as the forward pass reads it.
+A graph input, or an initializer that training updates, outside ``xs`` and ``zs`` is an error.
+At run time:
 
 - if the node's inputs are the very tensors named by ``xs`` and ``zs`` and ``y`` has already been
   computed (the usual training graph), the forward pass is reused: every tensor named in some
@@ -94,7 +99,7 @@ class Step:
     """One compiled node: ``kind`` is "core", "optimizer" or "gradient"."""
 
     __slots__ = ("index", "node", "label", "kind", "inputs", "outputs", "run", "attrs",
-                 "xs", "zs", "y", "subgraph", "differentiated", "inplace")
+                 "xs", "zs", "y", "subgraph", "constants", "differentiated", "inplace")
 
     def __init__(self, index, node):
         self.index = index
@@ -104,6 +109,7 @@ class Step:
         self.outputs = list(node.output)
         self.attrs = attributes(node)
         self.subgraph = None
+        self.constants = ()  # initializers the Gradient's sub-graph reads as constants
         self.differentiated = False
         self.inplace = False
 
@@ -123,10 +129,13 @@ def _supported_opsets(opsets):
 
 
 class Graph:
-    """Compiled nodes (see the module docstring).  ``known``: names defined before any node."""
+    """Compiled nodes (see the module docstring).  ``known``: names defined before any node;
+    ``constants``: those of them (initializers) that a Gradient node's sub-graph may read at
+    their current value when they are in neither its ``xs`` nor its ``zs``."""
 
-    def __init__(self, nodes, opsets, known):
+    def __init__(self, nodes, opsets, known, constants=()):
         self.core_opset, self.training_opset = _supported_opsets(opsets)
+        self.constants = frozenset(constants)
         self.steps = []
         self.producer = {}
         defined = set(known)
@@ -262,6 +271,7 @@ class Graph:
         """The steps between ``xs + zs`` and ``y``, or an error if they do not determine ``y``."""
         sources = set(step.xs) | set(step.zs)
         seen, found, stack = set(), set(), [step.y]
+        constants = []
         while stack:
             name = stack.pop()
             if name in seen or name in sources:
@@ -269,7 +279,11 @@ class Graph:
             seen.add(name)
             k = self.producer.get(name)
             if k is None:
-                where = "a graph input or initializer" if name in self.known else "undefined"
+                if name in self.constants:  # read at its current value
+                    constants.append(name)
+                    continue
+                where = ("a graph input, or an initializer that the training info updates"
+                         if name in self.known else "undefined")
                 raise ValueError(
                     f"{step.label}: y '{step.y}' depends on '{name}' ({where}), which is in "
                     f"neither xs nor zs: xs and zs must determine y")
@@ -281,8 +295,11 @@ class Graph:
                 raise ValueError(f"{step.label}: y '{step.y}' depends on {other.label}, which is "
                                  f"not differentiable")
             found.add(k)
+            if other.kind == "gradient":  # re-evaluated here, it reads its own constants
+                constants.extend(other.constants)
             stack.extend(n for n in self.steps[k].inputs if n)
         step.subgraph = sorted(found)
+        step.constants = tuple(sorted(set(constants)))
 
     # -- execution -----------------------------------------------------------------------------
 
@@ -528,7 +545,7 @@ class Graph:
         if reuse:
             xs, zs = inputs[:nx], inputs[nx:]
         else:
-            sub = {}
+            sub = {n: env[n] for n in step.constants}  # constants at their current value
             for n, t in zip(names, inputs):
                 if n in step.xs and not t.requires_grad and t.data.dtype.kind == "f":
                     t = Tensor(t.data, requires_grad=True)

@@ -123,6 +123,13 @@ def graph_known_names(*graphs):
     return names
 
 
+def bound_initializers(model):
+    """Names of the initializers that the model's training info assigns (``update_binding``
+    and ``initialization_binding`` keys): the trained ones, never constants of a Gradient."""
+    return {b.key for info in model.training_info
+            for b in list(info.update_binding) + list(info.initialization_binding)}
+
+
 def run(model, feeds, output_names=None):
     """Execute ``model``'s graph on ``feeds`` and return ``{output name: ndarray}``.
 
@@ -134,7 +141,8 @@ def run(model, feeds, output_names=None):
     model = load_model(model)
     graph = model.graph
     inits = initializer_arrays(graph)
-    plan = Graph(graph.node, opsets(model), graph_known_names(graph))
+    plan = Graph(graph.node, opsets(model), graph_known_names(graph),
+                 constants=set(inits) - bound_initializers(model))
     env = {}
     for name, a in inits.items():
         plan.assign(env, name, Tensor(a))

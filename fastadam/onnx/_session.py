@@ -31,8 +31,8 @@ from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ._codegen import generate_step
 from ._graph import Graph
-from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
-                     opsets)
+from ._model import (FeedChecker, bound_initializers, check_feeds, graph_known_names,
+                     initializer_arrays, load_model, opsets)
 from ._training_ops import OPTIMIZERS
 
 
@@ -131,7 +131,8 @@ class TrainingSession:
         ops = opsets(model)
         self._state = initializer_arrays(graph)
         main_inits = set(self._state)
-        self._inference = Graph(graph.node, ops, graph_known_names(graph))
+        bound = bound_initializers(model)  # the others are constants to a Gradient node
+        self._inference = Graph(graph.node, ops, graph_known_names(graph), main_inits - bound)
         self._graph_outputs = [o.name for o in graph.output]
         self._algorithms = []
         taken_update, taken_init = set(), set()
@@ -145,7 +146,8 @@ class TrainingSession:
             self._state.update(own)
             alg.init_names = sorted(main_inits | set(own))
             alg.plan = Graph(list(graph.node) + list(info.algorithm.node), ops,
-                             graph_known_names(graph, info.algorithm))
+                             graph_known_names(graph, info.algorithm),
+                             (main_inits | set(own)) - bound)
             alg.inputs = list(graph.input) + list(info.algorithm.input)
             alg.outputs = [o.name for o in info.algorithm.output]
             alg.updates = _bindings(info.update_binding, f"{where}.update_binding",
@@ -159,7 +161,8 @@ class TrainingSession:
             alg.schedules = {}
             alg.base_env = None
             init = info.initialization
-            alg.init_plan = Graph(init.node, ops, graph_known_names(init))
+            alg.init_plan = Graph(init.node, ops, graph_known_names(init),
+                                  {t.name for t in init.initializer})
             alg.init_arrays = initializer_arrays(init)
             alg.init_outputs = [o.name for o in init.output]
             alg.init_bindings = _bindings(info.initialization_binding,
