@@ -235,6 +235,23 @@ def test_reduce_max_over_empty_set_all_axes_and_non_reduced_empty_axis():
     assert fo.run(model, {"x": x})["y"].shape == (0, 1)  # no set to reduce: an empty result
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32])
+def test_integer_max_pool_pads_with_the_least_value(dtype):
+    """Found by ONNX's node tests (a uint8 MaxPool): padding cast -inf to the integer dtype."""
+    lo = np.iinfo(dtype).min
+    x = np.full((1, 1, 3, 3), lo + 3, dtype) - np.arange(9, dtype=dtype).reshape(1, 1, 3, 3) % 3
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2],
+                                     pads=[1, 1, 1, 1])], [("x", x)],
+                   [("y", (helper.np_dtype_to_tensor_dtype(x.dtype), (1, 1, 4, 4)))], 12)
+    got = fo.run(model, {"x": x})["y"]
+    xp = np.pad(x[0, 0], 1, constant_values=lo)  # the oracle: windows over the padded input
+    ref = np.array([[xp[i:i + 2, j:j + 2].max() for j in range(4)] for i in range(4)], dtype)
+    assert got.dtype == ref.dtype
+    np.testing.assert_array_equal(got[0, 0], ref)
+    if dtype != np.int32:  # onnxruntime's integer MaxPool: int8 and uint8
+        np.testing.assert_array_equal(got, _ort(model, {"x": x})[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Momentum and Adagrad with T < 0
 # ---------------------------------------------------------------------------------------------

@@ -18,15 +18,16 @@ Capabilities, one module each:
 - ``_builder``: ``make_training_model``, which adds a loss, a Gradient node, an optimizer node
   and the bindings to an inference model.
 
-Anything outside this (another domain, operator, opset or operator form) raises
+``supported_operators()`` lists the operators.  Anything outside this (another domain, operator,
+opset or operator form) raises
 ``UnsupportedOperatorError`` (a ``NotImplementedError``) naming the node, operator, domain and
 opset; nothing is approximated.  Needs the ``onnx`` package (``pip install fastadam[onnx]``).
 """
 from ._builder import make_training_model
-from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError
+from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError, supported_operators
 from ._model import run
 from ._session import TrainingSession
 from ._training_ops import adagrad, adam, momentum
 
 __all__ = ["TRAINING_DOMAIN", "TrainingSession", "UnsupportedOperatorError", "adagrad", "adam",
-           "make_training_model", "momentum", "run"]
+           "make_training_model", "momentum", "run", "supported_operators"]

@@ -114,6 +114,16 @@ class Step:
         self.inplace = False
 
 
+def supported_operators():
+    """``{(domain, op_type): lowest opset}`` of every operator fastadam.onnx runs: the core
+    ``ai.onnx`` operators (domain ``""``) up to the installed onnx's newest opset, each in the
+    form its opset defines, and the ``ai.onnx.preview.training`` ones (opset 1).  Any other
+    operator, and the forms the README lists as unsupported, raise ``UnsupportedOperatorError``."""
+    out = {("", op): max(since, MIN_OPSET) for op, (since, _) in OPERATORS.items()}
+    out.update({(TRAINING_DOMAIN, op): 1 for op in ("Gradient", *OPTIMIZERS)})
+    return out
+
+
 def _supported_opsets(opsets):
     core = opsets.get("", opsets.get("ai.onnx"))
     top = onnx.defs.onnx_opset_version()

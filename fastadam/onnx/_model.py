@@ -8,7 +8,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..autodiff import Tensor
-from ._graph import Graph
+from ._graph import Graph, UnsupportedOperatorError
 
 
 def load_model(model):
@@ -24,6 +24,18 @@ def load_model(model):
         first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
         raise ValueError(f"model: onnx.checker rejects it: {first}") from None
     return model
+
+
+def check_tensor_types(*graphs):
+    """Refuse graph inputs and outputs that are not tensors (sequences, maps, optionals)."""
+    for g in graphs:
+        for kind, infos in (("input", g.input), ("output", g.output)):
+            for vi in infos:
+                which = vi.type.WhichOneof("value")
+                if which not in (None, "tensor_type"):
+                    raise UnsupportedOperatorError(
+                        f"graph '{g.name}': {kind} '{vi.name}' is a {which.replace('_type', '')}:"
+                        f" only tensor types are supported (no sequence, map or optional types)")
 
 
 def opsets(model):
@@ -143,6 +155,7 @@ def run(model, feeds, output_names=None):
     inits = initializer_arrays(graph)
     plan = Graph(graph.node, opsets(model), graph_known_names(graph),
                  constants=set(inits) - bound_initializers(model))
+    check_tensor_types(graph)
     env = {}
     for name, a in inits.items():
         plan.assign(env, name, Tensor(a))

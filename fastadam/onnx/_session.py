@@ -31,8 +31,8 @@ from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ._codegen import generate_step
 from ._graph import Graph
-from ._model import (FeedChecker, bound_initializers, check_feeds, graph_known_names,
-                     initializer_arrays, load_model, opsets)
+from ._model import (FeedChecker, bound_initializers, check_feeds, check_tensor_types,
+                     graph_known_names, initializer_arrays, load_model, opsets)
 from ._training_ops import OPTIMIZERS
 
 
@@ -129,6 +129,7 @@ class TrainingSession:
         self._proto = model
         graph = model.graph
         ops = opsets(model)
+        check_tensor_types(graph, *(info.algorithm for info in model.training_info))
         self._state = initializer_arrays(graph)
         main_inits = set(self._state)
         bound = bound_initializers(model)  # the others are constants to a Gradient node
