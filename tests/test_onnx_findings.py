@@ -338,9 +338,9 @@ def test_missing_float_attribute_is_the_schema_float32_default(op, attr, value, 
                        [("y", (helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), (2, 3, 4)))],
                        opset)
         outs[key] = fo.run(model, feeds)["y"]
-        if dtype == np.float32:
+        if dtype == np.float32:  # outputs up to ~400 (a tiny variance): float32 rounding
             ref, = _ort(model, feeds)
-            np.testing.assert_allclose(outs[key], ref, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(outs[key], ref, rtol=1e-5, atol=1e-4)
         else:  # onnx.reference reads the schema's default, a float32 number
             ref, = ReferenceEvaluator(model).run(None, feeds)
             np.testing.assert_allclose(outs[key], ref, rtol=1e-13, atol=1e-15)
