@@ -252,6 +252,53 @@ def test_integer_max_pool_pads_with_the_least_value(dtype):
         np.testing.assert_array_equal(got, _ort(model, {"x": x})[0])
 
 
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])),
+    ("MaxPool", dict(kernel_shape=[2, 3], strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 2])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2])),
+    # H: the last window would start in the bottom padding, so it is dropped (3 rows, not 4)
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[3, 2], pads=[1, 1, 1, 1])),
+])
+def test_ceil_mode_pooling_and_its_gradient_match_torch(op, attrs):
+    """ceil_mode=1 (found by ONNX's node tests): forward and the Gradient against torch's
+    ceil_mode pooling (float64), float32 forward against onnxruntime."""
+    torch = pytest.importorskip("torch")
+    x = R.standard_normal((2, 3, 8, 9))
+    nodes = [helper.make_node(op, ["x"], ["y"], ceil_mode=1, **attrs),
+             helper.make_node("Mul", ["y", "y"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+             helper.make_node("Gradient", ["x"], ["dx"], domain=TRAIN, xs=["x"], y="loss")]
+    model = _model(nodes, [("x", x)], [("y", (TensorProto.DOUBLE, None)),
+                                       ("dx", (TensorProto.DOUBLE, x.shape))], 19, training=True)
+    out = fo.run(model, {"x": x})
+    xt = torch.tensor(x, requires_grad=True)
+    padding = attrs.get("pads", [0, 0])[:2]
+    if op == "MaxPool":
+        y = torch.nn.functional.max_pool2d(xt, attrs["kernel_shape"], attrs["strides"], padding,
+                                           dilation=attrs.get("dilations", [1, 1]),
+                                           ceil_mode=True)
+    else:
+        y = torch.nn.functional.avg_pool2d(xt, attrs["kernel_shape"], attrs["strides"], padding,
+                                           ceil_mode=True, count_include_pad=False)
+    (y * y).sum().backward()
+    assert out["y"].shape == tuple(y.shape)
+    np.testing.assert_allclose(out["y"], y.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out["dx"], xt.grad.numpy(), rtol=1e-12, atol=1e-14)
+    x32 = x.astype(np.float32)
+    m32 = _model(nodes[:1], [("x", x32)], [("y", (TensorProto.FLOAT, None))], 19)
+    np.testing.assert_allclose(fo.run(m32, {"x": x32})["y"], _ort(m32, {"x": x32})[0],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_ceil_mode_average_pool_counting_padding_is_refused():
+    model = _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3],
+                                     strides=[2, 2], ceil_mode=1, count_include_pad=1)],
+                   [("x", (TensorProto.FLOAT, (1, 1, 8, 8)))], [("y", (TensorProto.FLOAT, None))],
+                   19)
+    with pytest.raises(fo.UnsupportedOperatorError, match="ceil_mode=1 with count_include_pad=1"):
+        fo.run(model, {"x": np.zeros((1, 1, 8, 8), np.float32)})
+
+
 # ---------------------------------------------------------------------------------------------
 # Momentum and Adagrad with T < 0
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from fastadam.onnx._graph import Graph  # noqa: E402
 DOCUMENTED = [
     (r"only 2-D \(N, C, H, W\) inputs are supported|only 2-D convolutions are supported",
      "1-D and 3-D convolution and pooling"),
-    (r"ceil_mode=1 is not supported", "`ceil_mode=1` pooling"),
+    (r"ceil_mode=1 with count_include_pad=1 is not supported",
+     "`ceil_mode=1` AveragePool with `count_include_pad=1`"),
     (r"the Indices output is not supported", "MaxPool's `Indices` output"),
     (r"BatchNormalization: only the inference form|only the first output of BatchNormalization",
      "BatchNormalization in training mode"),

@@ -2,9 +2,10 @@
 BatchNormalization (inference form), Softmax, LogSoftmax, SoftmaxCrossEntropyLoss,
 NegativeLogLikelihoodLoss.  Same calling convention as ``_core_ops``.
 
-Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pads here; a
-``ceil_mode`` pool, a pool's ``Indices`` output and a training-mode BatchNormalization raise
-``NotImplementedError`` rather than giving another runtime's answer approximately.
+Convolution and pooling are 2-D (NCHW); ``auto_pad`` and ``ceil_mode`` are resolved to
+explicit pads here; a ``ceil_mode`` AveragePool that counts padding, a pool's ``Indices`` output
+and a training-mode BatchNormalization raise ``NotImplementedError`` rather than giving another
+runtime's answer approximately.
 """
 import numpy as np
 
@@ -62,10 +63,25 @@ def conv(inputs, attrs, opset):
 
 
 def _pool_checks(attrs, outputs, what):
-    if attrs.get("ceil_mode", 0):
-        raise UnsupportedOperatorError(f"{what}: ceil_mode=1 is not supported")
     if outputs > 1:
         raise UnsupportedOperatorError(f"{what}: the Indices output is not supported")
+
+
+def _ceil_pads(x, kernel, strides, dilations, pads):
+    """``pads`` with the bottom/right padding that ``ceil_mode=1`` adds: the output size is
+    ``ceil((size + pads - dilation * (kernel - 1) - 1) / stride) + 1``, less the last window
+    when it would start in the right padding (ONNX and torch ignore such windows)."""
+    begin, end = list(pads[:2]), list(pads[2:])
+    for i, size in enumerate(x.shape[2:]):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        total = size + begin[i] + end[i]
+        if total < span:
+            continue  # the window does not fit: the pool names the problem
+        out = -(-(total - span) // strides[i]) + 1
+        if (out - 1) * strides[i] >= size + begin[i]:
+            out -= 1
+        end[i] += max(0, (out - 1) * strides[i] + span - total)
+    return tuple(begin + end)
 
 
 @register("MaxPool", since=8)
@@ -73,6 +89,8 @@ def max_pool(inputs, attrs, opset, n_outputs=1):
     x, = inputs
     _pool_checks(attrs, n_outputs, "MaxPool")
     kernel, strides, dilations, pads = _spatial(x, None, attrs, "MaxPool")
+    if attrs.get("ceil_mode", 0):  # the extra padding is -inf: exactly ceil_mode's windows
+        pads = _ceil_pads(x, kernel, strides, dilations, pads)
     return [ad.max_pool2d(x, kernel, strides, pads, dilations)]
 
 
@@ -81,6 +99,13 @@ def average_pool(inputs, attrs, opset):
     x, = inputs
     _pool_checks(attrs, 1, "AveragePool")
     kernel, strides, dilations, pads = _spatial(x, None, attrs, "AveragePool")
+    if attrs.get("ceil_mode", 0):
+        ceil = _ceil_pads(x, kernel, strides, dilations, pads)
+        if ceil != pads and attrs.get("count_include_pad", 0):
+            # the divisor would count the explicit pads but not the extra ones
+            raise UnsupportedOperatorError("AveragePool: ceil_mode=1 with count_include_pad=1 "
+                                           "is not supported")
+        pads = ceil  # the extra padding is excluded from the divisor, as ceil_mode wants
     return [ad.avg_pool2d(x, kernel, strides, pads, dilations,
                           count_include_pad=attrs.get("count_include_pad", 0))]
 
