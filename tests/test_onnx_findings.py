@@ -290,6 +290,54 @@ def test_ceil_mode_pooling_and_its_gradient_match_torch(op, attrs):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("op, attrs", [
+    ("Conv", dict(pads=[1, 2], strides=[2], dilations=[2])),
+    ("Conv", dict(auto_pad="SAME_UPPER", group=2)),
+    ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2], strides=[2], pads=[1, 1])),
+])
+def test_1d_convolution_and_pooling_match_torch(op, attrs):
+    """1-D (N, C, L) windows, run as 2-D with a height of 1: forward and Gradient against
+    torch (float64), float32 forward against onnxruntime."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x = R.standard_normal((2, 4, 11))
+    feeds, names = {"x": x}, ["x"]
+    if op == "Conv":
+        feeds["w"] = R.standard_normal((6, 4 // attrs.get("group", 1), 3))
+        feeds["b"] = R.standard_normal(6)
+        names += ["w", "b"]
+    nodes = [helper.make_node(op, names, ["y"], **attrs),
+             helper.make_node("Mul", ["y", "y"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+             helper.make_node("Gradient", names, [f"d{n}" for n in names], domain=TRAIN,
+                              xs=names, y="loss")]
+    model = _model(nodes, list(feeds.items()),
+                   [("y", (TensorProto.DOUBLE, None))] +
+                   [(f"d{n}", (TensorProto.DOUBLE, a.shape)) for n, a in feeds.items()], 19,
+                   training=True)
+    out = fo.run(model, feeds)
+    ts = {n: torch.tensor(a, requires_grad=True) for n, a in feeds.items()}
+    pads = attrs.get("pads", [0, 0])
+    xt = F.pad(ts["x"], pads, value=-np.inf if op == "MaxPool" else 0.0)
+    if op == "Conv":
+        if attrs.get("auto_pad") == "SAME_UPPER":
+            xt = F.pad(ts["x"], [1, 1])
+        y = F.conv1d(xt, ts["w"], ts["b"], stride=attrs.get("strides", [1]),
+                     dilation=attrs.get("dilations", [1]), groups=attrs.get("group", 1))
+    elif op == "MaxPool":
+        y = F.max_pool1d(ts["x"], 3, 2, padding=1, ceil_mode=True)
+    else:  # padding excluded from the divisor
+        y = F.avg_pool1d(ts["x"], 2, 2, padding=1, count_include_pad=False)
+    (y * y).sum().backward()
+    np.testing.assert_allclose(out["y"], y.detach().numpy(), rtol=1e-12, atol=1e-13)
+    for n in names:
+        np.testing.assert_allclose(out[f"d{n}"], ts[n].grad.numpy(), rtol=1e-11, atol=1e-12)
+    f32 = {n: a.astype(np.float32) for n, a in feeds.items()}
+    m32 = _model(nodes[:1], list(f32.items()), [("y", (TensorProto.FLOAT, None))], 19)
+    np.testing.assert_allclose(fo.run(m32, f32)["y"], _ort(m32, f32)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_ceil_mode_average_pool_counting_padding_is_refused():
     model = _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3],
                                      strides=[2, 2], ceil_mode=1, count_include_pad=1)],

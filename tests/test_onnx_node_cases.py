@@ -29,8 +29,7 @@ from fastadam.onnx._graph import Graph  # noqa: E402
 
 # error message of an unsupported form -> the phrase of the README's "Not supported" line
 DOCUMENTED = [
-    (r"only 2-D \(N, C, H, W\) inputs are supported|only 2-D convolutions are supported",
-     "1-D and 3-D convolution and pooling"),
+    (r"only 1-D and 2-D .*(inputs|convolutions) are supported", "3-D convolution and pooling"),
     (r"ceil_mode=1 with count_include_pad=1 is not supported",
      "`ceil_mode=1` AveragePool with `count_include_pad=1`"),
     (r"the Indices output is not supported", "MaxPool's `Indices` output"),

@@ -2,7 +2,8 @@
 BatchNormalization (inference form), Softmax, LogSoftmax, SoftmaxCrossEntropyLoss,
 NegativeLogLikelihoodLoss.  Same calling convention as ``_core_ops``.
 
-Convolution and pooling are 2-D (NCHW); ``auto_pad`` and ``ceil_mode`` are resolved to
+Convolution and pooling are 2-D (NCHW), and 1-D (NCL) as 2-D with a height of 1;
+``auto_pad`` and ``ceil_mode`` are resolved to
 explicit pads here; a ``ceil_mode`` AveragePool that counts padding, a pool's ``Indices`` output
 and a training-mode BatchNormalization raise ``NotImplementedError`` rather than giving another
 runtime's answer approximately.
@@ -10,14 +11,15 @@ runtime's answer approximately.
 import numpy as np
 
 from .. import autodiff as ad
-from ._core_ops import UnsupportedOperatorError, compiler, normalize_axis, register, same_dtype
+from ._core_ops import (UnsupportedOperatorError, _reshaped, compiler, normalize_axis, register,
+                        same_dtype)
 
 
 def _spatial(x, w_shape, attrs, what):
     """(kernel, strides, dilations, pads as (top, left, bottom, right)) of a 2-D window op."""
     if x.ndim != 4:
-        raise UnsupportedOperatorError(f"{what}: only 2-D (N, C, H, W) inputs are supported, got "
-                                  f"shape {x.shape}")
+        raise UnsupportedOperatorError(f"{what}: only 1-D and 2-D ((N, C, L) and (N, C, H, W)) "
+                                       f"inputs are supported, got shape {x.shape}")
     kernel = tuple(attrs.get("kernel_shape", w_shape))
     strides = tuple(attrs.get("strides", (1, 1)))
     dilations = tuple(attrs.get("dilations", (1, 1)))
@@ -43,14 +45,51 @@ def _spatial(x, w_shape, attrs, what):
     return kernel, strides, dilations, pads
 
 
+def _lift_1d(attrs):
+    """The attributes of a 1-D window operator as those of the 2-D one over (N, C, 1, L)."""
+    out = dict(attrs)
+    for key in ("kernel_shape", "strides", "dilations"):
+        if key in attrs:
+            out[key] = [1] + list(attrs[key])
+    if "pads" in attrs:
+        pads = list(attrs["pads"])
+        if len(pads) != 2:
+            raise ValueError(f"pads: expected 2 values for a 1-D window, got {pads}")
+        out["pads"] = [0, pads[0], 0, pads[1]]
+    return out
+
+
+def _over_1d(run):
+    """``run(inputs, attrs, ...)`` of a 2-D window operator, also for 1-D (N, C, L) inputs: run
+    on (N, C, 1, L) with a height-1 window, then the height dropped."""
+    def body(inputs, attrs, opset, **kw):
+        x = inputs[0]
+        if x.ndim != 3:
+            return run(inputs, attrs, opset, **kw)
+        lifted = [_reshaped(t, t.shape[:2] + (1,) + t.shape[2:])
+                  if t is not None and t.ndim == 3 else t for t in inputs[:2]] + inputs[2:]
+        out = run(lifted, _lift_1d(attrs), opset, **kw)
+        return [_reshaped(y, y.shape[:2] + y.shape[3:]) for y in out]
+
+    # Graph passes n_outputs to the operators whose code names it
+    if "n_outputs" in run.__code__.co_varnames:
+        def wrapped(inputs, attrs, opset, n_outputs=1):
+            return body(inputs, attrs, opset, n_outputs=n_outputs)
+    else:
+        def wrapped(inputs, attrs, opset):
+            return body(inputs, attrs, opset)
+    return wrapped
+
+
 @register("Conv")
+@_over_1d
 def conv(inputs, attrs, opset):
     x, w = inputs[:2]
     b = inputs[2] if len(inputs) > 2 else None
     same_dtype("Conv", x, w, b)
     if w.ndim != 4:
-        raise UnsupportedOperatorError(f"Conv: only 2-D convolutions are supported, got W of shape "
-                                  f"{w.shape}")
+        raise UnsupportedOperatorError(f"Conv: only 1-D and 2-D convolutions are supported, got "
+                                       f"W of shape {w.shape}")
     kernel, strides, dilations, pads = _spatial(x, w.shape[2:], attrs, "Conv")
     if kernel != tuple(w.shape[2:]):
         raise ValueError(f"kernel_shape: {kernel} differs from W's spatial shape {w.shape[2:]}")
@@ -85,6 +124,7 @@ def _ceil_pads(x, kernel, strides, dilations, pads):
 
 
 @register("MaxPool", since=8)
+@_over_1d
 def max_pool(inputs, attrs, opset, n_outputs=1):
     x, = inputs
     _pool_checks(attrs, n_outputs, "MaxPool")
@@ -95,6 +135,7 @@ def max_pool(inputs, attrs, opset, n_outputs=1):
 
 
 @register("AveragePool")
+@_over_1d
 def average_pool(inputs, attrs, opset):
     x, = inputs
     _pool_checks(attrs, 1, "AveragePool")
