@@ -142,7 +142,8 @@ def test_axis_out_of_range_names_node_and_range(op, opset, attrs, extra):
 def test_normalize_axis_helper():
     from fastadam.onnx._core_ops import normalize_axes, normalize_axis
     assert [normalize_axis(a, 3) for a in (-3, -1, 0, 2)] == [0, 2, 0, 2]
-    assert normalize_axis(-1, 3, allow_rank=True) == 2 and normalize_axis(3, 3, allow_rank=True) == 3
+    assert normalize_axis(-1, 3, allow_rank=True) == 2
+    assert normalize_axis(3, 3, allow_rank=True) == 3
     assert normalize_axes([-1, 0], 4) == (0, 3)
     with pytest.raises(ValueError, match=r"perm: 3 is out of range for a tensor of rank 3 "
                                          r"\(expected -3 to 2\)"):

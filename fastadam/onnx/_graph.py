@@ -1,8 +1,8 @@
 """Compiling and executing a list of ONNX nodes: core operators, optimizers and Gradient nodes.
 
-``Graph(nodes, opsets, known, constants)`` checks everything that can be checked without values (domains,
-opsets, operators, input names, variadic counts, what each Gradient node differentiates) and
-turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
+``Graph(nodes, opsets, known, constants)`` checks everything that can be checked without values
+(domains, opsets, operators, input names, variadic counts, what each Gradient node
+differentiates) and turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
 every error a node raises is re-raised with the node's name and operator in front.
 ``Graph.compile(order)`` / ``Graph.run_program(env, program)`` do the same with the per-node
