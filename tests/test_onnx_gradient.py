@@ -122,8 +122,10 @@ def test_gradient_matches_autodiff(rng):
     X = ad.Tensor(feeds["X"], requires_grad=True)
     W = ad.Tensor(feeds["W"], requires_grad=True)
     h = ad.conv2d(X, W, padding=1)
-    h = ad.batch_norm(h, c["scale"], c["bias"], c["mean"], c["var"])
-    alpha = float(np.float32(0.1))  # ONNX float attributes are float32
+    # ONNX float attributes are float32, the schema's defaults (epsilon 1e-5) included
+    h = ad.batch_norm(h, c["scale"], c["bias"], c["mean"], c["var"],
+                      epsilon=float(np.float32(1e-5)))
+    alpha = float(np.float32(0.1))
     h = ad.avg_pool2d(ad.max_pool2d(ad.leaky_relu(h, alpha), (2, 2), (2, 2)), (2, 2),
                       pads=(0, 0, 1, 1))
     h = ad.sigmoid(ad.reshape(h, (2, -1))) ** ad.Tensor(c["p"])
@@ -200,8 +202,8 @@ def test_xs_and_zs_must_determine_y():
                               name="grad")]
     model = _model(nodes, [("x", D, [3]), ("w", D, [3])], [("dx", D, [3])])
     with pytest.raises(ValueError, match=r"node 'grad' \(Gradient\): y 'y' depends on 'w' "
-                                         r"\(a graph input or initializer\), which is in neither "
-                                         r"xs nor zs"):
+                                         r"\(a graph input, or an initializer that the training "
+                                         r"info updates\), which is in neither xs nor zs"):
         fo.run(model, {"x": np.ones(3), "w": np.ones(3)})
 
 

@@ -219,6 +219,8 @@ def test_state_of_an_unknown_parameter():
      r"anneal: expected 'cos' or 'linear', got 'exp'"),
     (lambda: schedules.one_cycle(0.1, 10, three_phase="no"), TypeError,
      r"three_phase: expected a bool, got str"),
+    (lambda: schedules.cosine(0.1, 10, periodic=1), TypeError,
+     r"periodic: expected a bool, got int"),
     (lambda: schedules.one_cycle(0.1, 10, pct_start=0.01), ValueError,
      r"pct_start: 0.01 leaves an empty phase for total_steps=10"),
     (lambda: schedules.one_cycle(0.1, 10, pct_start=0.0), ValueError,

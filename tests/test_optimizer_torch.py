@@ -116,6 +116,30 @@ def test_schedules_match_torch_schedulers(ours, make):
     np.testing.assert_allclose([ours(k) for k in range(STEPS)], expected, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_periodic_cosine_matches_cosine_annealing_lr_past_total_steps(warmup):
+    """torch's CosineAnnealingLR is periodic: after T_max it rises back to lr.  The default
+    cosine holds final_lr there; periodic=True equals torch at every step (5 periods here)."""
+    total, n = 12, 5 * 2 * 8 + 3
+    ours = schedules.cosine(0.1, total, warmup_steps=warmup, warmup_start_lr=0.01,
+                            final_lr=0.002, periodic=True)
+
+    def make(o):
+        cos = torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=total - warmup, eta_min=0.002)
+        if not warmup:
+            return cos
+        warm = torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=warmup)
+        return torch.optim.lr_scheduler.SequentialLR(o, [warm, cos], milestones=[warmup])
+    expected = torch_lrs(make, n)
+    np.testing.assert_allclose([ours(k) for k in range(n)], expected, rtol=1e-9, atol=1e-15)
+    assert max(expected[total + 1:]) > 0.09  # torch does rise again ...
+    held = schedules.cosine(0.1, total, warmup_steps=warmup, warmup_start_lr=0.01,
+                            final_lr=0.002)
+    np.testing.assert_allclose([held(k) for k in range(total + 1)], expected[:total + 1],
+                               rtol=1e-9, atol=1e-15)
+    assert [held(k) for k in range(total, n)] == [0.002] * (n - total)  # ... the default holds
+
+
 @pytest.mark.parametrize("grad_scale", [None, 512.0])
 def test_clip_grad_norm_matches_torch(rng, grad_scale):
     params, twins, grads = problem(rng)

@@ -159,8 +159,9 @@ defvjp(_avg_pool_grad, lambda h, ans, g, x_shape, **p: _avg_pool(h, **p))
 
 
 def _argmax_offsets(x, kernel, stride, pads, dilation):
-    """Per output position, the kernel offset of the window's first maximum (-inf padding)."""
-    xp = _padded(x, pads, -np.inf)
+    """Per output position, the kernel offset of the window's first maximum (padding: -inf,
+    or the least integer of an integer dtype)."""
+    xp = _padded(x, pads, -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min)
     _, _, slices = _pool_geometry(x.shape, kernel, stride, pads, dilation)
     best = xp[slices[0]].copy()
     which = np.zeros(best.shape, dtype=np.intp)

@@ -21,17 +21,18 @@ Capabilities, one module each:
   make a tensor much larger than their inputs check the shape they are about to allocate and
   raise ``MemoryBudgetError`` (a ValueError) naming the node first.
 
-Anything outside this (another domain, operator, opset or operator form) raises
+``supported_operators()`` lists the operators.  Anything outside this (another domain, operator,
+opset or operator form) raises
 ``UnsupportedOperatorError`` (a ``NotImplementedError``) naming the node, operator, domain and
 opset; nothing is approximated.  Needs the ``onnx`` package (``pip install fastadam[onnx]``).
 """
 from ._budget import MemoryBudgetError, memory_budget, set_memory_budget
 from ._builder import make_training_model
-from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError
+from ._graph import TRAINING_DOMAIN, UnsupportedOperatorError, supported_operators
 from ._model import run
 from ._session import TrainingSession
 from ._training_ops import adagrad, adam, momentum
 
 __all__ = ["MemoryBudgetError", "TRAINING_DOMAIN", "TrainingSession", "UnsupportedOperatorError",
            "adagrad", "adam", "make_training_model", "memory_budget", "momentum", "run",
-           "set_memory_budget"]
+           "set_memory_budget", "supported_operators"]

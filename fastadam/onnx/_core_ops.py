@@ -9,9 +9,11 @@ selects the operator's form (attribute or input for ``axes``, Softmax's 2-D coer
 13, ...).  Floating-point tensors go through recorded autodiff primitives (so a Gradient node can
 differentiate them); integer and boolean tensors (shapes, indices, masks) are plain NumPy.
 """
+import numbers
 import operator
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from .. import autodiff as ad
 from ..autodiff import Tensor
@@ -56,6 +58,33 @@ def const(array):
 def ints(t):
     """An integer input tensor (axes, shape, ...) as a tuple of Python ints."""
     return tuple(int(v) for v in np.asarray(t.data).reshape(-1))
+
+
+def normalize_axis(axis, rank, name="axis", *, allow_rank=False):
+    """``axis`` of a tensor of rank ``rank`` as an index in ``[0, rank)``: a negative axis counts
+    from the end (``axis + rank``).  ``allow_rank``: the range is ``[-rank, rank]`` (an axis that
+    splits the shape in two, as Flatten's).  Every operator that takes an axis reads it here.
+
+    Raises ``TypeError`` for a non-integer and ``ValueError`` for an out-of-range axis, naming
+    ``name``; ``Graph`` puts the node's name and operator in front of the message.
+    """
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer axis, got {type(axis).__name__}")
+    axis = int(axis)
+    top = rank if allow_rank else rank - 1
+    if not -rank <= axis <= top:
+        raise ValueError(f"{name}: {axis} is out of range for a tensor of rank {rank} "
+                         f"(expected {-rank} to {top})")
+    return axis + rank if axis < 0 else axis
+
+
+def normalize_axes(axes, rank, name="axes"):
+    """``normalize_axis`` of each of ``axes``, as a sorted tuple; a repeated axis (after
+    normalisation) raises ``ValueError``."""
+    out = [normalize_axis(a, rank, name) for a in axes]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: {list(axes)} names an axis twice for a tensor of rank {rank}")
+    return tuple(sorted(out))
 
 
 def same_dtype(op_type, *ts):
@@ -263,7 +292,17 @@ def gemm(inputs, attrs, opset):
 # ---------------------------------------------------------------------------------------------
 
 
-def _reduce(op_type, ad_fun, np_fun, axes_input_since):
+def _lowest(dtype):
+    """ReduceMax's value over an empty set (opset 18): -inf, or the dtype's least value."""
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind == "b":
+        return False
+    return np.iinfo(dtype).min
+
+
+def _reduce(op_type, ad_fun, np_fun, axes_input_since, empty=None):
+    """``empty(dtype)``: the result of a reduction over an empty set (None: NumPy's own)."""
     @register(op_type)
     def run(inputs, attrs, opset):
         x = inputs[0]
@@ -277,10 +316,13 @@ def _reduce(op_type, ad_fun, np_fun, axes_input_since):
                 return [x]
             axes = None
         else:
-            for a in axes:
-                if not -x.ndim <= a < max(x.ndim, 1):
-                    raise ValueError(f"axes: {a} is out of range for a tensor of rank {x.ndim}")
-            axes = tuple(sorted({a % max(x.ndim, 1) for a in axes}))
+            axes = normalize_axes(axes, x.ndim)
+        if empty is not None and x.data.size == 0:
+            reduced = range(x.ndim) if axes is None else axes
+            if any(x.shape[a] == 0 for a in reduced):  # an empty set: the operator's identity
+                shape = tuple(1 if i in reduced else d for i, d in enumerate(x.shape)
+                              if keep or i not in reduced)
+                return [const(np.full(shape, empty(x.data.dtype), x.data.dtype))]
         if is_float(x):
             return [ad_fun(x, axes, keep)]
         return [const(np_fun(x.data, axis=axes, keepdims=keep))]
@@ -289,7 +331,7 @@ def _reduce(op_type, ad_fun, np_fun, axes_input_since):
 
 _reduce("ReduceSum", ad.sum, np.sum, 13)
 _reduce("ReduceMean", ad.mean, np.mean, 18)
-_reduce("ReduceMax", ad.max, np.max, 18)
+_reduce("ReduceMax", ad.max, np.max, 18, empty=_lowest)
 
 # ---------------------------------------------------------------------------------------------
 # shapes
@@ -322,10 +364,7 @@ def reshape(inputs, attrs, opset):
 @register("Flatten")
 def flatten(inputs, attrs, opset):
     x, = inputs
-    axis = attrs.get("axis", 1)
-    if not -x.ndim <= axis <= x.ndim:
-        raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
-    axis %= x.ndim + 1
+    axis = normalize_axis(attrs.get("axis", 1), x.ndim, allow_rank=True)
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
     return [_reshaped(x, (outer, int(np.prod(x.shape[axis:], dtype=np.int64))))]
 
@@ -351,10 +390,7 @@ def unsqueeze(inputs, attrs, opset):
     axes = _axes_of(inputs, attrs, opset)
     if not axes:
         raise ValueError("axes: Unsqueeze needs at least one axis")
-    rank = x.ndim + len(axes)
-    axes = sorted(a % rank if -rank <= a < rank else rank for a in axes)
-    if axes[-1] >= rank or len(set(axes)) != len(axes):
-        raise ValueError(f"axes: {axes} are out of range or repeated for output rank {rank}")
+    axes = normalize_axes(axes, x.ndim + len(axes))  # axes of the output
     shape = list(x.shape)
     for a in axes:
         shape.insert(a, 1)
@@ -367,9 +403,10 @@ def squeeze(inputs, attrs, opset):
     axes = _axes_of(inputs, attrs, opset)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
-    axes = {a % x.ndim if -x.ndim <= a < x.ndim else None for a in axes}
-    if None in axes or any(x.shape[a] != 1 for a in axes):
-        raise ValueError(f"axes: can only squeeze existing axes of size 1 of shape {x.shape}")
+    axes = normalize_axes(axes, x.ndim)
+    if any(x.shape[a] != 1 for a in axes):
+        raise ValueError(f"axes: can only squeeze axes of size 1, got {list(axes)} for shape "
+                         f"{x.shape}")
     return [_reshaped(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
@@ -378,13 +415,11 @@ def concat(inputs, attrs, opset):
     if "axis" not in attrs:
         raise ValueError("axis: Concat needs the axis attribute")
     same_dtype("Concat", *inputs)
-    axis = attrs["axis"]
     nd = inputs[0].ndim
-    if not -nd <= axis < nd:
-        raise ValueError(f"axis: {axis} is out of range for tensors of rank {nd}")
+    axis = normalize_axis(attrs["axis"], nd)
     for t in inputs[1:]:
         if t.ndim != nd or any(d != e for i, (d, e) in enumerate(zip(t.shape, inputs[0].shape))
-                               if i != axis % nd):
+                               if i != axis):
             raise ValueError(f"Concat: shapes {inputs[0].shape} and {t.shape} differ outside "
                              f"axis {axis}")
     if is_float(inputs[0]):
@@ -403,11 +438,9 @@ def shape(inputs, attrs, opset):
 @register("Gather")
 def gather(inputs, attrs, opset):
     x, idx = inputs
-    axis = attrs.get("axis", 0)
+    axis = normalize_axis(attrs.get("axis", 0), x.ndim)
     if is_float(x):
         return [ad.gather(x, idx, axis=axis)]
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
     n, i = x.shape[axis], idx.data
     if i.dtype.kind not in "iu":
         raise TypeError(f"indices: expected an integer array, got {i.dtype}")
@@ -421,6 +454,33 @@ def identity(inputs, attrs, opset):
     return [inputs[0]]
 
 
+def cast_array(a, to, saturate=1, round_mode="up"):
+    """``a`` cast to the ONNX tensor type ``to`` as Cast does (opset 19+ for ``saturate``, 24+
+    for ``round_mode``).  To a float8 type with ``saturate`` (the default), a value beyond the
+    type's range, infinities included, becomes its largest finite value of the same sign;
+    without it, what the type holds (inf for E5M2, NaN for the others).  FLOAT8E8M0 rounds as
+    ``round_mode`` says ("up", "down", "nearest")."""
+    if to == TensorProto.STRING or a.dtype.kind in "OSU":
+        raise UnsupportedOperatorError("Cast: string tensors are not supported")
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(to))
+    if to in _FLOAT8_SATURATING and saturate:
+        import ml_dtypes  # an onnx dependency, which defines the float8 dtypes
+        top = float(ml_dtypes.finfo(dtype).max)
+        return np.clip(a, -top, top).astype(dtype)
+    if to == getattr(TensorProto, "FLOAT8E8M0", None):
+        if round_mode not in ("up", "down", "nearest"):
+            raise ValueError(f"round_mode: expected 'up', 'down' or 'nearest', got {round_mode!r}")
+        return numpy_helper.to_float8e8m0(a, bool(saturate), round_mode).astype(dtype)
+    return a.astype(dtype)
+
+
+_IEEE_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+# the float8 types whose Cast honours ``saturate`` (those of the installed onnx)
+_FLOAT8_SATURATING = frozenset(
+    getattr(TensorProto, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                                      "FLOAT8E5M2FNUZ") if hasattr(TensorProto, n))
+
+
 @register("Cast", since=6)
 def cast(inputs, attrs, opset):
     from ._graph import onnx_dtype
@@ -428,9 +488,10 @@ def cast(inputs, attrs, opset):
     if "to" not in attrs:
         raise ValueError("Cast: missing attribute 'to'")
     to = onnx_dtype(attrs["to"], "Cast", "to")
-    if is_float(x) and to.kind == "f":
+    if x.data.dtype in _IEEE_FLOATS and to in _IEEE_FLOATS:  # differentiable
         return [ad.cast(x, to)]
-    return [const(x.data.astype(to))]
+    return [const(cast_array(x.data, attrs["to"], attrs.get("saturate", 1),
+                             attrs.get("round_mode", "up")))]
 
 
 @register("Constant")

@@ -1,8 +1,8 @@
 """Compiling and executing a list of ONNX nodes: core operators, optimizers and Gradient nodes.
 
-``Graph(nodes, opsets, known)`` checks everything that can be checked without values (domains,
-opsets, operators, input names, variadic counts, what each Gradient node differentiates) and
-turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
+``Graph(nodes, opsets, known, constants)`` checks everything that can be checked without values
+(domains, opsets, operators, input names, variadic counts, what each Gradient node
+differentiates) and turns each node into a ``Step``.  ``Graph.execute(env, order)`` runs the steps ``order`` (from
 ``Graph.needed(names)``, the steps some names depend on) on an environment ``name -> Tensor``;
 every error a node raises is re-raised with the node's name and operator in front.
 It compiles ``order`` once into a ``Program`` (a slot per tensor, one operation per node, every
@@ -11,7 +11,12 @@ per-node decision taken when it is built) and runs that; ``TrainingSession`` run
 
 Gradient nodes.  A Gradient node names a sub-graph (``xs`` and ``zs`` in, ``y`` out) and gets
 the values of ``xs + zs`` as inputs.  Its sub-graph (the nodes between them) is found when the
-graph is compiled; when ``xs`` and ``zs`` cannot determine ``y`` that is an error.  At run time:
+graph is compiled.  The spec asks ``xs`` and ``zs`` to be the minimal set that determines ``y``;
+a constant in neither of them (a ``Constant`` node's output, or an initializer named in
+``constants``: one the training info does not bind, such as the Reshape target shape an
+exporter stores as an initializer) is read at its current value, as the forward pass reads it.
+A graph input, or an initializer that training updates, outside ``xs`` and ``zs`` is an error.
+At run time:
 
 - if the node's inputs are the very tensors named by ``xs`` and ``zs`` and ``y`` has already been
   computed (the usual training graph), the forward pass is reused: every tensor named in some
@@ -24,6 +29,7 @@ seed of ones).  An ``x`` that ``y`` does not depend on gets a zero gradient.  A 
 whose output lies in another Gradient node's sub-graph records its backward pass
 (``create_graph=True``), which gives second and higher derivatives.
 """
+import functools
 import operator
 
 import numpy as np
@@ -58,29 +64,47 @@ def onnx_dtype(code, label, field):
         raise ValueError(f"{label}: {field}={code} has no NumPy dtype") from None
 
 
+def _attribute_value(a, label):
+    """One attribute as a Python value (strings decoded, tensors as ndarrays); a malformed one
+    raises ValueError naming ``label`` and the attribute."""
+    try:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            onnx_dtype(v.data_type, f"{label}: attribute '{a.name}'", "data_type")
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [s.decode() for s in v]
+    except UnicodeError:
+        raise ValueError(f"{label}: attribute '{a.name}' is not valid UTF-8") from None
+    except (ValueError, TypeError) as e:
+        if str(e).startswith(label):
+            raise
+        raise ValueError(f"{label}: attribute '{a.name}' is malformed ({e})") from None
+    return v
+
+
 def attributes(node, label=None):
     """The node's attributes as Python values (strings decoded, tensors as ndarrays); a
     malformed attribute raises ValueError naming the node and the attribute."""
     label = label or f"node {node.op_type}"
-    out = {}
-    for a in node.attribute:
-        try:
-            v = helper.get_attribute_value(a)
-            if isinstance(v, bytes):
-                v = v.decode()
-            elif isinstance(v, onnx.TensorProto):
-                onnx_dtype(v.data_type, f"{label}: attribute '{a.name}'", "data_type")
-                v = numpy_helper.to_array(v)
-            elif isinstance(v, list) and v and isinstance(v[0], bytes):
-                v = [s.decode() for s in v]
-        except UnicodeError:
-            raise ValueError(f"{label}: attribute '{a.name}' is not valid UTF-8") from None
-        except (ValueError, TypeError) as e:
-            if str(e).startswith(label):
-                raise
-            raise ValueError(f"{label}: attribute '{a.name}' is malformed ({e})") from None
-        out[a.name] = v
-    return out
+    return {a.name: _attribute_value(a, label) for a in node.attribute}
+
+
+@functools.lru_cache(maxsize=None)
+def schema_defaults(op_type, opset, domain=""):
+    """``{name: value}`` of the attributes with a default in the operator's schema at
+    ``opset``, as ``attributes`` reads them: a float default is the float32 number a node that
+    sets it would hold (LeakyRelu's alpha 0.01 is 0.009999999776482582), so that a node without
+    the attribute computes what the same node with it does.  ``{}`` for an unknown schema."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: _attribute_value(a.default_value, f"schema {op_type}")
+            for name, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED}
 
 
 def _dense_gradients(xs, grads):
@@ -105,7 +129,7 @@ class Step:
     """One compiled node: ``kind`` is "core", "optimizer" or "gradient"."""
 
     __slots__ = ("index", "node", "label", "kind", "inputs", "outputs", "run", "attrs",
-                 "xs", "zs", "y", "subgraph", "differentiated", "inplace")
+                 "xs", "zs", "y", "subgraph", "constants", "differentiated", "inplace")
 
     def __init__(self, index, node):
         self.index = index
@@ -115,8 +139,19 @@ class Step:
         self.outputs = list(node.output)
         self.attrs = attributes(node, self.label)
         self.subgraph = None
+        self.constants = ()  # initializers the Gradient's sub-graph reads as constants
         self.differentiated = False
         self.inplace = False
+
+
+def supported_operators():
+    """``{(domain, op_type): lowest opset}`` of every operator fastadam.onnx runs: the core
+    ``ai.onnx`` operators (domain ``""``) up to the installed onnx's newest opset, each in the
+    form its opset defines, and the ``ai.onnx.preview.training`` ones (opset 1).  Any other
+    operator, and the forms the README lists as unsupported, raise ``UnsupportedOperatorError``."""
+    out = {("", op): max(since, MIN_OPSET) for op, (since, _) in OPERATORS.items()}
+    out.update({(TRAINING_DOMAIN, op): 1 for op in ("Gradient", *OPTIMIZERS)})
+    return out
 
 
 def _supported_opsets(opsets):
@@ -134,10 +169,13 @@ def _supported_opsets(opsets):
 
 
 class Graph:
-    """Compiled nodes (see the module docstring).  ``known``: names defined before any node."""
+    """Compiled nodes (see the module docstring).  ``known``: names defined before any node;
+    ``constants``: those of them (initializers) that a Gradient node's sub-graph may read at
+    their current value when they are in neither its ``xs`` nor its ``zs``."""
 
-    def __init__(self, nodes, opsets, known):
+    def __init__(self, nodes, opsets, known, constants=()):
         self.core_opset, self.training_opset = _supported_opsets(opsets)
+        self.constants = frozenset(constants)
         self.steps = []
         self.producer = {}
         defined = set(known)
@@ -184,6 +222,8 @@ class Graph:
                     f"{step.label}: operator {node.op_type} of domain ai.onnx opset "
                     f"{self.core_opset} is not supported by fastadam.onnx" +
                     (f" (supported from opset {entry[0]})" if entry else ""))
+            # a missing attribute takes the schema's default (float32 numbers, as set ones)
+            step.attrs = {**schema_defaults(node.op_type, self.core_opset), **step.attrs}
             fun, opset, attrs = entry[1], self.core_opset, step.attrs
             n_out = len(node.output)
             make = COMPILERS.get(node.op_type)
@@ -261,6 +301,7 @@ class Graph:
         """The steps between ``xs + zs`` and ``y``, or an error if they do not determine ``y``."""
         sources = set(step.xs) | set(step.zs)
         seen, found, stack = set(), set(), [step.y]
+        constants = []
         while stack:
             name = stack.pop()
             if name in seen or name in sources:
@@ -268,7 +309,11 @@ class Graph:
             seen.add(name)
             k = self.producer.get(name)
             if k is None:
-                where = "a graph input or initializer" if name in self.known else "undefined"
+                if name in self.constants:  # read at its current value
+                    constants.append(name)
+                    continue
+                where = ("a graph input, or an initializer that the training info updates"
+                         if name in self.known else "undefined")
                 raise ValueError(
                     f"{step.label}: y '{step.y}' depends on '{name}' ({where}), which is in "
                     f"neither xs nor zs: xs and zs must determine y")
@@ -280,8 +325,11 @@ class Graph:
                 raise ValueError(f"{step.label}: y '{step.y}' depends on {other.label}, which is "
                                  f"not differentiable")
             found.add(k)
+            if other.kind == "gradient":  # re-evaluated here, it reads its own constants
+                constants.extend(other.constants)
             stack.extend(n for n in self.steps[k].inputs if n)
         step.subgraph = sorted(found)
+        step.constants = tuple(sorted(set(constants)))
 
     # -- execution -----------------------------------------------------------------------------
 
@@ -350,7 +398,9 @@ class Graph:
     def _gradient_runner(self, step, reuse_known):
         """``run(values)`` for a Gradient node, ``values`` being its inputs, then (unless
         ``reuse_known``) the current values of the tensors named by its ``xs`` and ``zs``
-        (None where there is none), then the current ``y`` (None when not computed yet).
+        (None where there is none), then the constants its sub-graph reads (initializers the
+        training info does not bind, at their current value), then the current ``y`` (None when
+        not computed yet).
 
         When ``y`` was computed from these very input tensors in this pass (``reuse_known``:
         the node's inputs are the tensors named by ``xs`` and ``zs``, so only ``y`` is to be
@@ -360,8 +410,11 @@ class Graph:
         nx, n_in = len(xs_names), len(step.inputs)
         differentiate = self._differentiation(step)
 
-        def reevaluate(inputs):
-            sub = {}
+        constants = step.constants
+        n_const = len(constants)
+
+        def reevaluate(inputs, values):
+            sub = dict(zip(constants, values[len(values) - 1 - n_const:-1]))
             for n, t in zip(xs_names + zs_names, inputs):
                 if n in xs_names and not t.requires_grad and t.data.dtype.kind == "f":
                     t = Tensor(t.data, requires_grad=True)
@@ -375,7 +428,7 @@ class Graph:
                     a is b for a, b in zip(values[n_in:2 * n_in], values[:n_in]))):
                 xs, zs = values[:nx], values[nx:n_in]
             else:
-                y, xs, zs = reevaluate(values[:n_in])
+                y, xs, zs = reevaluate(values[:n_in], values)
             return differentiate(y, xs, zs)
         return run
 
@@ -500,7 +553,7 @@ class Program:
                 reads(n, True)
         for s in steps:
             if s.kind == "gradient":
-                for n in s.xs + s.zs + [s.y]:
+                for n in s.xs + s.zs + list(s.constants) + [s.y]:
                     reads(n, False)
         for n in keep or ():
             reads(n, True)
@@ -553,6 +606,7 @@ class Program:
             reuse_known = step.inputs == step.xs + step.zs
             if not reuse_known:  # the reuse test compares the inputs with the named tensors
                 ins += [slot[n] for n in step.xs + step.zs]
+            ins += [slot[n] for n in step.constants]  # read by a re-evaluated sub-graph
             ins.append(slot[step.y])
             fun = graph._gradient_runner(step, reuse_known)
         elif step.inplace:  # (its operation is _inplace_operation)

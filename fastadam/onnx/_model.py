@@ -10,7 +10,7 @@ from onnx import numpy_helper
 from google.protobuf.message import DecodeError
 
 from ..autodiff import Tensor
-from ._graph import VALID_DATA_TYPES, Graph, onnx_dtype
+from ._graph import VALID_DATA_TYPES, Graph, UnsupportedOperatorError, onnx_dtype
 
 
 def load_model(model):
@@ -36,6 +36,18 @@ def load_model(model):
     except UnicodeError as e:  # a string field that is not UTF-8 (raised by the C checker)
         raise ValueError(f"model: a name or string attribute is not valid UTF-8 ({e})") from None
     return model
+
+
+def check_tensor_types(*graphs):
+    """Refuse graph inputs and outputs that are not tensors (sequences, maps, optionals)."""
+    for g in graphs:
+        for kind, infos in (("input", g.input), ("output", g.output)):
+            for vi in infos:
+                which = vi.type.WhichOneof("value")
+                if which not in (None, "tensor_type"):
+                    raise UnsupportedOperatorError(
+                        f"graph '{g.name}': {kind} '{vi.name}' is a {which.replace('_type', '')}:"
+                        f" only tensor types are supported (no sequence, map or optional types)")
 
 
 def opsets(model):
@@ -146,6 +158,13 @@ def graph_known_names(*graphs):
     return names
 
 
+def bound_initializers(model):
+    """Names of the initializers that the model's training info assigns (``update_binding``
+    and ``initialization_binding`` keys): the trained ones, never constants of a Gradient."""
+    return {b.key for info in model.training_info
+            for b in list(info.update_binding) + list(info.initialization_binding)}
+
+
 def run(model, feeds, output_names=None):
     """Execute ``model``'s graph on ``feeds`` and return ``{output name: ndarray}``.
 
@@ -157,7 +176,9 @@ def run(model, feeds, output_names=None):
     model = load_model(model)
     graph = model.graph
     inits = initializer_arrays(graph)
-    plan = Graph(graph.node, opsets(model), graph_known_names(graph))
+    plan = Graph(graph.node, opsets(model), graph_known_names(graph),
+                 constants=set(inits) - bound_initializers(model))
+    check_tensor_types(graph)
     env = {}
     for name, a in inits.items():
         plan.assign(env, name, Tensor(a))

@@ -2,22 +2,25 @@
 BatchNormalization (inference form), Softmax, LogSoftmax, SoftmaxCrossEntropyLoss,
 NegativeLogLikelihoodLoss.  Same calling convention as ``_core_ops``.
 
-Convolution and pooling are 2-D (NCHW); ``auto_pad`` is resolved to explicit pads here; a
-``ceil_mode`` pool, a pool's ``Indices`` output and a training-mode BatchNormalization raise
-``NotImplementedError`` rather than giving another runtime's answer approximately.
+Convolution and pooling are 2-D (NCHW), and 1-D (NCL) as 2-D with a height of 1;
+``auto_pad`` and ``ceil_mode`` are resolved to
+explicit pads here; a ``ceil_mode`` AveragePool that counts padding, a pool's ``Indices`` output
+and a training-mode BatchNormalization raise ``NotImplementedError`` rather than giving another
+runtime's answer approximately.
 """
 import numpy as np
 
 from .. import autodiff as ad
 from ._budget import reserve
-from ._core_ops import UnsupportedOperatorError, compiler, register, same_dtype
+from ._core_ops import (UnsupportedOperatorError, _reshaped, compiler, normalize_axis, register,
+                        same_dtype)
 
 
 def _spatial(x, w_shape, attrs, what):
     """(kernel, strides, dilations, pads as (top, left, bottom, right)) of a 2-D window op."""
     if x.ndim != 4:
-        raise UnsupportedOperatorError(f"{what}: only 2-D (N, C, H, W) inputs are supported, got "
-                                  f"shape {x.shape}")
+        raise UnsupportedOperatorError(f"{what}: only 1-D and 2-D ((N, C, L) and (N, C, H, W)) "
+                                       f"inputs are supported, got shape {x.shape}")
     kernel = tuple(attrs.get("kernel_shape", w_shape))
     strides = tuple(attrs.get("strides", (1, 1)))
     dilations = tuple(attrs.get("dilations", (1, 1)))
@@ -53,14 +56,51 @@ def _spatial(x, w_shape, attrs, what):
     return kernel, strides, dilations, pads
 
 
+def _lift_1d(attrs):
+    """The attributes of a 1-D window operator as those of the 2-D one over (N, C, 1, L)."""
+    out = dict(attrs)
+    for key in ("kernel_shape", "strides", "dilations"):
+        if key in attrs:
+            out[key] = [1] + list(attrs[key])
+    if "pads" in attrs:
+        pads = list(attrs["pads"])
+        if len(pads) != 2:
+            raise ValueError(f"pads: expected 2 values for a 1-D window, got {pads}")
+        out["pads"] = [0, pads[0], 0, pads[1]]
+    return out
+
+
+def _over_1d(run):
+    """``run(inputs, attrs, ...)`` of a 2-D window operator, also for 1-D (N, C, L) inputs: run
+    on (N, C, 1, L) with a height-1 window, then the height dropped."""
+    def body(inputs, attrs, opset, **kw):
+        x = inputs[0]
+        if x.ndim != 3:
+            return run(inputs, attrs, opset, **kw)
+        lifted = [_reshaped(t, t.shape[:2] + (1,) + t.shape[2:])
+                  if t is not None and t.ndim == 3 else t for t in inputs[:2]] + inputs[2:]
+        out = run(lifted, _lift_1d(attrs), opset, **kw)
+        return [_reshaped(y, y.shape[:2] + y.shape[3:]) for y in out]
+
+    # Graph passes n_outputs to the operators whose code names it
+    if "n_outputs" in run.__code__.co_varnames:
+        def wrapped(inputs, attrs, opset, n_outputs=1):
+            return body(inputs, attrs, opset, n_outputs=n_outputs)
+    else:
+        def wrapped(inputs, attrs, opset):
+            return body(inputs, attrs, opset)
+    return wrapped
+
+
 @register("Conv")
+@_over_1d
 def conv(inputs, attrs, opset):
     x, w = inputs[:2]
     b = inputs[2] if len(inputs) > 2 else None
     same_dtype("Conv", x, w, b)
     if w.ndim != 4:
-        raise UnsupportedOperatorError(f"Conv: only 2-D convolutions are supported, got W of shape "
-                                  f"{w.shape}")
+        raise UnsupportedOperatorError(f"Conv: only 1-D and 2-D convolutions are supported, got "
+                                       f"W of shape {w.shape}")
     kernel, strides, dilations, pads = _spatial(x, w.shape[2:], attrs, "Conv")
     if kernel != tuple(w.shape[2:]):
         raise ValueError(f"kernel_shape: {kernel} differs from W's spatial shape {w.shape[2:]}")
@@ -78,25 +118,51 @@ def conv(inputs, attrs, opset):
 
 
 def _pool_checks(attrs, outputs, what):
-    if attrs.get("ceil_mode", 0):
-        raise UnsupportedOperatorError(f"{what}: ceil_mode=1 is not supported")
     if outputs > 1:
         raise UnsupportedOperatorError(f"{what}: the Indices output is not supported")
 
 
+def _ceil_pads(x, kernel, strides, dilations, pads):
+    """``pads`` with the bottom/right padding that ``ceil_mode=1`` adds: the output size is
+    ``ceil((size + pads - dilation * (kernel - 1) - 1) / stride) + 1``, less the last window
+    when it would start in the right padding (ONNX and torch ignore such windows)."""
+    begin, end = list(pads[:2]), list(pads[2:])
+    for i, size in enumerate(x.shape[2:]):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        total = size + begin[i] + end[i]
+        if total < span:
+            continue  # the window does not fit: the pool names the problem
+        out = -(-(total - span) // strides[i]) + 1
+        if (out - 1) * strides[i] >= size + begin[i]:
+            out -= 1
+        end[i] += max(0, (out - 1) * strides[i] + span - total)
+    return tuple(begin + end)
+
+
 @register("MaxPool", since=8)
+@_over_1d
 def max_pool(inputs, attrs, opset, n_outputs=1):
     x, = inputs
     _pool_checks(attrs, n_outputs, "MaxPool")
     kernel, strides, dilations, pads = _spatial(x, None, attrs, "MaxPool")
+    if attrs.get("ceil_mode", 0):  # the extra padding is -inf: exactly ceil_mode's windows
+        pads = _ceil_pads(x, kernel, strides, dilations, pads)
     return [ad.max_pool2d(x, kernel, strides, pads, dilations)]
 
 
 @register("AveragePool")
+@_over_1d
 def average_pool(inputs, attrs, opset):
     x, = inputs
     _pool_checks(attrs, 1, "AveragePool")
     kernel, strides, dilations, pads = _spatial(x, None, attrs, "AveragePool")
+    if attrs.get("ceil_mode", 0):
+        ceil = _ceil_pads(x, kernel, strides, dilations, pads)
+        if ceil != pads and attrs.get("count_include_pad", 0):
+            # the divisor would count the explicit pads but not the extra ones
+            raise UnsupportedOperatorError("AveragePool: ceil_mode=1 with count_include_pad=1 "
+                                           "is not supported")
+        pads = ceil  # the extra padding is excluded from the divisor, as ceil_mode wants
     return [ad.avg_pool2d(x, kernel, strides, pads, dilations,
                           count_include_pad=attrs.get("count_include_pad", 0))]
 
@@ -127,14 +193,9 @@ def _softmax(fun, name):
     def run(inputs, attrs, opset):
         x, = inputs
         if opset >= 13:
-            axis = attrs.get("axis", -1)
-            if not -x.ndim <= axis < x.ndim:
-                raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
-            return [fun(x, axis=axis % x.ndim)]
-        axis = attrs.get("axis", 1)  # before opset 13: coerce to 2-D around axis
-        if not -x.ndim <= axis <= x.ndim:
-            raise ValueError(f"axis: {axis} is out of range for a tensor of rank {x.ndim}")
-        axis %= x.ndim + 1
+            return [fun(x, axis=normalize_axis(attrs.get("axis", -1), x.ndim))]
+        # before opset 13: coerce to 2-D, (prod(shape[:axis]), prod(shape[axis:]))
+        axis = normalize_axis(attrs.get("axis", 1), x.ndim)
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         y = fun(ad.reshape(x, (outer, -1)), axis=1)
         return [ad.reshape(y, x.shape)]

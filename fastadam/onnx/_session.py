@@ -34,8 +34,8 @@ from ..autodiff import Tensor, no_grad
 from ..io import atomic_write
 from ._budget import step_scope
 from ._graph import Graph, Program
-from ._model import (FeedChecker, check_feeds, graph_known_names, initializer_arrays, load_model,
-                     opsets)
+from ._model import (FeedChecker, bound_initializers, check_feeds, check_tensor_types,
+                     graph_known_names, initializer_arrays, load_model, opsets)
 from ._training_ops import OPTIMIZERS
 
 
@@ -143,9 +143,11 @@ class TrainingSession:
         self._proto = model
         graph = model.graph
         ops = opsets(model)
+        check_tensor_types(graph, *(info.algorithm for info in model.training_info))
         self._state = initializer_arrays(graph)
         main_inits = set(self._state)
-        self._inference = Graph(graph.node, ops, graph_known_names(graph))
+        bound = bound_initializers(model)  # the others are constants to a Gradient node
+        self._inference = Graph(graph.node, ops, graph_known_names(graph), main_inits - bound)
         self._graph_outputs = [o.name for o in graph.output]
         self._algorithms = []
         taken_update, taken_init = set(), set()
@@ -159,7 +161,8 @@ class TrainingSession:
             self._state.update(own)
             alg.init_names = sorted(main_inits | set(own))
             alg.plan = Graph(list(graph.node) + list(info.algorithm.node), ops,
-                             graph_known_names(graph, info.algorithm))
+                             graph_known_names(graph, info.algorithm),
+                             (main_inits | set(own)) - bound)
             alg.inputs = list(graph.input) + list(info.algorithm.input)
             alg.outputs = [o.name for o in info.algorithm.output]
             _check_defined(alg.plan, alg.outputs + self._graph_outputs, f"{where}.algorithm")
@@ -174,7 +177,8 @@ class TrainingSession:
             alg.schedules = {}
             alg.base_env = None
             init = info.initialization
-            alg.init_plan = Graph(init.node, ops, graph_known_names(init))
+            alg.init_plan = Graph(init.node, ops, graph_known_names(init),
+                                  {t.name for t in init.initializer})
             alg.init_arrays = initializer_arrays(init)
             alg.init_outputs = [o.name for o in init.output]
             _check_defined(alg.init_plan, alg.init_outputs, f"{where}.initialization")

@@ -104,6 +104,17 @@ def _outputs(lists, written):
     return tuple(a for k in written for a in lists[k])
 
 
+def _f32(value):
+    """``value`` rounded to float32: the schemas' float defaults are float32 numbers."""
+    return float(np.float32(value))
+
+
+# the schemas' attribute defaults (a node without the attribute computes with these)
+ADAM_DEFAULTS = dict(alpha=_f32(0.9), beta=_f32(0.999), epsilon=_f32(1e-6),
+                     norm_coefficient=0.0, norm_coefficient_post=0.0)
+ADAGRAD_DEFAULTS = dict(decay_factor=0.0, epsilon=_f32(1e-6), norm_coefficient=0.0)
+
+
 def _need(name):
     fun = getattr(fastadam, name, None)
     if fun is None:
@@ -134,9 +145,11 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
                    [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
 
 
-def adam(R, T, *inputs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
-         norm_coefficient_post=0.0):
+def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"],
+         epsilon=ADAM_DEFAULTS["epsilon"], norm_coefficient=0.0, norm_coefficient_post=0.0):
     """``ai.onnx.preview.training.Adam``: returns ``(X_new..., V_new..., H_new...)``.
+
+    The defaults are the schema's, float32 numbers: 0.9, 0.999 and 1e-6 rounded to float32.
 
     Per tensor, with ``r = R * sqrt(1 - beta**T) / (1 - alpha**T)`` if ``T > 0`` else ``R``::
 
@@ -174,8 +187,13 @@ def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient):
         call(_select(xs, idx), _select(gs, idx), _select(hs, idx))
 
 
-def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0):
+def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=ADAGRAD_DEFAULTS["epsilon"],
+            norm_coefficient=0.0):
     """``ai.onnx.preview.training.Adagrad``: returns ``(X_new..., H_new...)``.
+
+    The defaults are the schema's (``epsilon`` is 1e-6 rounded to float32).  ``T`` may be
+    negative, as in the operator's pseudo-code (a ``T`` with ``1 + T * decay_factor == 0`` is
+    refused).
 
     Per tensor, with ``r = R / (1 + T * decay_factor)``::
 
@@ -223,7 +241,7 @@ def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient):
 def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
     """``ai.onnx.preview.training.Momentum``: returns ``(X_new..., V_new...)``.
 
-    Per tensor, with ``b = beta if T > 0 else 1``::
+    Per tensor, with ``b = beta if T > 0 else 1`` (any ``T``, negative included)::
 
         G' = G + norm_coefficient * X
         V_new = alpha * V + b * G'
@@ -240,11 +258,8 @@ def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
 # name -> (function, in-place update, inputs per tensor, indices of the written lists,
 #          attribute defaults (None: required))
 OPTIMIZERS = {
-    "Adam": (adam, apply_adam, 4, (0, 2, 3),
-             dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
-                  norm_coefficient_post=0.0)),
-    "Adagrad": (adagrad, apply_adagrad, 3, (0, 2),
-                dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0)),
+    "Adam": (adam, apply_adam, 4, (0, 2, 3), ADAM_DEFAULTS),
+    "Adagrad": (adagrad, apply_adagrad, 3, (0, 2), ADAGRAD_DEFAULTS),
     "Momentum": (momentum, apply_momentum, 3, (0, 2),
                  dict(alpha=None, beta=None, mode=None, norm_coefficient=None)),
 }

@@ -143,8 +143,9 @@ def adagrad_coefficients(t, *, lr, lr_decay=0.0, eps=None, weight_decay=0.0, max
                          convention="torch", grad_scale=None):
     """The AdagradCoefficients of step ``t`` (formula: include/fastadam/adagrad.h).
 
-    "onnx": ``r = lr / (1 + t * lr_decay)``, t >= 0; "torch": ``lr / (1 + (t - 1) * lr_decay)``,
-    t >= 1; "keras": ``lr`` (no decay), eps inside the square root.
+    "onnx": ``r = lr / (1 + t * lr_decay)`` for any t (the operator's pseudo-code; a t with
+    ``1 + t * lr_decay == 0`` is refused); "torch": ``lr / (1 + (t - 1) * lr_decay)``, t >= 1;
+    "keras": ``lr`` (no decay), eps inside the square root.
     """
     _convention(convention, ADAGRAD_CONVENTIONS)
     lr = finite_float(lr, "lr")
@@ -160,11 +161,17 @@ def adagrad_coefficients(t, *, lr, lr_decay=0.0, eps=None, weight_decay=0.0, max
         raise ValueError("lr_decay: Keras's Adagrad has no lr_decay (use a schedule), got "
                          f"{lr_decay}")
     first = 0 if convention == "onnx" else 1
-    if t < first:
+    if t < first and convention != "onnx":
         raise ValueError(f"t: expected a step number >= {first} for convention "
                          f"{convention!r}, got {t}")
     flags, divisor = _grad_scale(grad_scale)
-    rate = lr / (1.0 + (t - first) * lr_decay) if lr_decay else lr
+    rate = lr
+    if lr_decay:
+        denominator = 1.0 + (t - first) * lr_decay
+        if denominator == 0.0:  # ONNX's T < 0 (its pseudo-code would divide by zero)
+            raise ValueError(f"t: 1 + t * lr_decay is 0 (t={t}, lr_decay={lr_decay}): the "
+                             f"learning rate lr / (1 + t * lr_decay) is undefined")
+        rate = lr / denominator
     if weight_decay != 0.0:
         flags |= FLAG_L2
     if convention == "keras":
@@ -178,7 +185,8 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
     """The MomentumCoefficients of step ``t`` (formula: include/fastadam/momentum.h).
 
     "torch" (``torch.optim.SGD``): the first step (t == 1) sets v = g'; "onnx" (``Momentum``,
-    alpha = momentum, beta = 1 - dampening): t == 0 uses beta = 1.
+    alpha = momentum, beta = 1 - dampening): any t, and t <= 0 uses beta = 1 (the operator's
+    ``T > 0 ? beta : 1``).
     """
     _convention(convention, MOMENTUM_CONVENTIONS)
     lr = finite_float(lr, "lr")
@@ -197,8 +205,6 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
         first = t == 1 or momentum == 0.0
         a, b = (0.0, 1.0) if first else (momentum, 1.0 - dampening)
     else:
-        if t < 0:
-            raise ValueError(f"t: expected a step number >= 0 for convention 'onnx', got {t}")
         a, b = momentum, (1.0 - dampening if t > 0 else 1.0)
     flags, divisor = _grad_scale(grad_scale)
     if weight_decay != 0.0:

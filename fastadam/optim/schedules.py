@@ -13,10 +13,13 @@ at every step is named):
 - ``constant(lr)``                                       -- a fixed rate
 - ``step(lr, step_size, gamma=0.1)``: ``lr * gamma**(k // step_size)``             (StepLR)
 - ``exponential(lr, gamma)``: ``lr * gamma**k``                                 (ExponentialLR)
-- ``cosine(lr, total_steps, warmup_steps=0, warmup_start_lr=0.0, final_lr=0.0)``: linear
-  warm-up from ``warmup_start_lr`` to ``lr`` over ``warmup_steps`` steps, then
-  ``final_lr + (lr - final_lr) * (1 + cos(pi * (k - W) / (total_steps - W))) / 2``, then
-  ``final_lr`` after ``total_steps``   (LinearLR then CosineAnnealingLR in a SequentialLR)
+- ``cosine(lr, total_steps, warmup_steps=0, warmup_start_lr=0.0, final_lr=0.0,
+  periodic=False)``: linear warm-up from ``warmup_start_lr`` to ``lr`` over ``warmup_steps``
+  steps, then ``final_lr + (lr - final_lr) * (1 + cos(pi * (k - W) / (total_steps - W))) / 2``
+  (LinearLR then CosineAnnealingLR in a SequentialLR, up to ``total_steps``).  After
+  ``total_steps`` it holds ``final_lr``; torch's CosineAnnealingLR is periodic there (the
+  formula goes on: back up to ``lr`` at ``2 * total_steps - W``, and so on), which
+  ``periodic=True`` reproduces at every step
 - ``one_cycle(max_lr, total_steps, pct_start=0.3, div_factor=25.0, final_div_factor=1e4,
   anneal="cos", three_phase=False)``: up from ``max_lr/div_factor`` to ``max_lr``, then down to
   ``max_lr/div_factor/final_div_factor``; the last value stays after ``total_steps``
@@ -102,9 +105,13 @@ def exponential(lr: float, gamma: float) -> Schedule:
 
 
 def cosine(lr: float, total_steps: int, warmup_steps: int = 0, warmup_start_lr: float = 0.0,
-           final_lr: float = 0.0) -> Schedule:
+           final_lr: float = 0.0, periodic: bool = False) -> Schedule:
     """Linear warm-up over ``warmup_steps``, then a half cosine down to ``final_lr`` at
-    ``total_steps`` (see the module docstring for the formula)."""
+    ``total_steps`` (see the module docstring for the formula); after ``total_steps``,
+    ``final_lr``, or with ``periodic=True`` the cosine goes on as in torch's
+    CosineAnnealingLR (period ``2 * (total_steps - warmup_steps)``)."""
+    if not isinstance(periodic, bool):
+        raise TypeError(f"periodic: expected a bool, got {type(periodic).__name__}")
     lr = _real(lr, "lr")
     total_steps = _count(total_steps, "total_steps", 1)
     warmup_steps = _count(warmup_steps, "warmup_steps", 0)
@@ -114,7 +121,8 @@ def cosine(lr: float, total_steps: int, warmup_steps: int = 0, warmup_start_lr: 
     return Schedule("cosine", {"lr": lr, "total_steps": total_steps,
                                "warmup_steps": warmup_steps,
                                "warmup_start_lr": _real(warmup_start_lr, "warmup_start_lr"),
-                               "final_lr": _real(final_lr, "final_lr")})
+                               "final_lr": _real(final_lr, "final_lr"),
+                               "periodic": bool(periodic)})
 
 
 def one_cycle(max_lr: float, total_steps: int, pct_start: float = 0.3, div_factor: float = 25.0,
@@ -152,10 +160,11 @@ def _exponential(k, lr, gamma):
     return lr * gamma ** k
 
 
-def _cosine(k, lr, total_steps, warmup_steps, warmup_start_lr, final_lr):
+def _cosine(k, lr, total_steps, warmup_steps, warmup_start_lr, final_lr, periodic=False):
     if k < warmup_steps:
         return warmup_start_lr + (lr - warmup_start_lr) * k / warmup_steps
-    k = min(k, total_steps)
+    if not periodic:
+        k = min(k, total_steps)
     span = total_steps - warmup_steps
     return final_lr + (lr - final_lr) * (1.0 + math.cos(math.pi * (k - warmup_steps) / span)) / 2
 
