@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
+from . import _transformer_ops  # noqa: F401  (registers the transformer operators)
 from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
 
