@@ -180,31 +180,37 @@ def session_step(cfg, exporter="dynamo", opset=20, tied=False):
 
 
 def autodiff_forward(cfg, p, idx, targets, tied=False):
-    """The GPT's loss, written with ``fastadam.autodiff``; ``p``: ``{torch name: Tensor}``."""
+    """The GPT's loss, written with ``fastadam.autodiff``; ``p``: ``{torch name: Tensor}``.
+    Each linear layer is one 2-D product over the batch and the positions."""
     import fastadam.autodiff as ad
-    d, h = cfg["d"], cfg["heads"]
+    d, h, v = cfg["d"], cfg["heads"], cfg["vocab"]
     B, T = idx.shape
     hd = d // h
     mask = np.triu(np.ones((T, T), dtype=bool), 1)  # True above the diagonal: masked out
-    x = ad.add(ad.gather(p["tok.weight"], idx), ad.getitem(p["pos.weight"], slice(0, T)))
+
+    def linear(x2, w, b=None):  # x2: (B * T, in); w: (out, in) as torch stores it
+        y = ad.matmul(x2, ad.transpose(w))
+        return y if b is None else ad.add(y, b)
+
+    x = ad.reshape(ad.add(ad.gather(p["tok.weight"], idx), ad.getitem(p["pos.weight"],
+                                                                        slice(0, T))), (B * T, d))
     for i in range(cfg["layers"]):
         b = f"blocks.{i}."
-        qkv = ad.add(ad.matmul(ad.layer_norm(x, p[b + "ln1.weight"], p[b + "ln1.bias"]),
-                               ad.transpose(p[b + "qkv.weight"])), p[b + "qkv.bias"])
-        q, k, v = (ad.transpose(ad.reshape(ad.getitem(qkv, (Ellipsis, slice(j * d, (j + 1) * d))),
-                                           (B, T, h, hd)), (0, 2, 1, 3)) for j in range(3))
+        qkv = linear(ad.layer_norm(x, p[b + "ln1.weight"], p[b + "ln1.bias"]),
+                     p[b + "qkv.weight"], p[b + "qkv.bias"])
+        q, k, val = (ad.transpose(ad.reshape(ad.getitem(qkv, (slice(None),
+                                                              slice(j * d, (j + 1) * d))),
+                                             (B, T, h, hd)), (0, 2, 1, 3)) for j in range(3))
         att = ad.matmul(ad.multiply(q, 1 / math.sqrt(hd)), ad.transpose(k, (0, 1, 3, 2)))
         att = ad.softmax(ad.where(mask, -np.inf, att), axis=-1)
-        y = ad.reshape(ad.transpose(ad.matmul(att, v), (0, 2, 1, 3)), (B, T, d))
-        x = ad.add(x, ad.add(ad.matmul(y, ad.transpose(p[b + "proj.weight"])),
-                             p[b + "proj.bias"]))
-        hid = ad.gelu(ad.add(ad.matmul(ad.layer_norm(x, p[b + "ln2.weight"], p[b + "ln2.bias"]),
-                                       ad.transpose(p[b + "fc.weight"])), p[b + "fc.bias"]))
-        x = ad.add(x, ad.add(ad.matmul(hid, ad.transpose(p[b + "out.weight"])), p[b + "out.bias"]))
+        y = ad.reshape(ad.transpose(ad.matmul(att, val), (0, 2, 1, 3)), (B * T, d))
+        x = ad.add(x, linear(y, p[b + "proj.weight"], p[b + "proj.bias"]))
+        hid = ad.gelu(linear(ad.layer_norm(x, p[b + "ln2.weight"], p[b + "ln2.bias"]),
+                             p[b + "fc.weight"], p[b + "fc.bias"]))
+        x = ad.add(x, linear(hid, p[b + "out.weight"], p[b + "out.bias"]))
     head = p["tok.weight"] if tied else p["head.weight"]
-    logits = ad.matmul(ad.layer_norm(x, p["lnf.weight"], p["lnf.bias"]), ad.transpose(head))
-    return ad.softmax_cross_entropy(ad.reshape(logits, (B * T, cfg["vocab"])),
-                                    targets.reshape(-1))
+    logits = linear(ad.layer_norm(x, p["lnf.weight"], p["lnf.bias"]), head)
+    return ad.softmax_cross_entropy(logits, targets.reshape(-1))
 
 
 def autodiff_step(cfg, tied=False):

@@ -209,6 +209,9 @@ def matmul(inputs, attrs, opset):
     kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if ka != kb:
         raise ValueError(f"MatMul: shapes {a.shape} and {b.shape} do not match ({ka} != {kb})")
+    if a.ndim > 2 and b.ndim == 2 and is_float(a):  # (..., k) @ (k, n): one 2-D product,
+        y = ad.matmul(ad.reshape(a, (-1, ka)), b)   # not one per leading index (nor in backward)
+        return [ad.reshape(y, a.shape[:-1] + (b.shape[1],))]
     return [ad.matmul(a, b)]
 
 
