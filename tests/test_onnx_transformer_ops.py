@@ -13,6 +13,12 @@ import fastadam.autodiff as ad  # noqa: E402
 import fastadam.onnx as fo  # noqa: E402
 from fastadam.onnx._core_ops import OPERATORS  # noqa: E402
 
+# every operator fastadam/onnx/_transformer_ops.py registers, each run against onnxruntime below
+# (tests/test_onnx_ops.py's check that every registered operator is tested reads this set)
+TESTED_HERE = {"LayerNormalization", "Gelu", "Erf", "Split", "Slice", "Expand", "ConstantOfShape",
+               "Range", "Trilu", "Equal", "Less", "Greater", "Not", "And", "Or", "Max", "Min",
+               "Sum", "Dropout", "CastLike"}
+
 F, D, I64, B = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 _TYPES = {np.dtype(np.float32): F, np.dtype(np.float64): D, np.dtype(np.int64): I64,
           np.dtype(np.bool_): B}
@@ -290,3 +296,9 @@ def test_bad_input_is_named():
         run_op("Trilu", [ad.Tensor(np.zeros(3))], {}, 14)
     with pytest.raises(TypeError, match="expected bool tensors"):
         run_op("Not", [x], {}, 13)
+
+
+def test_every_transformer_operator_is_listed():
+    registered = {op for op, (_, fun) in OPERATORS.items()
+                  if fun.__module__ == "fastadam.onnx._transformer_ops"}
+    assert registered == TESTED_HERE

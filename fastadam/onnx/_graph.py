@@ -280,7 +280,10 @@ class Graph:
             k = self.producer.get(name)
             if k is not None and k not in found:
                 found.add(k)
-                stack.extend(n for n in self.steps[k].inputs if n)
+                step = self.steps[k]
+                stack.extend(n for n in step.inputs if n)
+                if step.kind == "gradient":  # y computed before the node: its forward pass is
+                    stack.append(step.y)     # reused (no re-evaluation of the sub-graph)
         return sorted(found)
 
     def assign(self, env, name, value):
