@@ -107,6 +107,8 @@ def gpt_report(repeats, min_time):
     print(f"one training step of the GPT (batch {cfg['batch']}, sequence {cfg['seq']}, d "
           f"{cfg['d']}, {cfg['heads']} heads, {cfg['layers']} blocks, vocabulary "
           f"{cfg['vocab']}), float32, 1 thread; medians of {repeats} interleaved rounds")
+    # the three implementations train alike (a toy size, the fast exporter)
+    GPT.check_same_training(dict(cfg, vocab=32, seq=16, batch=2), "torchscript")
     steps = {impl: GPT.make_step(impl, cfg) for impl in GPT.IMPLS}
     for step in steps.values():
         step()

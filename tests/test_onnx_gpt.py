@@ -213,3 +213,10 @@ def test_inference_outputs_equal_onnxruntime_on_another_shape():
         ref = ort.InferenceSession(proto.SerializeToString()).run(["logits", "loss"], f)
         np.testing.assert_allclose(ours["logits"], ref[0], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(ours["loss"], ref[1], rtol=1e-5)
+
+
+def test_benchmark_implementations_train_alike():
+    """asv_bench/benchmarks/bench_onnx_gpt.py's three steps (session, hand-written autodiff +
+    Adam, torch eager fused Adam) give the same parameters: its ratios compare like with
+    like."""
+    G.check_same_training(dict(CFG, batch=2), "torchscript", steps=3)

@@ -169,14 +169,49 @@ def batch_data(cfg, batch=None, seq=None, seed=1):
 # ---------------------------------------------------------------------------------------------
 
 
-def session_step(cfg, exporter="dynamo", opset=20, tied=False):
+def _session(cfg, exporter="dynamo", opset=20, tied=False):
     import fastadam.onnx as fo
     model = export(torch_model(cfg, tied), exporter, opset)
     trainer = fo.TrainingSession(fo.make_training_model(model, loss="loss", lr=LR, alpha=BETA1,
                                                         beta=BETA2, epsilon=EPS))
     idx, targets = batch_data(cfg)
     feeds = {"idx": idx, "targets": targets}
-    return lambda: trainer.step(feeds)
+    return trainer, (lambda: trainer.step(feeds))
+
+
+def session_step(cfg, exporter="dynamo", opset=20, tied=False):
+    return _session(cfg, exporter, opset, tied)[1]
+
+
+def check_same_training(cfg, exporter="torchscript", steps=3):
+    """The session, the hand-written step and torch give the same parameters after ``steps``
+    steps (untied head; the exporters keep torch's parameter names for the embeddings and
+    LayerNorms, and a linear layer's weight is the initializer equal to it or to its
+    transpose)."""
+    import torch
+    trainer, step = _session(cfg, exporter)
+    values = weights(cfg)
+    names = list(values)
+    hand = autodiff_step(cfg)
+    params = hand.params
+    model = torch_model(cfg)
+    opt_step = torch_step(cfg, model=model)
+    for _ in range(steps):
+        step()
+        hand()
+        opt_step()
+    ref = dict(model.named_parameters())
+    start = weights(cfg)
+    for name in names:
+        want = ref[name].detach().numpy()
+        np.testing.assert_allclose(params[name].data, want, rtol=1e-4, atol=1e-5, err_msg=name)
+        found = [a for a in trainer.initializers.values() if a.shape in (want.shape,
+                                                                        want.T.shape)
+                 and not np.array_equal(a, start[name]) and not np.array_equal(a, start[name].T)]
+        assert any((a.shape == want.shape and np.allclose(a, want, rtol=1e-4, atol=1e-5)) or
+                   (a.T.shape == want.shape and np.allclose(a.T, want, rtol=1e-4, atol=1e-5))
+                   for a in found), name
+    assert torch.is_tensor(ref[names[0]])
 
 
 def autodiff_forward(cfg, p, idx, targets, tied=False):
@@ -228,12 +263,13 @@ def autodiff_step(cfg, tied=False):
         grads = ad.gradient(loss, [params[n] for n in names])
         opt.step([np.ascontiguousarray(g.data) for g in grads])
         return loss
+    step.params = params
     return step
 
 
-def torch_step(cfg, tied=False, fused=True):
+def torch_step(cfg, tied=False, fused=True, model=None):
     import torch
-    model = torch_model(cfg, tied)
+    model = torch_model(cfg, tied) if model is None else model
     params = list(model.parameters())
     # ONNX's epsilon placement in torch's form: eps / sqrt(1 - beta2^t), set per step
     opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS, fused=fused)
