@@ -65,25 +65,6 @@ def cpu_ratio(steps, repeats, min_time):
     return float(np.median(ratios))
 
 
-def cpu_seconds(steps, repeats, min_time):
-    """Median over interleaved rounds of each step's CPU time of this thread (time spent
-    descheduled on a loaded machine does not count; every implementation runs on this one
-    thread)."""
-    calls = {}
-    for name, fn in steps.items():
-        start = time.thread_time()
-        fn()
-        calls[name] = max(1, int(min_time / max(time.thread_time() - start, 1e-6)))
-    per = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            start = time.thread_time()
-            for _ in range(calls[name]):
-                fn()
-            per[name].append((time.thread_time() - start) / calls[name])
-    return {name: float(np.median(v)) for name, v in per.items()}
-
-
 def bytecodes_per_step(step):
     """Python bytecode instructions executed by one call of ``step`` (every frame it enters)."""
     count = [0]
@@ -117,7 +98,7 @@ def gpt_report(repeats, min_time):
           f"{'torch/session':>14s}   (wall time)")
     print(f"{fmt(t['session']):>11s} {fmt(t['autodiff']):>13s} {fmt(t['torch']):>12s} "
           f"{t['session'] / t['autodiff']:12.2f}x {t['torch'] / t['session']:13.2f}x")
-    c = cpu_seconds(steps, repeats, min_time)
+    c = GPT.cpu_seconds_interleaved(steps, repeats, min_time)
     print(f"{fmt(c['session']):>11s} {fmt(c['autodiff']):>13s} {fmt(c['torch']):>12s} "
           f"{c['session'] / c['autodiff']:12.2f}x {c['torch'] / c['session']:13.2f}x"
           f"   (CPU time of this thread, time.thread_time)")
