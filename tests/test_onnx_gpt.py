@@ -112,7 +112,10 @@ def test_float64_gradients_equal_torch(exporter):
     assert_gradients_match(proto, model, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 20)])
+@pytest.mark.parametrize("exporter,opset", [
+    ("torchscript", 17),
+    pytest.param("dynamo", 20, marks=pytest.mark.slow),  # a dynamo export: seconds
+])
 def test_tied_head_gradients_equal_torch(exporter, opset):
     """With constant folding the exporters write the tied head's transposed weight as a second
     initializer: the two gradients add up to torch's gradient of the one parameter."""
@@ -188,6 +191,7 @@ def test_float32_tied_adam_trajectory_follows_torch_and_the_saved_model_runs_in_
     np.testing.assert_allclose(ort_logits, logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a dynamo export: seconds
 def test_dynamo_opset_17_export_is_checked():
     """The dynamo exporter's opset-17 model: trained when onnx.checker accepts it, else
     rejected by fastadam.onnx with the checker's message, as onnxruntime rejects it."""
