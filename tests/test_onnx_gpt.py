@@ -224,3 +224,41 @@ def test_benchmark_implementations_train_alike():
     Adam, torch eager fused Adam) give the same parameters: its ratios compare like with
     like."""
     G.check_same_training(dict(CFG, batch=2), "torchscript", steps=3)
+
+
+def test_a_loss_output_is_computed_before_the_gradient_node(monkeypatch):
+    """``make_training_model(model, loss="loss")`` with the loss a model output: the loss is
+    computed before the Gradient node, whose forward pass is then reused (no re-evaluation of
+    the sub-graph), and the step runs as a generated function; the parameters equal those of
+    the same step forced to re-evaluate."""
+    model, proto = exported("torchscript", 17)
+    mapping = param_map(proto, model)
+    trained = fo.make_training_model(proto, loss="loss", params=list(mapping))
+    f = feeds()
+    fast = fo.TrainingSession(trained)
+    fast.step(f)
+    sched, = [s for alg in fast._algorithms for s in alg.schedules.values()]
+    assert sched.run is not None
+    from fastadam.onnx._graph import Graph
+
+    def needed_without_y(self, wanted):  # Graph.needed before: a Gradient's y not asked for
+        seen, found, stack = set(), set(), list(wanted)
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            k = self.producer.get(name)
+            if k is not None and k not in found:
+                found.add(k)
+                stack.extend(n for n in self.steps[k].inputs if n)
+        return sorted(found)
+
+    monkeypatch.setattr(Graph, "needed", needed_without_y)
+    slow = fo.TrainingSession(trained)
+    slow.step(f)
+    sched, = [s for alg in slow._algorithms for s in alg.schedules.values()]
+    assert sched.run is None  # the re-evaluating Gradient node: interpreted
+    for name in mapping:
+        np.testing.assert_allclose(fast.initializers[name], slow.initializers[name],
+                                   rtol=1e-6, atol=1e-7)
