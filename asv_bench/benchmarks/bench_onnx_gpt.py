@@ -316,7 +316,7 @@ class OnnxGptStep:
     timeout = 300
 
     def setup(self, impl):
-        _api.need("fastadam.onnx", "fastadam.autodiff")
+        _api.need("fastadam.onnx", "fastadam.onnx._transformer_ops")
         try:
             import onnx  # noqa: F401
             import onnxscript  # noqa: F401
