@@ -46,6 +46,9 @@ cdef extern from *:
     """
     #include <math.h>
     #include <stdint.h>
+    #include "fastadam/common.h"
+    /* FA_DISPATCH (AVX-512 / AVX2 / baseline clones) on the erf and GELU loops; not on the GELU
+       derivative, which gcc vectorizes at the baseline level but not in its AVX2 clone. */
     /* The clamps below are selects; gcc turns them into vector blends (and so vectorizes the
        loops) only when comparisons may not trap: scoped to these functions. */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -104,11 +107,11 @@ cdef extern from *:
             o[i] = g[i] * (0.5f * (1.0f + fa_tk_erf_f32(v * 0.70710678118654752f)) + v * density);
         }
     }
-    static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
+    FA_DISPATCH static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) y[i] = fa_tk_erf_f32(x[i]);
     }
-    static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
+    FA_DISPATCH static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
