@@ -280,6 +280,9 @@ def test_bad_input_is_named():
     x = ad.Tensor(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="axis: 2 is out of range"):
         run_op("LayerNormalization", [x, ad.Tensor(np.ones(3))], {"axis": 2}, 17)
+    with pytest.raises(fo.UnsupportedOperatorError, match="only float32 and float64"):
+        run_op("LayerNormalization", [ad.Tensor(np.zeros((2, 3), np.float16)),
+                                      ad.Tensor(np.ones(3, np.float16))], {}, 17)
     with pytest.raises(ValueError, match="scale: shape"):
         ad.layer_norm(x, np.ones(4))
     with pytest.raises(ValueError, match="approximate"):

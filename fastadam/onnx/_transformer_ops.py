@@ -34,6 +34,9 @@ def layer_normalization(inputs, attrs, opset, n_outputs=1):
     same_dtype("LayerNormalization", x, scale, bias)
     if not is_float(x):
         raise TypeError(f"X: expected a floating-point tensor, got {x.data.dtype}")
+    if x.data.dtype not in (np.float32, np.float64):  # stash_type: the statistics in float32
+        raise UnsupportedOperatorError(f"LayerNormalization: only float32 and float64 inputs "
+                                       f"are supported, got {x.data.dtype}")
     axis = _axis(attrs.get("axis", -1), x.ndim)
     eps = float(np.float32(attrs.get("epsilon", 1e-5)))  # a float attribute: float32
     if n_outputs == 1:
