@@ -109,6 +109,7 @@ EXTENSIONS = {
                                          "include/fastadam/autodiff_kernels.c"],
     # each package's own compiled module
     "fastadam.autodiff._tape": ["fastadam/autodiff/_tape.pyx"],
+    "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx"],
     "fastadam.sparse._csr": ["fastadam/sparse/_csr.pyx"],
     "fastadam.sklearn._kernels": ["fastadam/sklearn/_kernels.pyx"],
     "fastadam.bench._yardstick": ["fastadam/bench/_yardstick.pyx", "include/fastadam/yardstick.c"],

@@ -15,6 +15,15 @@ the process spent descheduled on a shared machine does not count there.  A third
 the Python bytecode instructions one step executes (``sys.settrace`` with opcode events, after
 the timings): a measure of the per-step interpretation work that load on the machine does not
 change.
+
+``--gpt`` (issue 22) times instead the GPT of ``bench_onnx_gpt`` (batch 16, sequence 64, d 64,
+4 heads, 2 blocks, vocabulary 128) exported by torch's dynamo exporter at opset 20: the session,
+the same step hand-written with ``fastadam.autodiff`` + ``fastadam.Adam``, and PyTorch eager +
+``torch.optim.Adam(fused=True)``.  Claims: ``session / hand-written <= 1.2`` and
+``torch / session > 1``.  Run it with the BLAS variables this machine sets removed and with
+both sides at one thread (threadpoolctl and ``torch.set_num_threads``)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/onnx_report.py --gpt
 """
 import argparse
 import os
@@ -28,6 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "benchmarks"))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_onnx as B  # noqa: E402
+import bench_onnx_gpt as GPT  # noqa: E402
 from fastadam.bench import median_seconds_interleaved  # noqa: E402
 
 
@@ -73,11 +83,40 @@ def bytecodes_per_step(step):
     return count[0]
 
 
+def gpt_report(repeats, min_time):
+    cfg = GPT.BENCH
+    print(f"one training step of the GPT (batch {cfg['batch']}, sequence {cfg['seq']}, d "
+          f"{cfg['d']}, {cfg['heads']} heads, {cfg['layers']} blocks, vocabulary "
+          f"{cfg['vocab']}), float32, 1 thread; medians of {repeats} interleaved rounds")
+    # the three implementations train alike (a toy size, the fast exporter)
+    GPT.check_same_training(dict(cfg, vocab=32, seq=16, batch=2), "torchscript")
+    steps = {impl: GPT.make_step(impl, cfg) for impl in GPT.IMPLS}
+    for step in steps.values():
+        step()
+    t = median_seconds_interleaved(steps, repeats=repeats, min_time=min_time)
+    print(f"{'session':>11s} {'hand-written':>13s} {'torch fused':>12s} {'session/hand':>13s} "
+          f"{'torch/session':>14s}   (wall time)")
+    print(f"{fmt(t['session']):>11s} {fmt(t['autodiff']):>13s} {fmt(t['torch']):>12s} "
+          f"{t['session'] / t['autodiff']:12.2f}x {t['torch'] / t['session']:13.2f}x")
+    c = GPT.cpu_seconds_interleaved(steps, repeats, min_time)
+    print(f"{fmt(c['session']):>11s} {fmt(c['autodiff']):>13s} {fmt(c['torch']):>12s} "
+          f"{c['session'] / c['autodiff']:12.2f}x {c['torch'] / c['session']:13.2f}x"
+          f"   (CPU time of this thread, time.thread_time)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    parser.add_argument("--gpt", action="store_true", help="the GPT of issue 22 instead")
     args = parser.parse_args()
     repeats, min_time = (5, 0.05) if args.quick else (21, 0.1)
+    if args.gpt:
+        undo = GPT.limit_threads()
+        try:
+            gpt_report(repeats, min_time)
+        finally:
+            undo()
+        return
     undo = B.limit_threads()
     try:
         print("one training step (forward, loss, gradient, Adam update), float32, 1 thread")

@@ -5,9 +5,10 @@ Capabilities, one module each:
 - ``_training_ops``: the ``ai.onnx.preview.training`` operators Adam, Adagrad and Momentum as
   functions (``adam``, ``adagrad``, ``momentum``), functional, through the fused kernels with
   ``convention="onnx"``;
-- ``_core_ops`` / ``_nn_ops``: the core ``ai.onnx`` operators (opset 7 to the installed onnx's
-  newest, each in the form its opset defines) on ``fastadam.autodiff`` Tensors, so that every one
-  of them can be differentiated;
+- ``_core_ops`` / ``_nn_ops`` / ``_transformer_ops``: the core ``ai.onnx`` operators (opset 7 to
+  the installed onnx's newest, each in the form its opset defines) on ``fastadam.autodiff``
+  Tensors, so that every one of them can be differentiated (``_transformer_ops``: what PyTorch's
+  exporters write for a transformer: LayerNormalization, Gelu, Split, Slice, Trilu, ...);
 - ``_graph``: compiling a node list (all static checks) and executing it, Gradient nodes included
   (the semantics are in that module's docstring: a non-scalar ``y`` is differentiated as the sum
   of its elements; Gradient of a Gradient gives higher derivatives);

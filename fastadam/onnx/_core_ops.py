@@ -245,6 +245,9 @@ def matmul(inputs, attrs, opset):
         if a.ndim > 2 or b.ndim > 2 else ()
     reserve("MatMul", batch + a.shape[-2:-1] + b.shape[-1:] if b.ndim > 1 else
             batch + a.shape[-2:-1], a.data.dtype)
+    if a.ndim > 2 and b.ndim == 2 and is_float(a):  # (..., k) @ (k, n): one 2-D product,
+        y = ad.matmul(ad.reshape(a, (-1, ka)), b)   # not one per leading index (nor in backward)
+        return [ad.reshape(y, a.shape[:-1] + (b.shape[1],))]
     return [ad.matmul(a, b)]
 
 

@@ -39,6 +39,7 @@ from onnx import helper, numpy_helper
 from .. import autodiff as ad
 from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
+from . import _transformer_ops  # noqa: F401  (registers the transformer operators)
 from ._budget import step_scope
 from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
 from ._training_ops import OPTIMIZERS, contiguous
@@ -344,7 +345,10 @@ class Graph:
             k = self.producer.get(name)
             if k is not None and k not in found:
                 found.add(k)
-                stack.extend(n for n in self.steps[k].inputs if n)
+                step = self.steps[k]
+                stack.extend(n for n in step.inputs if n)
+                if step.kind == "gradient":  # y computed before the node: its forward pass is
+                    stack.append(step.y)     # reused (no re-evaluation of the sub-graph)
         return sorted(found)
 
     def assign(self, env, name, value):

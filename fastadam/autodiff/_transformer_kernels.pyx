@@ -1,0 +1,401 @@
+"""Kernels of the transformer primitives (``_ops_transformer``): erf, exact GELU and its
+derivative, layer normalisation over the last axis and its backward pass.
+
+Design note.  Callers pass C-contiguous float32 or float64 arrays of one dtype (``_ops_transformer``
+makes them so); outputs are allocated here.  Elementwise kernels and the per-row layer-norm
+kernels release the GIL and split their work in static chunks over OpenMP threads once it is
+large enough to pay for the parallel region; each element and each row is computed by the same
+code whatever the split, so results do not depend on the thread count.  The column sums of the
+layer-norm backward pass (the gradients of scale and bias) are accumulated serially, row by row,
+in float64, for the same reason.  Statistics (mean, variance) are accumulated in float64 for
+both dtypes.
+
+Formulas (``Phi`` / ``phi``: the standard normal CDF / density):
+
+- ``erf(x)``: libm's ``erf`` in float64; in float32 a rational approximation on ``[-4, 4]``
+  (absolute error below 5e-7, libm's ``erff``: 6e-8) that the compiler vectorizes;
+- ``gelu(x) = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))``,
+  ``gelu_grad(g, x) = g * (Phi(x) + x * phi(x))``;
+- ``layer_norm(x, scale, bias, eps)`` over the rows of ``x`` (rows, cols):
+  ``mean = sum(x) / cols``, ``rstd = 1 / sqrt(sum((x - mean)^2) / cols + eps)``,
+  ``y = (x - mean) * rstd * scale + bias``;
+- ``layer_norm_backward(g, x, scale, mean, rstd)``, with ``xhat = (x - mean) * rstd`` and
+  ``gs = g * scale``: ``dx = rstd * (gs - mean(gs) - xhat * mean(gs * xhat))`` per row,
+  ``dscale = sum_rows(g * xhat)``, ``dbias = sum_rows(g)``.
+"""
+cimport numpy as cnp
+from cython.parallel cimport prange
+from libc.math cimport erf as c_erf, exp, sqrt
+
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int fa_tk_max_threads(void) { return omp_get_max_threads(); }
+    #else
+    static int fa_tk_max_threads(void) { return 1; }
+    #endif
+    """
+    int fa_tk_max_threads() nogil
+
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stdint.h>
+    #include "fastadam/common.h"
+    /* FA_DISPATCH (AVX-512 / AVX2 / baseline clones) on the erf and GELU loops; not on the GELU
+       derivative, which gcc vectorizes at the baseline level but not in its AVX2 clone. */
+    /* The clamps below are selects; gcc turns them into vector blends (and so vectorizes the
+       loops) only when comparisons may not trap: scoped to these functions. */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC push_options
+    #pragma GCC optimize ("no-trapping-math")
+    #endif
+    /* erf in float32 as a rational function of x on [-4, 4] (outside, erf is +-1 in float32):
+       odd numerator of degree 13 over an even denominator of degree 8; absolute error below
+       5e-7 against the exact value (libm's erff: 6e-8), and it vectorizes. */
+    static inline float fa_tk_erf_f32(float x) {
+        x = x < -4.0f ? -4.0f : x;
+        x = x > 4.0f ? 4.0f : x;
+        const float x2 = x * x;
+        float p = -2.72614225801306e-10f;
+        p = p * x2 + 2.77068142495902e-08f;
+        p = p * x2 - 2.10102402082508e-06f;
+        p = p * x2 - 5.69250639462346e-05f;
+        p = p * x2 - 7.34990630326855e-04f;
+        p = p * x2 - 2.95459980854025e-03f;
+        p = p * x2 - 1.60960333262415e-02f;
+        float q = -1.45660718464996e-05f;
+        q = q * x2 - 2.13374055278905e-04f;
+        q = q * x2 - 1.68282697438203e-03f;
+        q = q * x2 - 7.37332916720468e-03f;
+        q = q * x2 - 1.42647390514189e-02f;
+        return x * p / q;
+    }
+    /* exp(y) in float32 for y <= 0 (Cephes' expf: y = n ln2 + r, |r| <= ln2 / 2, a degree-6
+       polynomial in r, times 2^n built in the exponent bits); relative error about 2e-7, and
+       it vectorizes.  Below -87 the result is exp(-87) (the caller multiplies by a vanishing
+       factor there). */
+    static inline float fa_tk_exp_neg_f32(float y) {
+        y = y < -87.0f ? -87.0f : y;
+        /* n = y log2(e) rounded to nearest: truncation toward zero of a value <= -0.5 */
+        const int32_t k = (int32_t)(y * 1.44269504088896341f - 0.5f);
+        const float n = (float)k;
+        float r = y - n * 0.693359375f;
+        r = r - n * -2.12194440e-4f;
+        float p = 1.9875691500e-4f;
+        p = p * r + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+        p = p * (r * r) + r + 1.0f;
+        union { int32_t i; float f; } scale;
+        scale.i = (k + 127) << 23;
+        return p * scale.f;
+    }
+    static void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
+                                         Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float v = x[i];
+            const float density = 0.39894228040143267794f * fa_tk_exp_neg_f32(-0.5f * v * v);
+            o[i] = g[i] * (0.5f * (1.0f + fa_tk_erf_f32(v * 0.70710678118654752f)) + v * density);
+        }
+    }
+    FA_DISPATCH static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++) y[i] = fa_tk_erf_f32(x[i]);
+    }
+    FA_DISPATCH static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++)
+            y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
+    }
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC pop_options
+    #endif
+    """
+    void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
+    void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o, Py_ssize_t n) nogil
+    void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
+    float fa_tk_erf_f32(float x) nogil
+
+ctypedef fused real:
+    float
+    double
+
+cdef Py_ssize_t PARALLEL_MIN = 1 << 16  # elements below which one thread does the work
+cdef Py_ssize_t CHUNK = 4096            # elements per chunk of an elementwise kernel
+cdef double SQRT1_2 = 0.70710678118654752440
+cdef double INV_SQRT_2PI = 0.39894228040143267794
+
+
+cdef inline int _threads(Py_ssize_t work) noexcept nogil:
+    if work < PARALLEL_MIN:
+        return 1
+    return fa_tk_max_threads()
+
+
+cdef inline real _erf(real v) noexcept nogil:
+    if real is float:
+        return fa_tk_erf_f32(v)
+    else:
+        return c_erf(v)
+
+
+cdef void _erf_loop(const real *x, real *y, Py_ssize_t n, int nt) noexcept nogil:
+    cdef Py_ssize_t c, i, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * CHUNK
+        hi = lo + CHUNK if lo + CHUNK < n else n
+        if real is float:
+            fa_tk_erf_f32_loop(x + lo, y + lo, hi - lo)
+        else:
+            for i in range(lo, hi):
+                y[i] = _erf(x[i])
+
+
+cdef void _gelu_loop(const real *x, real *y, Py_ssize_t n, int nt) noexcept nogil:
+    cdef Py_ssize_t c, i, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    cdef real half = 0.5, one = 1, s = <real>SQRT1_2
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * CHUNK
+        hi = lo + CHUNK if lo + CHUNK < n else n
+        if real is float:
+            fa_tk_gelu_f32_loop(x + lo, y + lo, hi - lo)
+        else:
+            for i in range(lo, hi):
+                y[i] = half * x[i] * (one + _erf(x[i] * s))
+
+
+cdef void _gelu_grad_f32(const float *g, const float *x, float *o, Py_ssize_t n,
+                         int nt) noexcept nogil:
+    cdef Py_ssize_t c, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * CHUNK
+        hi = lo + CHUNK if lo + CHUNK < n else n
+        fa_tk_gelu_grad_f32_loop(g + lo, x + lo, o + lo, hi - lo)
+
+
+cdef void _gelu_grad_f64(const double *g, const double *x, double *o, Py_ssize_t n,
+                         int nt) noexcept nogil:
+    cdef Py_ssize_t c, i, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    cdef double v, density
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * CHUNK
+        hi = lo + CHUNK if lo + CHUNK < n else n
+        for i in range(lo, hi):
+            v = x[i]
+            density = INV_SQRT_2PI * exp(-0.5 * v * v)
+            o[i] = g[i] * (0.5 * (1 + c_erf(v * SQRT1_2)) + v * density)
+
+
+cdef void _ln_rows(const real *x, const real *scale, const real *bias, real *y, real *mean,
+                   real *rstd, Py_ssize_t rows, Py_ssize_t cols, double eps,
+                   int nt) noexcept nogil:
+    cdef Py_ssize_t r, j
+    cdef double m, v, d, inv
+    for r in prange(rows, schedule="static", num_threads=nt):
+        m = 0
+        for j in range(cols):
+            m = m + x[r * cols + j]
+        m = m / cols
+        v = 0
+        for j in range(cols):
+            d = x[r * cols + j] - m
+            v = v + d * d
+        inv = 1.0 / sqrt(v / cols + eps)
+        mean[r] = <real>m
+        rstd[r] = <real>inv
+        if bias != NULL:
+            for j in range(cols):
+                y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j] + bias[j]
+        else:
+            for j in range(cols):
+                y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j]
+
+
+cdef void _ln_backward_rows(const real *g, const real *x, const real *scale, const real *mean,
+                            const real *rstd, real *dx, Py_ssize_t rows, Py_ssize_t cols,
+                            int nt) noexcept nogil:
+    cdef Py_ssize_t r, j
+    cdef double a, b, gs, xh, inv, m
+    for r in prange(rows, schedule="static", num_threads=nt):
+        m = mean[r]
+        inv = rstd[r]
+        a = 0
+        b = 0
+        for j in range(cols):
+            gs = <double>g[r * cols + j] * scale[j]
+            a = a + gs
+            b = b + gs * (x[r * cols + j] - m) * inv
+        a = a / cols
+        b = b / cols
+        for j in range(cols):
+            gs = <double>g[r * cols + j] * scale[j]
+            xh = (x[r * cols + j] - m) * inv
+            dx[r * cols + j] = <real>(inv * (gs - a - xh * b))
+
+
+cdef void _ln_param_grads(const real *g, const real *x, const real *mean, const real *rstd,
+                          double *dscale, double *dbias, Py_ssize_t rows,
+                          Py_ssize_t cols) noexcept nogil:
+    cdef Py_ssize_t r, j
+    cdef double m, inv
+    for r in range(rows):
+        m = mean[r]
+        inv = rstd[r]
+        for j in range(cols):
+            dscale[j] += g[r * cols + j] * ((x[r * cols + j] - m) * inv)
+            dbias[j] += g[r * cols + j]
+
+
+cdef _check(cnp.ndarray a, str name, object dtype=None):
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError(f"{name}: expected float32 or float64, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{name}: expected {dtype}, got {a.dtype}")
+
+
+def erf(cnp.ndarray x):
+    """``erf(x)`` of a C-contiguous float32/float64 array (a new array)."""
+    _check(x, "x")
+    cdef cnp.ndarray y = np.empty_like(x)
+    cdef Py_ssize_t n = x.size
+    cdef int nt = _threads(n)
+    if x.dtype == np.float32:
+        with nogil:
+            _erf_loop(<float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(y), n, nt)
+    else:
+        with nogil:
+            _erf_loop(<double *>cnp.PyArray_DATA(x), <double *>cnp.PyArray_DATA(y), n, nt)
+    return y
+
+
+def gelu(cnp.ndarray x):
+    """``x * Phi(x)`` (exact GELU) of a C-contiguous float32/float64 array."""
+    _check(x, "x")
+    cdef cnp.ndarray y = np.empty_like(x)
+    cdef Py_ssize_t n = x.size
+    cdef int nt = _threads(n)
+    if x.dtype == np.float32:
+        with nogil:
+            _gelu_loop(<float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(y), n, nt)
+    else:
+        with nogil:
+            _gelu_loop(<double *>cnp.PyArray_DATA(x), <double *>cnp.PyArray_DATA(y), n, nt)
+    return y
+
+
+def gelu_grad(cnp.ndarray g, cnp.ndarray x):
+    """``g * (Phi(x) + x * phi(x))``: ``g`` and ``x`` of one shape and dtype."""
+    _check(x, "x")
+    _check(g, "g", x.dtype)
+    if g.size != x.size:
+        raise ValueError(f"g: expected {x.size} elements, got {g.size}")
+    cdef cnp.ndarray o = np.empty_like(x)
+    cdef Py_ssize_t n = x.size
+    cdef int nt = _threads(n)
+    if x.dtype == np.float32:
+        with nogil:
+            _gelu_grad_f32(<float *>cnp.PyArray_DATA(g), <float *>cnp.PyArray_DATA(x),
+                           <float *>cnp.PyArray_DATA(o), n, nt)
+    else:
+        with nogil:
+            _gelu_grad_f64(<double *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(x),
+                           <double *>cnp.PyArray_DATA(o), n, nt)
+    return o
+
+
+def layer_norm(cnp.ndarray x, cnp.ndarray scale, object bias, double eps):
+    """``(y, mean, rstd)`` of ``x`` (rows, cols) normalised per row; ``scale`` and ``bias``
+    (or None) have ``cols`` elements; ``mean`` and ``rstd`` have ``rows``."""
+    _check(x, "x")
+    _check(scale, "scale", x.dtype)
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a 2-D array, got {x.ndim} dimensions")
+    cdef Py_ssize_t rows = x.shape[0], cols = x.shape[1]
+    if scale.size != cols:
+        raise ValueError(f"scale: expected {cols} elements, got {scale.size}")
+    cdef cnp.ndarray b = None
+    if bias is not None:
+        b = bias
+        _check(b, "bias", x.dtype)
+        if b.size != cols:
+            raise ValueError(f"bias: expected {cols} elements, got {b.size}")
+    cdef cnp.ndarray y = np.empty_like(x)
+    cdef cnp.ndarray mean = np.empty(rows, x.dtype)
+    cdef cnp.ndarray rstd = np.empty(rows, x.dtype)
+    cdef int nt = _threads(rows * cols)
+    if x.dtype == np.float32:
+        with nogil:
+            _ln_rows(<float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(scale),
+                     <float *>(cnp.PyArray_DATA(b) if b is not None else NULL),
+                     <float *>cnp.PyArray_DATA(y), <float *>cnp.PyArray_DATA(mean),
+                     <float *>cnp.PyArray_DATA(rstd), rows, cols, eps, nt)
+    else:
+        with nogil:
+            _ln_rows(<double *>cnp.PyArray_DATA(x), <double *>cnp.PyArray_DATA(scale),
+                     <double *>(cnp.PyArray_DATA(b) if b is not None else NULL),
+                     <double *>cnp.PyArray_DATA(y), <double *>cnp.PyArray_DATA(mean),
+                     <double *>cnp.PyArray_DATA(rstd), rows, cols, eps, nt)
+    return y, mean, rstd
+
+
+def layer_norm_backward(cnp.ndarray g, cnp.ndarray x, cnp.ndarray scale, cnp.ndarray mean,
+                        cnp.ndarray rstd, bint want_dx=True, bint want_params=True):
+    """``(dx, dscale, dbias)`` of ``layer_norm`` (see the module note); a part not wanted is
+    None."""
+    _check(x, "x")
+    for a, name in ((g, "g"), (scale, "scale"), (mean, "mean"), (rstd, "rstd")):
+        _check(a, name, x.dtype)
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a 2-D array, got {x.ndim} dimensions")
+    cdef Py_ssize_t rows = x.shape[0], cols = x.shape[1]
+    if g.size != x.size or scale.size != cols or mean.size != rows \
+            or rstd.size != rows:
+        raise ValueError("layer_norm_backward: inconsistent shapes")
+    cdef cnp.ndarray dx = None, ds = None, db = None
+    cdef int nt = _threads(rows * cols)
+    if want_dx:
+        dx = np.empty_like(x)
+        if x.dtype == np.float32:
+            with nogil:
+                _ln_backward_rows(<float *>cnp.PyArray_DATA(g), <float *>cnp.PyArray_DATA(x),
+                                  <float *>cnp.PyArray_DATA(scale),
+                                  <float *>cnp.PyArray_DATA(mean),
+                                  <float *>cnp.PyArray_DATA(rstd),
+                                  <float *>cnp.PyArray_DATA(dx), rows, cols, nt)
+        else:
+            with nogil:
+                _ln_backward_rows(<double *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(x),
+                                  <double *>cnp.PyArray_DATA(scale),
+                                  <double *>cnp.PyArray_DATA(mean),
+                                  <double *>cnp.PyArray_DATA(rstd),
+                                  <double *>cnp.PyArray_DATA(dx), rows, cols, nt)
+    if want_params:
+        ds = np.zeros(cols, np.float64)
+        db = np.zeros(cols, np.float64)
+        if x.dtype == np.float32:
+            with nogil:
+                _ln_param_grads(<float *>cnp.PyArray_DATA(g), <float *>cnp.PyArray_DATA(x),
+                                <float *>cnp.PyArray_DATA(mean), <float *>cnp.PyArray_DATA(rstd),
+                                <double *>cnp.PyArray_DATA(ds), <double *>cnp.PyArray_DATA(db),
+                                rows, cols)
+        else:
+            with nogil:
+                _ln_param_grads(<double *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(x),
+                                <double *>cnp.PyArray_DATA(mean),
+                                <double *>cnp.PyArray_DATA(rstd),
+                                <double *>cnp.PyArray_DATA(ds), <double *>cnp.PyArray_DATA(db),
+                                rows, cols)
+        ds = ds.astype(x.dtype)
+        db = db.astype(x.dtype)
+    return dx, ds, db
