@@ -7,7 +7,7 @@ non-empty tensor: eight int64 = addresses of x, g, s0, s1, s2, element count, fi
 """
 import numpy as np
 
-from .._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+from ..drivers import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
 
 HEADER_BYTES = 128  # FA_CUDA_HEADER in kernels.cu
 CHUNK = 4096        # FA_CUDA_CHUNK in kernels.cu: elements per block of the dense step

@@ -11,7 +11,7 @@ setup.py puts in the package (``fastadam/gpu/include/``) in a wheel.
 """
 from pathlib import Path
 
-from .._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+from ..drivers import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
 
 KINDS = {"adam": KIND_ADAM, "adagrad": KIND_ADAGRAD, "momentum": KIND_MOMENTUM}
 # Storage types of the kernels: float16 is held as its bits and computed in float32.
