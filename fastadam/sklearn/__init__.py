@@ -19,7 +19,8 @@ Two ways in, both on the public fastadam API only (``step_inplace``, ``sparse_st
    features they contain, applied by the lazy sparse step, so the cost per batch follows the
    non-zeros, not the feature count).
 
-Losses are fused autodiff primitives with sample weights (``_losses``); ``verbose`` progress
+Losses are fused one-pass loops with sample weights (``_kernels``; the sparse model's are
+autodiff primitives, ``_losses``); ``verbose`` progress
 uses tqdm when installed (``_progress``).  Everything pickles and clones like any scikit-learn
 estimator; under ``GridSearchCV(n_jobs=2)`` scikit-learn's default loky backend starts fresh
 worker processes, which avoids libgomp's fork hazard (see README "Threads").

@@ -15,8 +15,8 @@ What differs is how a step is computed:
 - a mini-batch runs ``_backprop.BatchPass``: the network's shape is fixed, so its gradient is
   written out (dense layer, activation, then a fused, sample-weighted loss whose value and
   gradient come from one pass of ``_kernels``) with the operations of the autodiff VJPs of
-  ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
-  (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
+  ``_layers.dense`` and the loss primitives, into buffers allocated once per fit
+  (tests check it bit for bit against the plain pass of tests/sklearn_reference.py, that against
   ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
 - the update is one Adam step (``fastadam.step_inplace(..., convention="tf")``'s driver and
   kernel) over the whole parameter array, the L2 term added to the weights' gradients
