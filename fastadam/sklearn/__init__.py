@@ -25,10 +25,10 @@ uses tqdm when installed (``_progress``).  Everything pickles and clones like an
 estimator; under ``GridSearchCV(n_jobs=2)`` scikit-learn's default loky backend starts fresh
 worker processes, which avoids libgomp's fork hazard (see README "Threads").
 """
-from ._accelerate import AdamOptimizer, accelerate_mlp, check_sklearn_contract
+from ._accelerate import (AdamOptimizer, StockFallbackWarning, accelerate_mlp,
+                          check_sklearn_contract)
 from ._mlp import MLPClassifier, MLPRegressor
 from ._sparse_linear import SparseLinearClassifier
 
 __all__ = ["AdamOptimizer", "MLPClassifier", "MLPRegressor", "SparseLinearClassifier",
-           "accelerate_mlp",
-           "check_sklearn_contract"]
+           "StockFallbackWarning", "accelerate_mlp", "check_sklearn_contract"]
