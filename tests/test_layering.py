@@ -276,6 +276,12 @@ def test_no_import_cycle_between_modules_of_a_package():
     assert not cycles, cycles
 
 
+def test_the_compiled_drivers_import_nothing_above_them():
+    above = sorted({(m, t) for m, _, _, t, _ in read_imports(PACKAGE)
+                    if m.startswith("fastadam._core") and not t.startswith("fastadam._core")})
+    assert not above, above
+
+
 def _extension_table():
     tree = ast.parse((ROOT / "setup.py").read_text())
     for node in tree.body:
