@@ -12,7 +12,10 @@ never imports scikit-learn).
   mini-batch loop, knows the installed release; on any other it runs scikit-learn's own loop
   with one warning.
 
-Names whose presence depends on the release are imported here and nowhere else.
+scikit-learn's private utilities the estimators use (``validate_data``, ``_check_sample_weight``,
+the parameter constraints, ``available_if``) are imported here and nowhere else, so a release
+that moves one breaks one line; the private MLP modules ``accelerate_mlp()`` patches are
+imported by ``_accelerate`` and ``_sk_backprop`` behind its contract check.
 """
 import re
 
@@ -22,7 +25,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
     raise ImportError("fastadam.sklearn needs scikit-learn (>= 1.7): "
                       "pip install 'fastadam[sklearn]'") from exc
 
-from sklearn.utils.validation import validate_data  # noqa: F401,E402  (scikit-learn >= 1.6)
+# the estimators' private scikit-learn utilities (all present from 1.6 to the newest tested)
+from sklearn.utils._available_if import available_if  # noqa: F401,E402
+from sklearn.utils._param_validation import Interval, StrOptions  # noqa: F401,E402
+from sklearn.utils.validation import _check_sample_weight, validate_data  # noqa: F401,E402
 
 SKLEARN_FLOOR = (1, 7)
 SKLEARN_NEWEST_TESTED = (1, 9)

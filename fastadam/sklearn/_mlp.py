@@ -38,7 +38,7 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 import fastadam
-from ._compat import validate_data
+from ._compat import Interval, StrOptions, _check_sample_weight, validate_data
 from . import _kernels
 from ._backprop import BatchPass
 from ._layers import ACTIVATIONS, activation_inplace
@@ -48,9 +48,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 
 

@@ -31,17 +31,16 @@ import fastadam
 from fastadam.sparse import CSRBatches
 
 from . import _kernels
-from ._compat import validate_data
+from ._compat import (Interval, StrOptions, _check_sample_weight, available_if,
+                      validate_data)
 from ._losses import (_whinge, _wsce, weighted_multiclass_hinge_grad,
                       weighted_softmax_cross_entropy_grad)
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
-from sklearn.utils._available_if import available_if
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 _LOSSES = {"log_loss": (_wsce, weighted_softmax_cross_entropy_grad),
            "hinge": (_whinge, weighted_multiclass_hinge_grad)}
