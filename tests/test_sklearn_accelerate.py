@@ -191,8 +191,11 @@ def test_changed_constructor_fails_loudly(monkeypatch):
 
     monkeypatch.setattr(sk_opt, "AdamOptimizer", Changed)
     with pytest.raises(RuntimeError, match=r"private MLP optimizer contract.*__init__ takes"):
+        _accelerate.check_sklearn_contract()
+    with pytest.warns(fsk.StockFallbackWarning, match=r"contract.*__init__ takes") as record:
         with fsk.accelerate_mlp():
-            pass
+            assert sk_mlp.AdamOptimizer is not fsk.AdamOptimizer  # nothing swapped
+    assert len(record) == 1
 
 
 def test_building_the_optimizer_checks_the_contract(monkeypatch):
@@ -396,7 +399,8 @@ def test_fit_stochastic_restored_after_block_and_exception():
 
 def test_missing_fit_stochastic_fails_loudly(monkeypatch):
     monkeypatch.delattr(sk_mlp.BaseMultilayerPerceptron, "_fit_stochastic")
-    with pytest.raises(RuntimeError, match="BaseMultilayerPerceptron._fit_stochastic is missing"):
+    with pytest.warns(fsk.StockFallbackWarning,
+                      match="BaseMultilayerPerceptron._fit_stochastic is missing"):
         with fsk.accelerate_mlp():
             pass
 
@@ -407,7 +411,8 @@ def test_changed_fit_stochastic_signature_fails_loudly(monkeypatch):
         pass
 
     monkeypatch.setattr(sk_mlp.BaseMultilayerPerceptron, "_fit_stochastic", renamed)
-    with pytest.raises(RuntimeError, match=r"_fit_stochastic takes \[.*'batch_size'\], expected"):
+    with pytest.warns(fsk.StockFallbackWarning,
+                      match=r"_fit_stochastic takes \[.*'batch_size'\], expected"):
         with fsk.accelerate_mlp():
             pass
     assert sk_mlp.BaseMultilayerPerceptron._fit_stochastic is renamed
@@ -481,3 +486,83 @@ def test_verbose_lines_and_warm_started_early_stopping_equal_sklearn(rng, count_
     assert capsys.readouterr().out == stock_out and "Validation score" in stock_out
     _assert_same_coefs(a, b)
     assert count_batches
+
+
+# ---- version gate and deep contract check (issue 20) -----------------------------------------
+
+def _stock_and_block_fit(rng):
+    X, y = _data(rng)
+    make = lambda: MLPClassifier(hidden_layer_sizes=(6,), max_iter=4, batch_size=16,  # noqa
+                                 random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        stock = make().fit(X, y)
+        with pytest.warns(fsk.StockFallbackWarning) as record:
+            with fsk.accelerate_mlp():
+                assert sk_mlp.AdamOptimizer is not fsk.AdamOptimizer  # nothing swapped
+                inside = make().fit(X, y)
+    assert len([r for r in record if r.category is fsk.StockFallbackWarning]) == 1
+    assert not isinstance(inside._optimizer, fsk.AdamOptimizer)
+    for p, q in zip(stock.coefs_ + stock.intercepts_, inside.coefs_ + inside.intercepts_):
+        assert np.array_equal(p, q)
+    assert stock.loss_curve_ == inside.loss_curve_
+    return record
+
+
+@pytest.mark.parametrize("version", [(1, 6), (1, 99), (2, 0)])
+def test_an_untested_release_runs_stock_with_one_warning(rng, monkeypatch, version):
+    from fastadam.sklearn import _compat
+
+    monkeypatch.setattr(_compat, "SKLEARN_VERSION", version)
+    record = _stock_and_block_fit(rng)
+    assert f"scikit-learn {version[0]}.{version[1]} is not a release" in str(record[0].message)
+
+
+def test_the_probe_catches_a_loop_that_computes_differently(rng, monkeypatch):
+    # a fastadam loop that drifted from scikit-learn's arithmetic (here: one ulp in the step
+    # size) passes every signature check; the probe fit must catch it
+    original = fsk.AdamOptimizer._update_prepared
+
+    def drifted(self, params, grads):
+        original(self, params, grads)
+        params[0][0, 0] = np.nextafter(params[0][0, 0], np.inf)
+
+    monkeypatch.setattr(fsk.AdamOptimizer, "_update_prepared", drifted)
+    monkeypatch.setattr(_accelerate, "_PROBE", None)
+    _accelerate.check_sklearn_contract()  # the shallow check sees nothing
+    with pytest.raises(RuntimeError, match="probe fit's coefs_ differ"):
+        _accelerate.check_sklearn_contract(deep=True)
+    record = _stock_and_block_fit(rng)
+    assert "coefs_ differ" in str(record[0].message)
+    monkeypatch.setattr(_accelerate, "_PROBE", None)  # the next test probes afresh
+
+
+def test_the_probe_passes_on_the_installed_release():
+    from fastadam.sklearn import _compat
+
+    assert _compat.mlp_version_known(), "CI runs the floor and the newest tested release"
+    _accelerate.check_sklearn_contract(deep=True)
+    assert _accelerate._PROBE == ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fsk.StockFallbackWarning)
+        with fsk.accelerate_mlp():
+            assert sk_mlp.AdamOptimizer is fsk.AdamOptimizer
+
+
+def test_version_helpers():
+    import sklearn
+
+    from fastadam.sklearn import _compat
+
+    assert _compat.parse_version("1.10.dev0") == (1, 10)
+    assert _compat.parse_version(sklearn.__version__) == _compat.SKLEARN_VERSION
+    assert _compat.sklearn_check_version("1.7") and _compat.sklearn_check_version("0.24")
+    assert not _compat.sklearn_check_version("99.0")
+    with pytest.raises(ValueError, match="version"):
+        _compat.parse_version("latest")
+    # the declared floor is the one pyproject.toml asks pip for
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floors = set(re.findall(r'"scikit-learn>=([\d.]+)"', text))
+    assert floors == {_compat.version_string(_compat.SKLEARN_FLOOR)}

@@ -9,12 +9,11 @@ import pytest
 
 pytest.importorskip("sklearn")
 import fastadam.autodiff as ad  # noqa: E402
-from fastadam.sklearn._backprop import loss_and_gradients  # noqa: E402
 from fastadam.sklearn._layers import dense  # noqa: E402
-from fastadam.sklearn._losses import (_wbce, _whse, _wsce,  # noqa: E402
-                                      weighted_binary_cross_entropy_grad,
-                                      weighted_half_squared_error_grad,
-                                      weighted_softmax_cross_entropy_grad)
+from fastadam.sklearn._losses import _wsce, weighted_softmax_cross_entropy_grad  # noqa: E402
+from sklearn_reference import (_wbce, _whse, loss_and_gradients,  # noqa: E402
+                               weighted_binary_cross_entropy_grad,
+                               weighted_half_squared_error_grad)
 
 LOSSES = {"softmax": (_wsce, weighted_softmax_cross_entropy_grad, "labels", 4),
           "binary": (_wbce, weighted_binary_cross_entropy_grad, "targets", 1),

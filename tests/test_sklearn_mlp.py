@@ -25,8 +25,8 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 import fastadam.autodiff as ad  # noqa: E402
 from fastadam.sklearn import MLPClassifier, MLPRegressor  # noqa: E402
 from fastadam.sklearn._layers import dense  # noqa: E402
-from fastadam.sklearn._losses import (weighted_half_squared_error,  # noqa: E402
-                                      weighted_multiclass_hinge, weighted_softmax_cross_entropy)
+from sklearn_reference import (weighted_half_squared_error,  # noqa: E402
+                               weighted_multiclass_hinge, weighted_softmax_cross_entropy)
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

@@ -1,5 +1,5 @@
-"""Array kernels behind the hot primitives: compiled (fastadam._autodiff_kernels) for contiguous
-float32/float64 arrays, NumPy otherwise (other dtypes, strided views).
+"""Array kernels behind the hot primitives: compiled (fastadam._core._autodiff_kernels) for
+contiguous float32/float64 arrays, NumPy otherwise (other dtypes, strided views).
 
 Every function takes and returns ndarrays; none is recorded.  Large outputs come from ``empty``,
 a small per-thread buffer pool: a training loop builds the same graph every step, and a fresh

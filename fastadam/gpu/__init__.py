@@ -28,25 +28,10 @@ naming the argument, raised before anything is written).
 ``import fastadam`` never imports CuPy: this package's ``__init__`` only tells device arrays
 apart by their type; the modules that use CuPy are imported when a CuPy array is passed.
 """
-import sys
-
-import numpy as np
-
-from ._validation import explain_mix, import_cupy  # NumPy only: no CuPy import
+from ._validation import explain_mix, import_cupy, is_device_array  # NumPy only: no CuPy
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
            "dense_step", "sparse_step", "segment_sum"]
-
-
-def is_device_array(obj):
-    """True for a ``cupy.ndarray``, or for another CUDA array (``__cuda_array_interface__``) so
-    that it gets the GPU path's clear error instead of a NumPy conversion."""
-    if type(obj) is np.ndarray:  # the CPU path's common case, first
-        return False
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(obj, cupy.ndarray):
-        return True
-    return type(obj).__module__.split(".")[0] == "cupy" or hasattr(obj, "__cuda_array_interface__")
 
 
 def holds_device_array(obj):

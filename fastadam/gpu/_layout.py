@@ -7,7 +7,7 @@ non-empty tensor: eight int64 = addresses of x, g, s0, s1, s2, element count, fi
 """
 import numpy as np
 
-from .._core import _registry
+from .. import drivers
 
 HEADER_BYTES = 128  # FA_CUDA_HEADER in kernels.cu
 CHUNK = 4096        # FA_CUDA_CHUNK in kernels.cu: elements per block of the dense step
@@ -17,7 +17,7 @@ ENTRY_WORDS = 8     # int64 words per table entry (fa_cuda_tensor)
 def struct_fields(kind):
     """The coefficient struct of ``kind``, field by field in declaration order (its spec's
     float64 fields, then ``flags``; a CPU test checks these against the headers)."""
-    return list(_registry.spec_of_kind(kind).fields) + ["flags"]
+    return list(drivers.spec_of_kind(kind).fields) + ["flags"]
 
 
 def struct_dtype(kind):

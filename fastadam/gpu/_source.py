@@ -11,22 +11,22 @@ setup.py puts in the package (``fastadam/gpu/include/``) in a wheel.
 """
 from pathlib import Path
 
-from .._core import _registry
+from .. import drivers
 
 # The optimizers of the registration list (include/fastadam/optimizers.def), by name.
-KINDS = dict(_registry.KINDS)
+KINDS = dict(drivers.KINDS)
 # Storage types of the kernels: float16 is held as its bits and computed in float32.
 STORAGE = {"float16": "unsigned short", "float32": "float", "float64": "double"}
 
 
 def dense_flags(kind):
     """Flag combinations the dense kernel of ``kind`` is instantiated for (the C list's)."""
-    return tuple(f for f in range(16) if _registry._dense.dense_supported(kind, f))
+    return tuple(f for f in range(16) if drivers.dense_supported(kind, f))
 
 
 def sparse_flags(kind):
     """Flag combinations of the sparse kernels of ``kind`` (never FA_SCALE; two slots at most)."""
-    return tuple(f for f in range(16) if _registry._dense.sparse_supported(kind, f))
+    return tuple(f for f in range(16) if drivers.sparse_supported(kind, f))
 
 
 DENSE_FLAGS = {kind: dense_flags(kind) for kind in KINDS.values()}

@@ -11,7 +11,7 @@ import cupy
 import numpy as np
 
 from . import _kernels, _layout, _source
-from .._core._validation import INDEX_TYPES, ROW_TYPES, check_rows
+from ..drivers import INDEX_TYPES, ROW_TYPES, check_rows
 from ._validation import check_array, check_disjoint, check_device_array, import_cupy
 
 _MAX_GRID = 1 << 20  # the kernels loop over rows/segments beyond this many blocks

@@ -1,9 +1,22 @@
 """Checks of CuPy arrays, with the messages of fastadam/_core/_validation.pyx (``numpy.ndarray``
 becomes ``cupy.ndarray``), plus the GPU's own: one device per call, no NumPy/CuPy mix, CuPy
 installed.  Everything runs before any kernel is launched."""
+import sys
+
 import numpy as np
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def is_device_array(obj):
+    """True for a ``cupy.ndarray``, or for another CUDA array (``__cuda_array_interface__``) so
+    that it gets the GPU path's clear error instead of a NumPy conversion."""
+    if type(obj) is np.ndarray:  # the CPU path's common case, first
+        return False
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(obj, cupy.ndarray):
+        return True
+    return type(obj).__module__.split(".")[0] == "cupy" or hasattr(obj, "__cuda_array_interface__")
 
 
 def import_cupy(name):
@@ -145,8 +158,6 @@ def _raise_overlap(groups, a, b, single):
 def explain_mix(named):
     """Called when a CPU check failed: if any of ``named`` ((name, object or list) pairs) holds
     a device array, raise the mix error naming it (the CPU message would not say why)."""
-    from . import is_device_array
-
     for name, obj in named:
         if obj is None:
             continue
@@ -186,6 +197,4 @@ def check_device_gradient(g, x, name, pname):
 
 def address(a):
     """The first byte of a NumPy or CuPy array."""
-    from . import is_device_array
-
     return a.data.ptr if is_device_array(a) else a.__array_interface__["data"][0]

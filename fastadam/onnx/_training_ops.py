@@ -15,8 +15,7 @@ import numpy as np
 
 import fastadam
 
-from ..optim._coefficients import adam_coefficients
-from ..optim._functional import dense_step
+from ..optim.lowlevel import adam_coefficients, dense_step
 
 
 def _scalar(value, name, kind):

@@ -150,7 +150,7 @@ class Adam(Optimizer):
         ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` and ``step`` (which must be equal for
         every parameter that has state)."""
         from ._torch import adam_from_torch
-        return adam_from_torch(cls, torch_optimizer)
+        return adam_from_torch(cls, torch_optimizer, issubclass(cls, AdamW))
 
 
 class AdamW(Adam):

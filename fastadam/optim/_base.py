@@ -28,6 +28,7 @@ from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint
 from ._guard import guarded_step, locked, new_lock
+from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
 
@@ -35,25 +36,6 @@ ParamsLike = Union[Any, Sequence[Any], Sequence[Dict[str, Any]]]
 
 
 # ---- small checks shared by the subclasses ---------------------------------------------------
-def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
-    """A finite real number (not a bool), ``>= low`` unless low is None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} "
-                        f"{value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: expected a finite number, got {value}")
-    if low is not None and value < low:
-        raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
-    return value
-
-
-def check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
@@ -65,15 +47,6 @@ def check_lr(value: Any) -> Union[float, Callable[[int], float]]:
     if callable(value):
         return value
     return check_real(value, "lr")
-
-
-def check_clip(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    value = check_real(value, "clip_grad_norm")
-    if value <= 0.0:
-        raise ValueError(f"clip_grad_norm: expected a number > 0 or None, got {value}")
-    return value
 
 
 class ParamGroup(Mapping):

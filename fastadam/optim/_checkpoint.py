@@ -30,6 +30,7 @@ from numpy.lib import format as npy_format
 
 from ..io import atomic_write
 from . import schedules
+from ._checks import check_bool, check_clip
 from .schedules import Schedule
 
 FORMAT = "fastadam.optim/1"
@@ -95,8 +96,6 @@ def _decode_lr(value: Any, current: Any, where: str) -> Any:
 def check_metadata(opt, state: Dict[str, Any], where: str,
                    extra_keys: Tuple[str, ...] = ()) -> Tuple[int, Optional[float], List[Dict]]:
     """Validate everything but the arrays; returns (t, clip_grad_norm, groups)."""
-    from ._base import check_bool, check_clip
-
     _check_keys(state, META_KEYS + extra_keys, where)
     if state["format"] != FORMAT:
         raise ValueError(f"{where}['format']: expected {FORMAT!r}, got {state['format']!r}")
@@ -268,8 +267,6 @@ def _read_checkpoint(opt, zf: zipfile.ZipFile, not_ours: str, params: bool):
 
 
 def load(opt, path: Any, *, params: bool = True) -> None:
-    from ._base import check_bool
-
     params = check_bool(params, "params")
     name = os.fspath(path)
     not_ours = f"path: {name!r} is not a fastadam.{type(opt).__name__} checkpoint"

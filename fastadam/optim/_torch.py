@@ -16,10 +16,9 @@ def _number(value: Any) -> float:
     return float(value.item()) if hasattr(value, "item") else float(value)
 
 
-def adam_from_torch(cls, torch_optimizer: Any):
+def adam_from_torch(cls, torch_optimizer: Any, decoupled_only: bool):
+    """``cls.from_torch``; ``decoupled_only``: cls is AdamW (decoupled weight decay only)."""
     import torch
-
-    from ._adam import AdamW
 
     if not isinstance(torch_optimizer, torch.optim.Adam):  # AdamW subclasses Adam in torch 2
         raise TypeError(f"torch_optimizer: expected a torch.optim.Adam or AdamW, got "
@@ -44,7 +43,7 @@ def adam_from_torch(cls, torch_optimizer: Any):
         group = dict(params=arrays, lr=_number(g["lr"]),
                      betas=tuple(_number(b) for b in g["betas"]), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
                      maximize=bool(g["maximize"]))
-        if issubclass(cls, AdamW):
+        if decoupled_only:
             if not decoupled and group["weight_decay"]:
                 raise ValueError(f"torch_optimizer: group {gi} uses coupled weight decay "
                                  f"(torch.optim.Adam); import it with fastadam.Adam.from_torch")

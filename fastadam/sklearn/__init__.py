@@ -19,15 +19,16 @@ Two ways in, both on the public fastadam API only (``step_inplace``, ``sparse_st
    features they contain, applied by the lazy sparse step, so the cost per batch follows the
    non-zeros, not the feature count).
 
-Losses are fused autodiff primitives with sample weights (``_losses``); ``verbose`` progress
+Losses are fused one-pass loops with sample weights (``_kernels``; the sparse model's are
+autodiff primitives, ``_losses``); ``verbose`` progress
 uses tqdm when installed (``_progress``).  Everything pickles and clones like any scikit-learn
 estimator; under ``GridSearchCV(n_jobs=2)`` scikit-learn's default loky backend starts fresh
 worker processes, which avoids libgomp's fork hazard (see README "Threads").
 """
-from ._accelerate import AdamOptimizer, accelerate_mlp, check_sklearn_contract
+from ._accelerate import (AdamOptimizer, StockFallbackWarning, accelerate_mlp,
+                          check_sklearn_contract)
 from ._mlp import MLPClassifier, MLPRegressor
 from ._sparse_linear import SparseLinearClassifier
 
 __all__ = ["AdamOptimizer", "MLPClassifier", "MLPRegressor", "SparseLinearClassifier",
-           "accelerate_mlp",
-           "check_sklearn_contract"]
+           "StockFallbackWarning", "accelerate_mlp", "check_sklearn_contract"]

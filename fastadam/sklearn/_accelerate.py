@@ -12,10 +12,14 @@ order, so the coefficients are those scikit-learn computes.
 
 The MLP looks its optimizer up as the module global ``AdamOptimizer`` of
 ``sklearn.neural_network._multilayer_perceptron``; ``accelerate_mlp()`` swaps that global for the
-duration of a ``with`` block.  Both are private to scikit-learn, so ``check_sklearn_contract()``
-verifies them (names, constructor signature, methods) when the block is entered and when an
-``AdamOptimizer`` is built, and raises ``RuntimeError`` naming what changed instead of training
-with a different optimizer than asked (importing ``fastadam.sklearn`` never fails on it).
+duration of a ``with`` block.  Both are private to scikit-learn, so the block is entered only
+on a release fastadam was tested with (``_compat``: from 1.7 to the newest CI tests) whose
+private contract checks out: ``check_sklearn_contract()`` (names, constructor and method
+signatures, activation and loss tables) and, once per process, a probe (a tiny fit with
+scikit-learn's loop and with fastadam's, which must agree bit for bit).  Otherwise the block
+runs scikit-learn's own MLP, unchanged, with one ``StockFallbackWarning`` saying why.  Building
+an ``AdamOptimizer`` directly checks the contract and raises ``RuntimeError`` naming what changed
+(importing ``fastadam.sklearn`` never fails on it).
 
 Inside the block the MLP's mini-batch loop is fastadam's too: ``accelerate_mlp()`` also swaps
 ``BaseMultilayerPerceptron._fit_stochastic`` for ``_sk_backprop.fit_stochastic``, which performs
@@ -28,12 +32,13 @@ scikit-learn's bit for bit.
 """
 import inspect
 import threading
+import warnings
 
 import numpy as np
 
 import fastadam
 
-from . import _compat  # noqa: F401  (clear ImportError without scikit-learn)
+from . import _compat  # the version checks (and a clear ImportError without scikit-learn)
 
 try:  # private modules: their absence must not break ``import fastadam.sklearn``
     from sklearn.neural_network import _multilayer_perceptron as _sk_mlp
@@ -62,9 +67,8 @@ _CONTRACT_HINT = ("fastadam.sklearn relies on scikit-learn's private MLP optimiz
                   "fastadam.sklearn.MLPClassifier/MLPRegressor")
 
 
-def check_sklearn_contract():
-    """Raise ``RuntimeError`` if the installed scikit-learn no longer has the private optimizer
-    contract ``AdamOptimizer`` and ``accelerate_mlp()`` rely on; return None otherwise."""
+def _check_names_and_signatures():
+    """``check_sklearn_contract`` without the probe."""
     if _sk_opt is None or _sk_mlp is None:
         raise RuntimeError(f"{_CONTRACT_HINT}: sklearn.neural_network._stochastic_optimizers or "
                            "._multilayer_perceptron cannot be imported")
@@ -185,7 +189,80 @@ class AdamOptimizer(_BASE):
         self.__dict__.update(state)
 
 
+class StockFallbackWarning(UserWarning):
+    """``accelerate_mlp()`` ran scikit-learn's own MLP: the installed release is not one
+    fastadam was tested with, or its private MLP contract changed."""
+
+
 _PATCH_LOCK = threading.RLock()
+_PROBE = None  # the probe's finding, once per process: "" (agrees) or what differed
+
+
+def _probe():
+    """What differs between scikit-learn's loop and fastadam's on a tiny fit ("" if nothing):
+    coefficients, intercepts, loss curve and step counts, bit for bit."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    rng = np.random.RandomState(0)
+    X = rng.standard_normal((24, 3))
+    y = (X[:, 0] > 0).astype(np.intp) + (X[:, 1] > 0)
+    w = rng.uniform(0.5, 1.5, 24)
+
+    def fit():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return MLPClassifier(hidden_layer_sizes=(4,), batch_size=5, max_iter=3,
+                                 random_state=0).fit(X, y, sample_weight=w)
+
+    stock = fit()
+    block = accelerate_mlp()
+    block._swap_in()
+    try:
+        ours = fit()
+    finally:
+        block._leave()
+    if not isinstance(ours._optimizer, AdamOptimizer):
+        return "the MLP did not build fastadam's AdamOptimizer"
+    for name in ("coefs_", "intercepts_"):
+        if not all(np.array_equal(a, b) for a, b in zip(getattr(stock, name),
+                                                          getattr(ours, name))):
+            return f"a probe fit's {name} differ from scikit-learn's"
+    for name in ("loss_curve_", "n_iter_", "t_"):
+        if getattr(stock, name) != getattr(ours, name):
+            return f"a probe fit's {name} differs from scikit-learn's"
+    return ""
+
+
+def check_sklearn_contract(deep=False):
+    """Raise ``RuntimeError`` if the installed scikit-learn no longer has the private optimizer
+    contract ``AdamOptimizer`` and ``accelerate_mlp()`` rely on; return None otherwise.
+
+    Checks names, signatures and the activation/loss tables; ``deep=True`` also runs the probe
+    (once per process): a tiny sample-weighted fit with scikit-learn's mini-batch loop and with
+    fastadam's, which must give the same coefficients, loss curve and step counts bit for bit."""
+    global _PROBE
+    _check_names_and_signatures()
+    if deep:
+        with _PATCH_LOCK:
+            if _PROBE is None:
+                _PROBE = _probe()
+        if _PROBE:
+            raise RuntimeError(f"{_CONTRACT_HINT}: {_PROBE}")
+
+
+def _stock_reason():
+    """Why ``accelerate_mlp()`` must run scikit-learn's own MLP ("" if it need not)."""
+    if not _compat.mlp_version_known():
+        return (f"scikit-learn {_compat.version_string(_compat.SKLEARN_VERSION)} is not a "
+                f"release fastadam was tested with "
+                f"({_compat.version_string(_compat.SKLEARN_FLOOR)} to "
+                f"{_compat.version_string(_compat.SKLEARN_NEWEST_TESTED)})")
+    try:
+        check_sklearn_contract(deep=True)
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
 
 
 class _PatchState:
@@ -209,8 +286,11 @@ class accelerate_mlp:
     take the fused step (with scikit-learn's own mini-batch loop).  The swap is process-wide
     (other threads' MLP fits inside the block are accelerated too) and does not reach worker
     processes (``GridSearchCV(n_jobs=2)``): enter the block inside the worker, or use
-    ``fastadam.sklearn.MLPClassifier``.  Blocks nest.  Raises ``RuntimeError`` if the installed
-    scikit-learn changed the private contract this relies on.
+    ``fastadam.sklearn.MLPClassifier``.  Blocks nest.
+
+    On a scikit-learn release fastadam was not tested with, or whose private MLP contract
+    changed (see the module docstring), the block swaps nothing and warns once
+    (``StockFallbackWarning``, naming the reason): the fits inside are scikit-learn's own.
 
     Interrupt safety: entering swaps both scikit-learn names and the block count in one
     assignment on one line that calls nothing (no line event, no eval-breaker check inside),
@@ -222,7 +302,15 @@ class accelerate_mlp:
     _entered = False  # a class default: the finalizer must find it even if __init__ never ran
 
     def __enter__(self) -> "accelerate_mlp":
-        check_sklearn_contract()
+        reason = _stock_reason()
+        if reason:
+            warnings.warn(f"accelerate_mlp(): {reason}; this block runs scikit-learn's own MLP",
+                          StockFallbackWarning, stacklevel=2)
+            return self
+        self._swap_in()
+        return self
+
+    def _swap_in(self) -> None:
         from . import _sk_backprop  # imports scikit-learn's private MLP helpers: after the check
         base = _sk_mlp.BaseMultilayerPerceptron
         with _PATCH_LOCK:
@@ -238,7 +326,6 @@ class accelerate_mlp:
                 _sk_mlp.AdamOptimizer, base._fit_stochastic, _PatchState.now, self._entered = new
             else:
                 _PatchState.now, self._entered = (depth + 1, original), True
-        return self
 
     def __exit__(self, *exc) -> None:
         self._leave()

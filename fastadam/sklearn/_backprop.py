@@ -7,7 +7,8 @@ the autodiff tape at every mini-batch buys nothing but the tape's per-operation 
 (about half the time of a batch of 200 rows).  This module computes the same numbers directly,
 with the operations, in the order, of the tape's VJPs (``_layers.dense`` and the loss
 primitives' gradients), so the result equals ``fastadam.autodiff.gradient`` of the same network
-(``tests/test_sklearn_backprop.py`` checks it, and checks both against finite differences).
+(``tests/test_sklearn_backprop.py`` checks it with the plain pass of tests/sklearn_reference.py,
+and checks both against finite differences).
 The ReLU layers and the losses run as fused one-pass loops (``_kernels.pyx``), which keep the
 NumPy expressions' roundings up to the last bit of C's exp/log against NumPy's:
 
@@ -28,7 +29,7 @@ layer's ``dz @ W.T`` as an outer product, which BLAS runs slowly) each round as 
 expression they replace (a product with inner dimension 1 is one rounded multiplication;
 ``sum(axis=0)`` of a C-contiguous array with two or more columns adds the rows in order from
 +0; one column is left to NumPy, which sums it pairwise), so ``BatchPass`` gives the bits of
-``loss_and_gradients`` (tested).
+the plain pass (tests/sklearn_reference.py, tested).
 
 The one compiled twin: with ReLU hidden layers the estimators' epoch loop
 (``_kernels.EpochTrainer``) runs this pass compiled, with those loops fused (the bias gradients
@@ -56,43 +57,6 @@ def activation_backward_inplace(name, g, a):
         g *= a
         g *= d
     return g
-
-
-def forward(X, coefs, intercepts, activation):
-    """The activations ``[a_1, ..., a_n]`` (``a_n`` the output layer's values before the output
-    function), each a fresh array."""
-    outputs = []
-    h = X
-    last = len(coefs) - 1
-    for i, (w, b) in enumerate(zip(coefs, intercepts)):
-        h = h @ w
-        if i != last and activation == "relu":
-            _kernels.bias_relu(h, b)  # max(h + b, 0), one pass
-        else:
-            h += b
-            if i != last:
-                activation_inplace(activation, h)
-        outputs.append(h)
-    return outputs
-
-
-def loss_and_gradients(X, coefs, intercepts, activation, loss):
-    """``(loss, coef_grads, intercept_grads)`` of ``loss(network(X))``.
-
-    ``loss(z)`` returns ``(value, dz)``: the loss of the output values ``z`` and its gradient
-    with respect to ``z`` (a fresh array: the backward pass overwrites it)."""
-    outputs = forward(X, coefs, intercepts, activation)
-    value, dz = loss(outputs[-1])
-    n = len(coefs)
-    coef_grads = [None] * n
-    intercept_grads = [None] * n
-    for i in range(n - 1, -1, -1):
-        a = outputs[i - 1] if i else X
-        coef_grads[i] = a.T @ dz
-        intercept_grads[i] = dz.sum(axis=0)
-        if i:
-            dz = activation_backward_inplace(activation, dz @ coefs[i].T, a)
-    return value, coef_grads, intercept_grads
 
 
 class BatchPass:

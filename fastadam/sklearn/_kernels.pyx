@@ -50,14 +50,12 @@ loops): nothing here needs SIMD dispatch.
 """
 import numpy as np
 cimport numpy as cnp
-from libc.math cimport exp, expf, log, log1p, pow, sqrt
+from libc.math cimport exp, expf, log, log1p
 from libc.string cimport memcpy
 
-from fastadam._core._coeffs cimport AdamCoefficients
 
 cnp.import_array()
 
-cdef double F32_MAX = 3.4028234663852886e38  # float32's largest finite value
 
 ctypedef fused real_t:
     float
@@ -578,11 +576,9 @@ cdef class EpochTrainer:
     Adam step through fastadam's dense driver.
 
     The step is ``fastadam.step_inplace(params, gradients, m, v, t, lr=..., beta1=...,
-    beta2=..., eps=..., convention="tf", num_threads=...)``: the same driver and kernel, with
-    the arrays and hyper-parameters validated here, once, and the step size
-    ``alpha = lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` folded per step in C with the
-    operations of ``fastadam.optim._coefficients.adam_step_sizes`` (pow and sqrt, the same
-    roundings), so the bits are step_inplace's (tested).
+    beta2=..., eps=..., convention="tf", num_threads=...)`` prepared once per fit
+    (``fastadam.optim.lowlevel.PreparedAdam``: arrays and hyper-parameters checked once, the
+    step's coefficients folded as step_inplace folds them), so the bits are step_inplace's.
     """
     cdef object batch
     cdef bint relu, dbl
@@ -595,12 +591,7 @@ cdef class EpochTrainer:
     cdef object params, gradients
     cdef Py_ssize_t coef_size
     cdef double alpha
-    cdef AdamCoefficients coeffs
-    cdef double lr, beta1, beta2
-    cdef object dense_step, chooser
-    cdef tuple step_args
-    cdef Py_ssize_t step_size
-    cdef int num_threads, kind
+    cdef object adam
     cdef readonly long long t
 
     def __init__(self, batch, list coefs, list intercepts, loss, tuple extra, params, m, v,
@@ -610,11 +601,7 @@ cdef class EpochTrainer:
         (weights first, then intercepts, as ``batch.gradients``); ``loss, extra``: the
         estimator's ``_loss_kernel()``; ``m, v``: Adam's moments like ``params``, ``t``: the
         steps taken so far; ``alpha``: the L2 strength (0: none)."""
-        from fastadam._core import _dense
-        from fastadam._core._threads import adaptive_threads, resolve_num_threads
-        from fastadam._core._validation import check_step_arrays
-        from fastadam.optim._coefficients import adam_coefficients
-        from fastadam.optim._functional import KIND_DENSE, check_compute_dtype
+        from fastadam.optim.lowlevel import PreparedAdam
         self.batch = batch
         self.relu = batch.activation == "relu"
         self.loss = loss
@@ -635,37 +622,16 @@ cdef class EpochTrainer:
         self.coef_size = batch.coef_size
         self.alpha = alpha
         self.t = t
-        self.lr, self.beta1, self.beta2 = lr, beta1, beta2
-        # validated once: the hyper-parameters (t + 1: the first step this trainer takes) and
-        # the arrays, as step_inplace validates them at every step
-        self.coeffs = adam_coefficients(t + 1, lr, beta1, beta2, eps, "tf")
-        xs, gs, slots, typenum = check_step_arrays(params, batch.gradients,
-                                                   [("m", m), ("v", v)])
-        if typenum != cnp.NPY_DOUBLE:
-            check_compute_dtype(self.coeffs, typenum)
-        self.dbl = typenum == cnp.NPY_DOUBLE
-        if typenum not in (cnp.NPY_DOUBLE, cnp.NPY_FLOAT):
+        if params.dtype not in (np.float64, np.float32):
             raise TypeError(f"params: expected float32 or float64, got {params.dtype}")
-        self.step_args = (xs, gs, slots, typenum, False)
-        self.step_size = params.size
-        # step_inplace's num_threads: None is the measured choice (0 here)
-        self.num_threads = 0 if num_threads is None else resolve_num_threads(num_threads)
-        self.dense_step = _dense.dense_step
-        self.chooser = adaptive_threads.run
-        self.kind = KIND_DENSE
+        # every array and hyper-parameter checked once, here
+        self.adam = PreparedAdam(params, batch.gradients, m, v, lr=lr, beta1=beta1,
+                                 beta2=beta2, eps=eps, convention="tf", num_threads=num_threads)
+        self.dbl = params.dtype == np.float64
 
     cdef inline _adam_step(self):
-        cdef double bc1, bc2
         self.t += 1
-        bc1 = 1.0 - pow(self.beta1, <double>self.t)
-        bc2 = 1.0 - pow(self.beta2, <double>self.t)
-        self.coeffs.c.alpha = self.lr * sqrt(bc2) / bc1
-        if not self.dbl and not -F32_MAX <= self.coeffs.c.alpha <= F32_MAX:
-            self.coeffs.check_float32()  # raises, naming lr, as step_inplace does
-        done = self.dense_step(self.coeffs, *self.step_args, self.num_threads)
-        if done is None:  # not run: the thread chooser runs it (fastadam/_core/_threads.py)
-            self.chooser(self.dense_step, (self.coeffs,) + self.step_args, self.step_size,
-                         self.kind)
+        self.adam.step(self.t)
 
     def epoch(self, list xb, list tb, list weights, list scales, X=None, targets=None,
               order=None):

@@ -15,8 +15,8 @@ What differs is how a step is computed:
 - a mini-batch runs ``_backprop.BatchPass``: the network's shape is fixed, so its gradient is
   written out (dense layer, activation, then a fused, sample-weighted loss whose value and
   gradient come from one pass of ``_kernels``) with the operations of the autodiff VJPs of
-  ``_layers.dense`` and the loss primitives of ``_losses``, into buffers allocated once per fit
-  (tests check it bit for bit against ``_backprop.loss_and_gradients``, that against
+  ``_layers.dense`` and the loss primitives, into buffers allocated once per fit
+  (tests check it bit for bit against the plain pass of tests/sklearn_reference.py, that against
   ``fastadam.autodiff.gradient`` of the same network, and both against finite differences);
 - the update is one Adam step (``fastadam.step_inplace(..., convention="tf")``'s driver and
   kernel) over the whole parameter array, the L2 term added to the weights' gradients
@@ -41,7 +41,7 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 import fastadam
-from ._compat import validate_data
+from ._compat import Interval, StrOptions, _check_sample_weight, validate_data
 from . import _kernels
 from ._backprop import BatchPass
 from ._layers import ACTIVATIONS
@@ -51,9 +51,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 
 

@@ -4,8 +4,8 @@ updates touch only the features present in a mini-batch.
 For a CSR mini-batch ``Xb`` (rows i, stored entries ``(i, j, x_ij)``) and output gradient
 ``dz = d loss / d z`` (``z = Xb @ W + b``, W of shape (n_features, n_classes)), the weight
 gradient is ``sum over stored entries of x_ij * dz[i]`` added to row j: the ``IndexedSlices``
-``Xb.T @ dz`` over the distinct columns of the batch, which ``fastadam.sparse``'s CSR kernels
-(``_csr.pyx``, behind ``csr_transpose_dot``) sum in storage order without a sort, and which
+``Xb.T @ dz`` over the distinct columns of the batch, which ``fastadam.sparse.CSRBatches`` (the
+CSR kernels behind ``csr_transpose_dot``) sums in storage order without a sort, and which
 ``fastadam.sparse_step_inplace(..., indices_sorted_unique=True)`` applies with the lazy (or
 catch-up) Adam step.  The batch's rows are read in place from the training matrix (a shuffled
 epoch gathers nothing), for the forward product ``Xb @ W`` too.  The result is bit for bit that
@@ -28,21 +28,19 @@ import numpy as np
 import scipy.sparse as sp
 
 import fastadam
-from fastadam.sparse import _csr
-from fastadam.sparse._segments import check_csr_structure
+from fastadam.sparse import CSRBatches
 
 from . import _kernels
-from ._compat import validate_data
+from ._compat import (Interval, StrOptions, _check_sample_weight, available_if,
+                      validate_data)
 from ._losses import (_whinge, _wsce, weighted_multiclass_hinge_grad,
                       weighted_softmax_cross_entropy_grad)
 from ._progress import EpochProgress
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
-from sklearn.utils._available_if import available_if
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 _LOSSES = {"log_loss": (_wsce, weighted_softmax_cross_entropy_grad),
            "hinge": (_whinge, weighted_multiclass_hinge_grad)}
@@ -176,14 +174,13 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _batch_step(self, X, batch, labels, weights):
         """One Adam step on the rows ``batch`` (int64 indices into X, in batch order) of X: a
-        dense ndarray, or the ``(indptr, indices, data)`` arrays of a checked CSR matrix.
+        dense ndarray, or a checked CSR matrix (``fastadam.sparse.CSRBatches``).
         Returns the batch's loss (float)."""
         loss_fn, grad_fn = _LOSSES[self.loss]
-        if isinstance(X, tuple):  # CSR: walk the batch's rows in place (no gathered matrix)
-            indptr, cols, data = X
+        csr = isinstance(X, CSRBatches)
+        if csr:  # walk the batch's rows in place (no gathered matrix)
             z = np.empty((batch.shape[0], self._weights.shape[1]), dtype=self._weights.dtype)
-            touched, entry_rank = _csr.dot_and_columns(indptr, cols, data, batch,
-                                                       self._weights.shape[0], self._weights, z)
+            walk = X.forward(batch, self._weights, z)
         else:
             Xb = X[batch]
             z = Xb @ self._weights
@@ -197,11 +194,10 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         self._adam_t += 1
         adam = dict(lr=self.learning_rate_init, beta1=self.beta_1, beta2=self.beta_2,
                     eps=self.epsilon, convention="tf", num_threads=self.num_threads)
-        if isinstance(X, tuple):
+        if csr:
             # X[batch].T @ dz with each touched column's rows already summed (in the order the
             # sort + segment sum would add them), so the step skips both
-            sums = _csr.sum_rows(indptr, data, batch, entry_rank, dz, touched.shape[0])
-            grad = fastadam.IndexedSlices(sums, touched, self._weights.shape)
+            grad = X.weight_gradient(walk, dz)
             fastadam.sparse_step_inplace(
                 self._weights, grad, self._m_w, self._v_w, self._adam_t, mode=self.mode,
                 last_step=self._last_step if self.mode == "catchup" else None,
@@ -224,7 +220,7 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_data(self, X, y, reset=first_pass, accept_sparse="csr", dtype=dtype,
                              order="C")
         if sp.issparse(X):  # checked once: the kernels then walk its arrays (never modified)
-            X_rows = check_csr_structure(X, "X")
+            X_rows = CSRBatches(X, "X")
         else:
             X_rows = X
         labels = self._encode(y, first_pass, incremental, classes)

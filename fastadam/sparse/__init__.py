@@ -5,8 +5,9 @@
   ``csr_transpose_dot`` (a linear layer's weight gradient ``X.T @ dz`` for CSR ``X``, already
   summed, sorted and unique, for the steps' ``indices_sorted_unique=True`` path that skips the
   sort).
-- ``_csr.pyx``: the CSR row kernels under ``csr_transpose_dot`` (and the forward product the
-  scikit-learn estimators use).
+- ``_batches.py``: ``CSRBatches``, a CSR matrix checked once and read by mini-batches of rows
+  (forward product and weight gradient of a linear layer; the scikit-learn estimators use it).
+- ``_csr.pyx``: the CSR row kernels under ``csr_transpose_dot`` and ``CSRBatches``.
 - The compiled driver is ``fastadam/_core/_sparse.pyx``; the kernels (radix sort, segment
   tables, segment sum, row walks) are ``include/fastadam/sparse.h``.
 
@@ -17,10 +18,11 @@ etc.; ``fastadam.sparse.<step>`` still answers, with a DeprecationWarning.  This
 imports nothing from ``fastadam.optim``: the optimizers depend on the gradient types, not the
 other way round.
 """
+from ._batches import CSRBatch, CSRBatches
 from ._indexed_slices import IndexedSlices
 from ._segments import csr_transpose_dot, segment_sum
 
-__all__ = ["IndexedSlices", "csr_transpose_dot", "segment_sum"]
+__all__ = ["CSRBatch", "CSRBatches", "IndexedSlices", "csr_transpose_dot", "segment_sum"]
 
 _MOVED_TO_OPTIM = ("sparse_step_inplace", "sparse_adagrad_step_inplace",
                    "sparse_momentum_step_inplace")

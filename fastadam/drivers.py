@@ -1,0 +1,33 @@
+"""fastadam.drivers: the public names of the compiled drivers, for backends and front-ends.
+
+The drivers themselves live in the private package ``fastadam._core`` and may change shape at
+any release; a front-end (``fastadam.gpu``, ``fastadam.onnx``, ``fastadam.sklearn``,
+``fastadam.distributed``) reads them only through this module, ``fastadam.optim.lowlevel`` and
+the public functions (tests/test_layering.py enforces it).  This module imports nothing above
+``fastadam._core``, so the GPU backend, which ``fastadam.optim`` dispatches to, can use it
+without an import cycle.
+
+Optimizer kinds (the ``kind`` of a coefficient object, as the C kernels number them):
+
+- ``KIND_ADAM``, ``KIND_ADAGRAD``, ``KIND_MOMENTUM``; ``KINDS`` maps every registered
+  optimizer's name to its kind (``include/fastadam/optimizers.def``);
+- ``spec_of_kind(kind)``: the optimizer's registration spec (its coefficient fields, slots);
+- ``dense_supported(kind, flags)``, ``sparse_supported(kind, flags)``: whether the compiled
+  kernel table has that (optimizer, flag set) pair.
+
+Arrays of the sparse steps:
+
+- ``INDEX_TYPES``: the index dtypes the sparse kernels read (int32, int64);
+- ``ROW_TYPES``: the value dtypes of the sparse kernels (float32, float64);
+- ``check_rows(values, name, k, row_shape, dtype, xp=numpy)``: the gradient rows of a sparse
+  step: an array of ``xp`` (NumPy or CuPy) of shape ``(k,) + row_shape`` and dtype ``dtype``
+  (any of ``ROW_TYPES`` if None), C-contiguous (a copy if needed: it is only read); raises
+  ``TypeError``/``ValueError`` naming ``name``.
+"""
+from ._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
+from ._core._dense import dense_supported, sparse_supported
+from ._core._registry import KINDS, spec_of_kind
+from ._core._validation import INDEX_TYPES, ROW_TYPES, check_rows
+
+__all__ = ["INDEX_TYPES", "KINDS", "KIND_ADAGRAD", "KIND_ADAM", "KIND_MOMENTUM", "ROW_TYPES",
+           "check_rows", "dense_supported", "sparse_supported", "spec_of_kind"]

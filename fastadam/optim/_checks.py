@@ -1,0 +1,38 @@
+"""Small checks of hyper-parameter values shared by the optimizer objects and checkpoints
+(``_base.py`` re-exports them; ``_checkpoint.py`` imports them from here, so that neither of the
+two imports the other)."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+import numpy as np
+
+
+def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
+    """A finite real number (not a bool), ``>= low`` unless low is None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} "
+                        f"{value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    if low is not None and value < low:
+        raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_clip(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    value = check_real(value, "clip_grad_norm")
+    if value <= 0.0:
+        raise ValueError(f"clip_grad_norm: expected a number > 0 or None, got {value}")
+    return value
