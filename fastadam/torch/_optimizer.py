@@ -97,6 +97,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                                  f"{key}=True (use torch.optim for that)")
         self.num_threads = num_threads
         self._sparse_seen: set = set()
+        self._entries: Dict[torch.Tensor, list] = {}  # see _entry
         self._warned_dense_after_sparse = False
         super().__init__(params, defaults)
 
@@ -145,17 +146,42 @@ class FastadamOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         plans = [self._plan_group(gi, group) for gi, group in enumerate(self.param_groups)]
-        steps: List[torch.Tensor] = []
+        stepped: List[list] = []
         for h, dense, sparse in plans:
             for (t, _), batch in dense.items():
                 self._step_dense(batch["x"], batch["g"], batch["slots"], t, h)
-                steps += batch["step"]
-            for x, grad, slots, t, step in sparse:
+                stepped += batch["entries"]
+            for x, grad, slots, t, entry in sparse:
                 self._step_sparse(x, grad, slots, t, h)
-                steps.append(step)
-        if steps:
-            torch._foreach_add_(steps, 1.0)
+                stepped.append(entry)
+        if stepped:
+            torch._foreach_add_([e[2] for e in stepped], 1.0)  # state["step"], as torch keeps it
+            for e in stepped:
+                e[3] += 1
         return loss
+
+    def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
+               name: str) -> list:
+        """``[data_ptr, x view, step tensor, step count, state tensors, state views]`` of
+        ``p``, built once and reused while ``p``'s memory and its state tensors stay the same
+        objects (``load_state_dict`` or ``p.data = ...`` replace them: the entry is rebuilt).
+        Making NumPy views costs about 1 us per tensor, which a step of many small tensors
+        would otherwise pay three times per parameter."""
+        state = self.state.get(p)
+        entry = self._entries.get(p)
+        if (entry is not None and state is not None and entry[0] == p.data_ptr()
+                and p.is_contiguous() and state["step"] is entry[2]
+                and len(entry[4]) == len(keys)
+                and all(state[k] is tk for k, tk in zip(keys, entry[4]))):
+            return entry
+        x = numpy_view(p, name)
+        state = self._init_state(p, group)
+        step = state["step"]
+        tensors = tuple(state[k] for k in keys)
+        views = [numpy_view(tk, f"state[{name}][{k!r}]") for k, tk in zip(keys, tensors)]
+        entry = [p.data_ptr(), x, step, int(step.item()), tensors, views]
+        self._entries[p] = entry
+        return entry
 
     def _plan_group(self, gi: int, group: Dict[str, Any]):
         """Validate one group and sort its parameters into compiled calls (nothing written)."""
@@ -167,40 +193,37 @@ class FastadamOptimizer(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             name = f"param_groups[{gi}]['params'][{i}]"
-            x = numpy_view(p, name)
-            state = self._init_state(p, group)
-            step = state["step"]
-            t = int(step.item()) + 1
-            slots = [numpy_view(state[k], f"state[{name}][{k!r}]") for k in keys]
+            entry = self._entry(p, group, keys, name)
+            x, step, t, slots = entry[1], entry[2], entry[3] + 1, entry[5]
             grad = p.grad
-            if grad.is_sparse:
+            if grad.layout is not torch.strided:
                 if not self._takes_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse "
                                        f"gradients ({name})")
                 self._sparse_seen.add(p)
-                sparse.append((x, self._indexed_slices(grad, p, name), slots, t, step))
+                sparse.append((x, self._indexed_slices(grad, p, name), slots, t, entry))
                 continue
             if not self._takes_dense:
                 raise RuntimeError(f"{type(self).__name__} does not support dense gradients "
                                    f"({name}); use fastadam.torch.Adam")
-            if p in self._sparse_seen and not self._warned_dense_after_sparse:
+            if self._sparse_seen and p in self._sparse_seen and not self._warned_dense_after_sparse:
                 self._warned_dense_after_sparse = True
                 warnings.warn(f"{name} had sparse gradients and now has a dense one: it steps "
                               f"every row from now on (a dense term such as weight decay added "
                               f"to an embedding's loss makes its gradient dense)",
                               RuntimeWarning, stacklevel=caller_stacklevel())
-            if grad.dtype != p.dtype or grad.shape != p.shape:
+            g = grad.numpy() if grad.is_contiguous() else grad.contiguous().numpy()
+            if g.dtype != x.dtype or g.shape != x.shape:
                 raise ValueError(f"{name}: its gradient has dtype {grad.dtype} and shape "
                                  f"{tuple(grad.shape)}, expected {p.dtype} and "
                                  f"{tuple(p.shape)}")
-            g = numpy_view(grad if grad.is_contiguous() else grad.contiguous(), f"{name}.grad")
             batch = dense.setdefault((t, p.dtype), dict(x=[], g=[], slots=[[] for _ in slots],
-                                                        step=[]))
+                                                        entries=[]))
             batch["x"].append(x)
             batch["g"].append(g)
             for lst, s in zip(batch["slots"], slots):
                 lst.append(s)
-            batch["step"].append(step)
+            batch["entries"].append(entry)
         return h, dense, sparse
 
     @staticmethod
@@ -219,6 +242,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         return IndexedSlices(values, indices, tuple(p.shape))
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._entries.clear()
         super().load_state_dict(state_dict)
         for gi, group in enumerate(self.param_groups):
             self._check_group(group)
