@@ -171,7 +171,7 @@ def print_table(rows, file=None):
     if notes:
         print("flagged values are left out of the plot; rerun on an idle machine", file=file)
     if not have_torch:
-        print("(PyTorch not importable: no torch columns; pip install 'fastadam[torch]')",
+        print("(PyTorch not importable: no torch columns; the CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)",
               file=file)
 
 
