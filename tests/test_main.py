@@ -117,10 +117,11 @@ def test_console_script_declared_and_installed():
     import importlib.metadata
     import pathlib
     import shutil
-    import tomllib
 
     pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
-    if pyproject.exists():
+    if pyproject.exists() and sys.version_info >= (3, 11):
+        import tomllib
+
         scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
         assert scripts["fastadam"] == "fastadam.__main__:main"
     try:
