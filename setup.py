@@ -12,7 +12,9 @@ libomp), ``-g0`` unless ``FASTADAM_DEBUG=1``; ``FASTADAM_SANITIZE=1`` adds ASAN 
 sanitizer job, tests/sanitize.sh).  Never ``-march=native``:
 kernels pick their instruction set at run time (see include/fastadam/common.h).
 """
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -160,4 +163,57 @@ class build_py_with_cuda_source(build_py):
                 self.copy_file(str(src), str(dst))
 
 
-setup(ext_modules=make_extensions(), cmdclass={"build_py": build_py_with_cuda_source})
+class build_ext_cached(build_ext):
+    """Compile the extensions in parallel, and reuse object files across builds.
+
+    pip builds every install (``pip install -e .``, then ``-e '.[test]'``, ...) in a fresh
+    temporary folder, so setuptools alone recompiles all of the C each time.  Here each object
+    file is stored in ``build/object-cache/`` of the source tree (``FASTADAM_OBJECT_CACHE``
+    overrides the folder; ``0`` turns the cache off) under a hash of everything that can change
+    it: the source file, every header of ``include/``, NumPy's headers' version, the compiler
+    command, its flags and the Python version.  A hit copies the object instead of compiling.
+    Parallel jobs: ``FASTADAM_BUILD_JOBS`` (default: the CPU count)."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.parallel = int(os.environ.get("FASTADAM_BUILD_JOBS", 0)) or os.cpu_count() or 1
+
+    def build_extensions(self):
+        where = os.environ.get("FASTADAM_OBJECT_CACHE", str(HERE / "build" / "object-cache"))
+        if where != "0":
+            self._wrap_compile(Path(where))
+        super().build_extensions()
+
+    def _wrap_compile(self, cache):
+        compiler = self.compiler
+        if getattr(compiler, "_fastadam_cached", False) or not hasattr(compiler, "_compile"):
+            return
+        headers = hashlib.sha256()
+        for h in sorted((HERE / "include").rglob("*")):
+            if h.is_file():
+                headers.update(str(h.relative_to(HERE)).encode() + h.read_bytes())
+        common = [headers.hexdigest(), np.__version__, sys.version,
+                  " ".join(getattr(compiler, "compiler_so", []) or [])]
+        original = compiler._compile
+
+        def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            key = hashlib.sha256("\0".join(common + [ext, repr(cc_args), repr(extra_postargs),
+                                                     repr(pp_opts)]).encode()
+                                 + Path(src).read_bytes()).hexdigest()
+            cached = cache / (key + ".o")
+            if cached.exists():
+                os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
+                shutil.copyfile(cached, obj)
+                return
+            original(obj, src, ext, cc_args, extra_postargs, pp_opts)
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / (key + f".{os.getpid()}.tmp")
+            shutil.copyfile(obj, tmp)
+            os.replace(tmp, cached)  # another build may race: each writes whole files
+
+        compiler._compile = compile_cached
+        compiler._fastadam_cached = True
+
+
+setup(ext_modules=make_extensions(),
+      cmdclass={"build_py": build_py_with_cuda_source, "build_ext": build_ext_cached})

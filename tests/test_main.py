@@ -109,3 +109,28 @@ def test_measure_dense_rows_have_spread():
     assert {r["impl"] for r in rows} == {"fastadam", "numpy", "stream_rw_f32"}
     for r in rows:
         assert r["low"] <= r["elements_per_s"] <= r["high"]
+
+
+def test_console_script_declared_and_installed():
+    """pyproject declares the ``fastadam`` command; where fastadam is installed (CI installs it
+    with pip), the command runs and prints the same version as ``python -m fastadam``."""
+    import importlib.metadata
+    import pathlib
+    import shutil
+
+    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.exists() and sys.version_info >= (3, 11):
+        import tomllib
+
+        scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+        assert scripts["fastadam"] == "fastadam.__main__:main"
+    try:
+        dist = importlib.metadata.distribution("fastadam")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("fastadam is not installed (an in-place build): no console script")
+    assert dist.metadata["Author"] or dist.metadata["Author-email"]
+    command = shutil.which("fastadam", path=str(pathlib.Path(sys.executable).parent))
+    assert command, "the fastadam console script is not installed beside this Python"
+    out = subprocess.run([command, "--version"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == f"fastadam {fastadam.__version__}"

@@ -11,6 +11,22 @@ def _data(v):
     return v.data if isinstance(v, Tensor) else v
 
 
+def _reduction(op, name):
+    """``Tensor.sum``/``mean``/``max``: recorded reductions.  They take NumPy's keywords too, so
+    ``np.sum(t)`` (which calls ``t.sum(axis=..., dtype=..., out=...)``) records the op; a
+    ``dtype``, ``out`` or other NumPy-only option raises a TypeError saying so."""
+    def method(a, axis=None, dtype=None, out=None, keepdims=False, **numpy_only):
+        given = ([k for k, v in (("dtype", dtype), ("out", out)) if v is not None]
+                 + sorted(numpy_only))
+        if given:
+            raise TypeError(f"Tensor.{name}: {', '.join(given)} not supported (a Tensor's "
+                            f"{name} is recorded for gradients: {name}(axis, keepdims) only); "
+                            f"use np.{name}(t.data, ...) for NumPy's")
+        return op(a, axis, keepdims)
+    method.__name__ = name
+    return method
+
+
 def _attach():
     T = Tensor
     T.__add__ = binary_operator(add)
@@ -33,9 +49,9 @@ def _attach():
     T.__le__ = lambda a, b: _wrap(a.data <= _data(b))
     T.__gt__ = lambda a, b: _wrap(a.data > _data(b))
     T.__ge__ = lambda a, b: _wrap(a.data >= _data(b))
-    T.sum = lambda a, axis=None, keepdims=False: _ops.sum(a, axis, keepdims)
-    T.mean = lambda a, axis=None, keepdims=False: _ops.mean(a, axis, keepdims)
-    T.max = lambda a, axis=None, keepdims=False: _ops.max(a, axis, keepdims)
+    T.sum = _reduction(_ops.sum, "sum")
+    T.mean = _reduction(_ops.mean, "mean")
+    T.max = _reduction(_ops.max, "max")
     T.reshape = lambda a, *shape: _ops.reshape(
         a, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
     T.transpose = lambda a, *axes: _ops.transpose(

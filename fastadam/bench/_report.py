@@ -171,8 +171,8 @@ def print_table(rows, file=None):
     if notes:
         print("flagged values are left out of the plot; rerun on an idle machine", file=file)
     if not have_torch:
-        print("(PyTorch not importable: no torch columns; pip install 'fastadam[torch]')",
-              file=file)
+        print("(PyTorch not importable: no torch columns; its CPU build installs with "
+              "pip install torch --index-url https://download.pytorch.org/whl/cpu)", file=file)
 
 
 def plot(rows, path):
