@@ -30,6 +30,21 @@ OPERATORS = {}
 COMPILERS = {}
 
 
+# the TensorProto.DataType values (UNDEFINED excluded)
+VALID_DATA_TYPES = frozenset(v for v in TensorProto.DataType.values() if v)
+
+
+def onnx_dtype(code, label, field):
+    """The NumPy dtype of ONNX data type ``code``; ValueError naming ``label`` and ``field``
+    if ``code`` is not one."""
+    if code not in VALID_DATA_TYPES:
+        raise ValueError(f"{label}: {field}={code} is not an ONNX tensor data type")
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(code))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{label}: {field}={code} has no NumPy dtype") from None
+
+
 def register(op_type, since=7):
     def wrap(fun):
         OPERATORS[op_type] = (since, fun)
@@ -486,7 +501,6 @@ _FLOAT8_SATURATING = frozenset(
 
 @register("Cast", since=6)
 def cast(inputs, attrs, opset):
-    from ._graph import onnx_dtype
     x, = inputs
     if "to" not in attrs:
         raise ValueError("Cast: missing attribute 'to'")

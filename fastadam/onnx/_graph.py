@@ -41,28 +41,14 @@ from ..autodiff import Tensor
 from . import _nn_ops  # noqa: F401  (registers the neural-network operators)
 from . import _transformer_ops  # noqa: F401  (registers the transformer operators)
 from ._budget import step_scope
-from ._core_ops import COMPILERS, OPERATORS, UnsupportedOperatorError
+from ._core_ops import (COMPILERS, OPERATORS, VALID_DATA_TYPES, UnsupportedOperatorError,  # noqa: F401
+                        onnx_dtype)
 from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
 # the exceptions a node raises that are re-raised with the node's label in front
 LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
-
-
-# the TensorProto.DataType values (UNDEFINED excluded)
-VALID_DATA_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values() if v)
-
-
-def onnx_dtype(code, label, field):
-    """The NumPy dtype of ONNX data type ``code``; ValueError naming ``label`` and ``field``
-    if ``code`` is not one."""
-    if code not in VALID_DATA_TYPES:
-        raise ValueError(f"{label}: {field}={code} is not an ONNX tensor data type")
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(code))
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{label}: {field}={code} has no NumPy dtype") from None
 
 
 def _attribute_value(a, label):

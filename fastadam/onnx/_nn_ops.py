@@ -78,7 +78,7 @@ def _over_1d(run):
         if x.ndim != 3:
             return run(inputs, attrs, opset, **kw)
         lifted = [_reshaped(t, t.shape[:2] + (1,) + t.shape[2:])
-                  if t is not None and t.ndim == 3 else t for t in inputs[:2]] + inputs[2:]
+                  if t is not None and t.ndim == 3 else t for t in inputs[:2]] + list(inputs[2:])
         out = run(lifted, _lift_1d(attrs), opset, **kw)
         return [_reshaped(y, y.shape[:2] + y.shape[3:]) for y in out]
 

@@ -10,9 +10,11 @@ NumPy.  A Dropout that would drop (training mode with a ratio above 0) raises
 ``UnsupportedOperatorError``: its random mask cannot equal another runtime's.
 """
 import numpy as np
+from onnx import helper
 
 from .. import autodiff as ad
-from ._core_ops import UnsupportedOperatorError, const, ints, is_float, register, same_dtype
+from ._core_ops import (UnsupportedOperatorError, cast, const, ints, is_float, register,
+                        same_dtype)
 
 
 def _axis(axis, ndim, name="axis"):
@@ -89,11 +91,14 @@ def dropout(inputs, attrs, opset, n_outputs=1):
 
 @register("CastLike", since=15)
 def cast_like(inputs, attrs, opset):
+    """Cast to ``like``'s type: exactly Cast with ``to`` that type (saturate included)."""
     x, like = inputs
-    to = like.data.dtype
-    if is_float(x) and to.kind == "f":
-        return [ad.cast(x, to)]
-    return [const(x.data.astype(to))]
+    try:
+        to = helper.np_dtype_to_tensor_dtype(like.data.dtype)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"CastLike: target_type has dtype {like.data.dtype}, which is no ONNX "
+                         f"tensor type") from None
+    return cast([x], dict(attrs, to=to), opset)
 
 
 # ---------------------------------------------------------------------------------------------
