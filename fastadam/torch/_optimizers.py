@@ -12,11 +12,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .. import (adagrad_step_inplace, momentum_step_inplace, sparse_adagrad_step_inplace,
-                sparse_momentum_step_inplace, sparse_step_inplace, step_inplace)
+from .. import (adagrad_step_inplace, lion_step_inplace, momentum_step_inplace,
+                rmsprop_step_inplace, sparse_adagrad_step_inplace, sparse_lion_step_inplace,
+                sparse_momentum_step_inplace, sparse_rmsprop_step_inplace, sparse_step_inplace,
+                step_inplace)
 from ._optimizer import FastadamOptimizer, check_range, number, numpy_view
 
-__all__ = ["Adagrad", "Adam", "AdamW", "SGD", "SparseAdam"]
+__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "SGD", "SparseAdam"]
 
 
 def _zeros(p: torch.Tensor) -> torch.Tensor:
@@ -295,3 +297,91 @@ class SGD(FastadamOptimizer):
                     momentum_step_inplace([it[0] for it in items], [it[1] for it in items],
                                           [it[2] for it in items], key[0], **kw)
         return loss
+
+
+class RMSprop(FastadamOptimizer):
+    """``torch.optim.RMSprop`` (:func:`fastadam.rmsprop_step_inplace`, ``convention="torch"``):
+    ``v = alpha*v + (1-alpha)*g'**2``; centered: ``a = alpha*a + (1-alpha)*g'``, ``w = v - a**2``;
+    ``d = g'/(sqrt(w)+eps)``; with momentum ``b = momentum*b + d; x -= lr*b``, else
+    ``x -= lr*d``.  torch's state names: ``square_avg``, ``momentum_buffer`` (momentum > 0),
+    ``grad_avg`` (centered).  A sparse gradient takes the lazy sparse step (not with
+    ``centered`` and momentum together)."""
+
+    def __init__(self, params: Any, lr: Any = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                 capturable: bool = False, foreach: Optional[bool] = None,
+                 maximize: bool = False, differentiable: bool = False, *,
+                 num_threads: Optional[int] = None):
+        defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
+                        momentum=momentum, centered=centered, capturable=capturable,
+                        foreach=foreach, maximize=maximize, differentiable=differentiable)
+        super().__init__(params, defaults, num_threads)
+
+    def _check_group(self, group):
+        return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0),
+                    alpha=check_range(number(group["alpha"], "alpha"), "alpha", 0.0, 1.0,
+                                      high_open=False),
+                    eps=check_range(number(group["eps"], "eps"), "eps", 0.0),
+                    weight_decay=check_range(number(group["weight_decay"], "weight_decay"),
+                                             "weight_decay", 0.0),
+                    momentum=check_range(number(group["momentum"], "momentum"), "momentum",
+                                         0.0),
+                    centered=bool(group["centered"]), maximize=bool(group["maximize"]))
+
+    def _slot_keys(self, group):
+        return (("square_avg",) + (("momentum_buffer",) if group["momentum"] > 0 else ())
+                + (("grad_avg",) if group["centered"] else ()))
+
+    def _state_init(self, p, group):
+        return dict(step=_step0(), **{k: _zeros(p) for k in self._slot_keys(group)})
+
+    def _kwargs(self, slots, h):
+        it = iter(slots[1:])
+        return dict(momentum_buffer=next(it) if h["momentum"] > 0 else None,
+                    grad_avg=next(it) if h["centered"] else None, lr=h["lr"],
+                    alpha=h["alpha"], eps=h["eps"], weight_decay=h["weight_decay"],
+                    momentum=h["momentum"], centered=h["centered"], maximize=h["maximize"],
+                    convention="torch", num_threads=self.num_threads)
+
+    def _step_dense(self, xs, gs, slots, t, h):
+        rmsprop_step_inplace(xs, gs, slots[0], t, **self._kwargs(slots, h))
+
+    def _step_sparse(self, x, grad, slots, t, h):
+        sparse_rmsprop_step_inplace(x, grad, slots[0], t, mode="lazy", **self._kwargs(slots, h))
+
+
+class Lion(FastadamOptimizer):
+    """Lion (Chen et al. 2023; :func:`fastadam.lion_step_inplace`), which torch.optim does not
+    have: ``c = beta1*m + (1-beta1)*g'``, ``x = (1-lr*weight_decay)*x - lr*sign(c)``,
+    ``m = beta2*m + (1-beta2)*g'``; state ``exp_avg`` (the name the lion-pytorch package uses).
+    A sparse gradient takes the lazy sparse step."""
+
+    _state_keys = ("exp_avg",)
+
+    def __init__(self, params: Any, lr: Any = 1e-4, betas: Tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0, maximize: bool = False, *,
+                 num_threads: Optional[int] = None):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay,
+                                      maximize=maximize), num_threads)
+
+    def _check_group(self, group):
+        beta1, beta2 = _betas(group)
+        return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0), beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=check_range(number(group["weight_decay"], "weight_decay"),
+                                             "weight_decay", 0.0),
+                    maximize=bool(group["maximize"]))
+
+    def _state_init(self, p, group):
+        return dict(step=_step0(), exp_avg=_zeros(p))
+
+    def _kwargs(self, h):
+        return dict(lr=h["lr"], beta1=h["beta1"], beta2=h["beta2"],
+                    weight_decay=h["weight_decay"], maximize=h["maximize"],
+                    num_threads=self.num_threads)
+
+    def _step_dense(self, xs, gs, slots, t, h):
+        lion_step_inplace(xs, gs, slots[0], t, **self._kwargs(h))
+
+    def _step_sparse(self, x, grad, slots, t, h):
+        sparse_lion_step_inplace(x, grad, slots[0], t, mode="lazy", **self._kwargs(h))
