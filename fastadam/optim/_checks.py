@@ -10,8 +10,18 @@ from typing import Any, Optional
 import numpy as np
 
 
+def scalar_value(value: Any) -> Any:
+    """A 0-d NumPy array of a real dtype (what JAX/optax schedules and ``np.float32(x) * 2``
+    style arithmetic return) as its Python number; anything else unchanged."""
+    if type(value) is np.ndarray and value.ndim == 0 and value.dtype.kind in "iuf":
+        return value.item()
+    return value
+
+
 def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
-    """A finite real number (not a bool), ``>= low`` unless low is None."""
+    """A finite real number (not a bool; a 0-d real array counts), ``>= low`` unless low is
+    None."""
+    value = scalar_value(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} "
                         f"{value!r}")

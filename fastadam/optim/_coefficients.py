@@ -31,6 +31,8 @@ def finite_float(value, name):
         if value - value == 0.0:  # false for inf and nan
             return value
         raise ValueError(f"{name}: expected a finite number, got {value}")
+    if type(value) is np.ndarray and value.ndim == 0 and value.dtype.kind in "iuf":
+        value = value.item()  # a 0-d array: what JAX/optax schedules return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
     try:
@@ -92,6 +94,8 @@ def check_adam_hyperparameters(lr, beta1, beta2, eps, convention, weight_decay, 
         raise ValueError(f"beta2: expected 0 <= beta2 < 1, got {beta2}")
     if not eps > 0.0:
         raise ValueError(f"eps: expected eps > 0, got {eps}")
+    if not 0.0 <= post_decay < 1.0:  # x is scaled by 1 - post_decay: >= 1 zeroes or flips it
+        raise ValueError(f"post_decay: expected 0 <= post_decay < 1, got {post_decay}")
     if convention not in ADAM_CONVENTIONS:
         _convention(convention, ADAM_CONVENTIONS)
     if grad_scale is not None:
