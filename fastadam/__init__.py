@@ -19,12 +19,14 @@ from ._show_config import config, show_config
 from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from .optim import sparse_adagrad_step_inplace, sparse_momentum_step_inplace, sparse_step_inplace
 from .sparse import IndexedSlices, segment_sum
-from .optim import Adagrad, Adam, AdamW, Optimizer, SGD, clip_grad_norm, schedules
+from .optim import (Adagrad, Adam, AdamW, Optimizer, SGD, SparseAdam, clip_grad_norm,
+                    schedules)
 from .optim import (Lion, RMSprop, lion_step_inplace, rmsprop_step_inplace,
                     sparse_lion_step_inplace, sparse_rmsprop_step_inplace)
 from . import autodiff
 
 __all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "Optimizer", "RMSprop", "SGD",
+           "SparseAdam",
            "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
            "lion_step_inplace", "momentum_step_inplace", "rmsprop_step_inplace", "schedules",
            "segment_sum", "show_config",

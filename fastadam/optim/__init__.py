@@ -15,7 +15,7 @@
 - The optimizer objects are built on those functions only:
 
   - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
-  - ``_adam.py`` (``Adam``, ``AdamW``), ``_adagrad.py`` (``Adagrad``), ``_sgd.py`` (``SGD``):
+  - ``_adam.py`` (``Adam``, ``AdamW``, ``SparseAdam``), ``_adagrad.py`` (``Adagrad``), ``_sgd.py`` (``SGD``):
     one small class per optimizer: its hyper-parameters, slots and functional calls;
   - ``_params.py``: parameter and gradient checks; ``_clip.py``: global-norm clipping;
   - ``_checkpoint.py``: state dicts and atomic, untrusting checkpoint files;
@@ -33,7 +33,7 @@ from ._sparse_functional import (sparse_adagrad_step_inplace, sparse_momentum_st
                                  sparse_step_inplace)
 from . import schedules
 from ._adagrad import Adagrad
-from ._adam import Adam, AdamW
+from ._adam import Adam, AdamW, SparseAdam
 from ._base import Optimizer, ParamGroup
 from ._clip import clip_grad_norm, global_norm
 from ._sgd import SGD
@@ -47,5 +47,5 @@ __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
             "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
             "prepare_step"]
-__all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "clip_grad_norm",
-            "global_norm", "schedules"]
+__all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "SparseAdam",
+            "clip_grad_norm", "global_norm", "schedules"]

@@ -16,7 +16,7 @@ from ._sparse_functional import sparse_step_inplace
 from ._coefficients import adam_coefficients
 from ._functional import step_inplace
 
-__all__ = ["Adam", "AdamW"]
+__all__ = ["Adam", "AdamW", "SparseAdam"]
 
 #: eps when not given: each convention's library default (PyTorch, TensorFlow/Keras, ONNX)
 ADAM_EPS = {"torch": 1e-8, "tf": 1e-7, "onnx": 1e-6}
@@ -47,7 +47,11 @@ class Adam(Optimizer):
         The formula (default ``"torch"``, as ``torch.optim.Adam``).
     sparse_mode : {"lazy", "dense"}
         How sparse gradients (IndexedSlices, CSR) update (:func:`fastadam.sparse_step_inplace`).
-        Sparse gradients cannot be combined with amsgrad, nesterov or post_decay.
+        Sparse gradients cannot be combined with amsgrad, nesterov or post_decay.  A sparse
+        gradient takes this optimizer's ``convention`` (default ``"torch"``: epsilon added to
+        the bias-corrected ``sqrt(v)``); ``torch.optim.SparseAdam`` adds it to the uncorrected
+        ``sqrt(v)`` (``convention="tf"``): :class:`SparseAdam` reproduces it.  A dense gradient
+        for a parameter that had sparse ones warns once (from then on every row steps).
     clip_grad_norm : float, optional
         Clip the global norm of all gradients to this value before the step (torch's
         ``clip_grad_norm_`` rule), at the cost of one extra read of the gradients.
@@ -171,3 +175,38 @@ class AdamW(Adam):
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov, maximize=maximize,
             sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+
+
+class SparseAdam(Adam):
+    """``torch.optim.SparseAdam``: lazy Adam for sparse gradients with torch's formula and
+    defaults (``lr=1e-3, betas=(0.9, 0.999), eps=1e-8, maximize=False``)::
+
+        m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g**2          (touched rows only)
+        x -= lr*sqrt(1-beta2**t)/(1-beta1**t) * m/(sqrt(v) + eps)
+
+    that is :func:`fastadam.sparse_step_inplace` with ``convention="tf"``, ``mode="lazy"``.
+    Like torch's, it takes sparse gradients only (IndexedSlices, CSR)
+    and has no weight decay; a dense gradient raises before anything changes.
+    """
+
+    dense_gradients = False
+
+    def __init__(self, params: ParamsLike, lr: LR = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 maximize: bool = False, clip_grad_norm: Optional[float] = None,
+                 num_threads: Optional[int] = None):
+        Optimizer.__init__(self, params, dict(
+            lr=lr, betas=betas, eps=eps, convention="tf", weight_decay=0.0,
+            decoupled_weight_decay=False, post_decay=0.0, amsgrad=False, nesterov=False,
+            maximize=maximize, sparse_mode="lazy", clip_grad_norm=clip_grad_norm,
+            num_threads=num_threads))
+
+    def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
+        h = super().check_group(hyper)
+        fixed = dict(convention="tf", weight_decay=0.0, post_decay=0.0, nesterov=False,
+                     sparse_mode="lazy")
+        for key, value in fixed.items():
+            if h[key] != value:
+                raise ValueError(f"{key}: SparseAdam has torch.optim.SparseAdam's fixed "
+                                 f"{key}={value!r}; got {h[key]!r} (use fastadam.Adam)")
+        return h

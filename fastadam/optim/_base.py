@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .._core._threads import resolve_num_threads
+from .._stacklevel import caller_stacklevel
 from .._core._validation import plain_gradients
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
@@ -99,6 +101,9 @@ class Optimizer:
 
     group_keys: Tuple[str, ...] = ()
     structural_options: Tuple[str, ...] = ()  # options that decide the slots (e.g. amsgrad)
+
+    #: False for an optimizer of sparse gradients only (SparseAdam): a dense one is refused
+    dense_gradients = True
 
     def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):
         self._lock = new_lock()  # steps and checkpoints one at a time (_guard.py)
@@ -324,11 +329,14 @@ class Optimizer:
         skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
         if len(self._arrays) == 1 and (type(grads) is np.ndarray or is_device_array(grads)):
             grads = [grads]
-        if (self._clip is None and len(self._buckets) == 1 and type(grads) in (list, tuple)
+        if (self._clip is None and len(self._buckets) == 1 and self.dense_gradients
+                and type(grads) in (list, tuple)
                 and len(grads) == len(self._arrays) and self._plain_dense(grads)):
             # the common case: dense arrays of the parameters' dtype and shapes, one group, one
             # dtype, no clipping: one call, whose own checks (in Cython) run before it writes.
             # Decided up front from the gradients' types, dtypes and shapes: no second try.
+            if self.__dict__.get("_sparse_seen"):  # every gradient here is dense
+                self._note_sparse([("dense", None)] * len(grads), [])
             gi = self._buckets[0][0]
             applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
                                       self._groups[gi], self._lr(gi),
@@ -346,6 +354,12 @@ class Optimizer:
         ones and one per sparse gradient."""
         gathered = gather_gradients(grads, self._params, self._arrays, self._labels)
         sparse = [i for i, e in enumerate(gathered) if e is not None and e[0] == "sparse"]
+        if not self.dense_gradients:
+            for i, e in enumerate(gathered):
+                if e is not None and e[0] == "dense":
+                    raise TypeError(f"grads[{i}]: {type(self).__name__} takes sparse gradients "
+                                    f"only (IndexedSlices or CSR); got a dense one")
+        self._note_sparse(gathered, sparse)
         for i in sparse:
             why = self.sparse_unsupported(self._groups[self._group_of[i]])
             if why:
@@ -392,6 +406,21 @@ class Optimizer:
             slots = {name: arrays[i] for name, arrays in self._slots.items()}
             self.sparse_step(self._arrays[i], grad, slots, self.t, self._groups[gi], lrs[gi])
         return self._finish(applied, [i for i, e in enumerate(gathered) if e is not None])
+
+    def _note_sparse(self, gathered: Any, sparse: List[int]) -> None:
+        """Remember which parameters had sparse gradients; warn once when one gets a dense
+        gradient (a dense penalty on an embedding, say: every row steps from then on)."""
+        seen = self.__dict__.setdefault("_sparse_seen", set())
+        if seen and not self.__dict__.get("_warned_dense_after_sparse"):
+            for i in seen:
+                if gathered[i] is not None and gathered[i][0] == "dense":
+                    self._warned_dense_after_sparse = True
+                    warnings.warn(f"grads[{i}]: this parameter had sparse gradients and now has "
+                                  f"a dense one: every row steps from now on (a dense term such "
+                                  f"as an L2 penalty on an embedding makes its gradient dense)",
+                                  RuntimeWarning, stacklevel=caller_stacklevel())
+                    break
+        seen.update(sparse)
 
     def _dry_run(self, dense_calls: Any, sparse: List[int], lrs: List[float],
                  scale: float) -> None:
