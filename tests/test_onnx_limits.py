@@ -195,3 +195,28 @@ def test_broadcast_shape_equals_numpy():
                 _budget.broadcast_shape("x", *shapes)
         else:
             assert _budget.broadcast_shape("x", *shapes) == expected
+
+
+def _shape_model(op, extra_inputs, attrs=None, out_type=F):
+    """One node whose output shape comes from data: Expand, ConstantOfShape, Range."""
+    ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in extra_inputs]
+    node = helper.make_node(op, [n for n, _, _ in extra_inputs], ["Y"], name="big",
+                            **(attrs or {}))
+    graph = helper.make_graph([node], "g", ins,
+                              [helper.make_tensor_value_info("Y", out_type, ["D"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op,inputs,feeds,out_type", [
+    ("Expand", [("X", F, [1]), ("S", TensorProto.INT64, [2])],
+     {"X": np.ones(1, np.float32), "S": np.array([100_000, 100_000])}, F),
+    ("ConstantOfShape", [("S", TensorProto.INT64, [2])],
+     {"S": np.array([100_000, 100_000])}, F),
+    ("Range", [("A", TensorProto.INT64, []), ("B", TensorProto.INT64, []),
+               ("C", TensorProto.INT64, [])],
+     {"A": np.array(0), "B": np.array(10 ** 12), "C": np.array(1)}, TensorProto.INT64),
+])
+def test_shape_from_data_is_refused_before_allocating(budget, op, inputs, feeds, out_type):
+    m = _shape_model(op, inputs, out_type=out_type)
+    with pytest.raises(fo.MemoryBudgetError, match=rf"node 'big' \({op}\): the output of shape"):
+        fo.run(m, feeds)

@@ -13,6 +13,7 @@ import numpy as np
 from onnx import helper
 
 from .. import autodiff as ad
+from ._budget import reserve
 from ._core_ops import (UnsupportedOperatorError, cast, const, ints, is_float, register,
                         same_dtype)
 
@@ -191,6 +192,7 @@ def expand(inputs, attrs, opset):
     except ValueError:
         raise ValueError(f"shape: {ints(shape)} does not broadcast with the input's shape "
                          f"{x.shape}") from None
+    reserve("Expand", out, x.data.dtype)  # the shape comes from data: check before allocating
     if is_float(x):
         return [ad.broadcast_to(x, out)]
     return [const(np.broadcast_to(x.data, out).copy())]
@@ -205,6 +207,7 @@ def constant_of_shape(inputs, attrs, opset):
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     if value.size != 1:
         raise ValueError(f"value: expected a one-element tensor, got shape {value.shape}")
+    reserve("ConstantOfShape", shape, value.dtype)
     return [const(np.full(shape, value.reshape(()), dtype=value.dtype))]
 
 
@@ -219,6 +222,7 @@ def range_(inputs, attrs, opset):
         raise ValueError("delta: cannot be 0")
     start, limit, delta = start.reshape(()), limit.reshape(()), delta.reshape(())
     n = max(int(np.ceil((limit - start) / delta)), 0)
+    reserve("Range", (n,), start.dtype)
     # ONNX: start + k * delta, k = 0 .. n-1 (computed in the input's dtype)
     return [const((start + np.arange(n, dtype=start.dtype) * delta).astype(start.dtype))]
 
