@@ -50,9 +50,11 @@ def _dense_arrays(n, seed=0):
 def _optimizer_classes():
     import fastadam
 
+    # every exported optimizer of dense gradients (SparseAdam takes sparse ones only)
     return sorted((obj for obj in vars(fastadam).values()
                    if isinstance(obj, type) and issubclass(obj, fastadam.Optimizer)
-                   and obj is not fastadam.Optimizer), key=lambda c: c.__name__)
+                   and obj is not fastadam.Optimizer and obj.dense_gradients),
+                  key=lambda c: c.__name__)
 
 
 def _optimizer_case(cls, n):
