@@ -25,6 +25,10 @@ for pyx in $(git ls-files 'fastadam/*.pyx'); do
     if [ -f "${pyx%.pyx}.c" ]; then cp -p "${pyx%.pyx}.c" "$WORK/src/${pyx%.pyx}.c"; fi
 done
 
+# setup.py's own build requirements (pip's isolated builds do not leave them installed)
+python -c 'import Cython, setuptools' 2> /dev/null || python -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
+    | xargs -d '\n' python -m pip install -q
 if [ -z "${CC:-}" ]; then
     CC=gcc
     command -v ccache > /dev/null && CC="ccache gcc"
