@@ -122,8 +122,9 @@ cp -r "$TESTS" "$RUN/tests"
 # Some tests check the benchmark workloads (tests/test_autodiff_bench.py): they sit beside tests/.
 mkdir -p "$RUN/asv_bench"
 cp -r "$REPO/asv_bench/benchmarks" "$RUN/asv_bench/benchmarks"
-# tests/test_asv_gate.py checks the gate's comparison logic (plain Python, no asv run).
-cp "$REPO/asv_bench/gate.py" "$RUN/asv_bench/gate.py"
+# tests/test_asv_gate.py and test_asv_instructions.py check the gates' comparison logic (plain
+# Python, no asv run; the instruction gate's end-to-end valgrind test is marked slow).
+cp "$REPO/asv_bench/gate.py" "$REPO/asv_bench/instructions.py" "$RUN/asv_bench/"
 find "$RUN" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$RUN/installed_only.py" <<'EOF'
 """pytest plugin: fail the session unless fastadam was imported from the venv's site-packages."""
