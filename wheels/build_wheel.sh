@@ -44,6 +44,10 @@ SDIST_FILES="$(tar tzf "$SDIST")"
 for f in include/fastadam/common.h include/fastadam/dense.h setup.py pyproject.toml tests/reference.py LICENSE; do
     grep -q "/$f\$" <<< "$SDIST_FILES" || { echo "FAIL: sdist lacks $f"; exit 1; }
 done
+# no generated C: Cython's output is rebuilt from the .pyx (it was 2 MB of the sdist)
+if grep -E "^[^/]+/fastadam/.*\.c\$" <<< "$SDIST_FILES"; then
+    echo "FAIL: the sdist carries Cython's generated C (above)"; exit 1
+fi
 
 step "wheel built from the sdist (pip wheel, isolated build env)"
 "$WORK/tools/bin/pip" wheel --no-deps -w "$WORK/raw" "$SDIST" > "$WORK/wheel.log" 2>&1 \
