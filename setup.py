@@ -123,7 +123,8 @@ def make_extensions():
     extensions = []
     # Every kernel header: a change to one rebuilds the extensions (setuptools does not scan
     # #include lines itself).
-    headers = [str(h.relative_to(HERE)) for h in sorted((HERE / "include").rglob("*.h"))]
+    headers = [str(h.relative_to(HERE)) for h in sorted((HERE / "include").rglob("*"))
+               if h.suffix in (".h", ".def")]
     for module, sources in EXTENSIONS.items():
         extensions.append(
             Extension(
@@ -157,7 +158,7 @@ class build_py_with_cuda_source(build_py):
         super().run()
         target = Path(self.build_lib) / "fastadam" / "gpu" / "include"
         for src in sorted((HERE / "include" / "fastadam").rglob("*")):
-            if src.suffix in (".h", ".cu"):
+            if src.suffix in (".h", ".cu", ".def"):  # optimizers.def: the registration list
                 dst = target / src.relative_to(HERE / "include")
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 self.copy_file(str(src), str(dst))
