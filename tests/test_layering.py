@@ -277,13 +277,8 @@ def test_no_import_cycle_between_packages():
     assert not cycles, "\n".join(f"{comp}: {edges}" for comp, edges in cycles)
 
 
-# Module cycles known and owned elsewhere: the ONNX step's generated code reads two helpers of
-# the session module; issue 20's removal of the generated code (no exec) takes this pair out.
-KNOWN_MODULE_CYCLES = [["fastadam.onnx._codegen", "fastadam.onnx._session"]]
-
-
 def test_no_import_cycle_between_modules_of_a_package():
-    cycles = [c for c in module_cycles(PACKAGE) if c not in KNOWN_MODULE_CYCLES]
+    cycles = module_cycles(PACKAGE)
     assert not cycles, cycles
 
 
