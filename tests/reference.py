@@ -266,3 +266,25 @@ def lion_reference(x, g, m, t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0
     c = beta1 * m + (1.0 - beta1) * g
     x = x - lr * (np.sign(c) + weight_decay * x)
     return x, beta2 * m + (1.0 - beta2) * g
+
+
+# ============================================================================================
+# ONNX (oracles and old behaviours for fastadam.onnx's tests)
+# ============================================================================================
+
+
+def needed_without_y(graph, wanted):
+    """``fastadam.onnx``'s ``Graph.needed`` as it was before a Gradient node's ``y`` was computed
+    ahead of it: the steps that produce ``wanted``, following only node inputs.  Patched in, it
+    makes a Gradient node re-evaluate its sub-graph instead of reusing the forward pass."""
+    seen, found, stack = set(), set(), list(wanted)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        k = graph.producer.get(name)
+        if k is not None and k not in found:
+            found.add(k)
+            stack.extend(n for n in graph.steps[k].inputs if n)
+    return sorted(found)

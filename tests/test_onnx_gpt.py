@@ -19,6 +19,7 @@ import fastadam.onnx as fo  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "asv_bench", "benchmarks"))
 import bench_onnx_gpt as G  # noqa: E402
+from reference import needed_without_y  # noqa: E402
 
 CFG = dict(vocab=32, seq=16, d=64, heads=4, layers=2, batch=3)
 SEQ = 11  # a batch shorter than the positions table: the dynamic sequence axis is exercised
@@ -247,19 +248,6 @@ def test_a_loss_output_is_computed_before_the_gradient_node(monkeypatch):
     fast = fo.TrainingSession(trained)
     fast.step(f)
     assert executed == []  # the Gradient node reused the forward pass
-
-    def needed_without_y(self, wanted):  # Graph.needed before: a Gradient's y not asked for
-        seen, found, stack = set(), set(), list(wanted)
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            k = self.producer.get(name)
-            if k is not None and k not in found:
-                found.add(k)
-                stack.extend(n for n in self.steps[k].inputs if n)
-        return sorted(found)
 
     monkeypatch.setattr(Graph, "needed", needed_without_y)
     slow = fo.TrainingSession(trained)

@@ -8,6 +8,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import fastadam.onnx as fo  # noqa: E402
+from reference import needed_without_y  # noqa: E402
 
 D = TensorProto.DOUBLE
 TRAIN = fo.TRAINING_DOMAIN
@@ -98,28 +99,12 @@ def _sgd_training_info(gradient_zs, bind_scale=False):
     return info
 
 
-def _needed_without_y(self, wanted):
-    """Graph.needed as it was before a Gradient's y was computed ahead of it: the Gradient node
-    then re-evaluates its sub-graph, which must read the constants itself."""
-    seen, found, stack = set(), set(), list(wanted)
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        k = self.producer.get(name)
-        if k is not None and k not in found:
-            found.add(k)
-            stack.extend(n for n in self.steps[k].inputs if n)
-    return sorted(found)
-
-
 @pytest.mark.parametrize("path", ["forward reused", "sub-graph re-evaluated"])
 def test_training_session_reads_unbound_initializers_as_constants(path, monkeypatch):
     from fastadam.onnx._graph import Graph
 
     if path == "sub-graph re-evaluated":
-        monkeypatch.setattr(Graph, "needed", _needed_without_y)
+        monkeypatch.setattr(Graph, "needed", needed_without_y)
     model = _model(_forward_nodes(), [("loss", [])], _inits(), [_sgd_training_info(["X"])])
     session = fo.TrainingSession(model)
     w = W.copy()
