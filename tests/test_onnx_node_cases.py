@@ -115,6 +115,8 @@ def test_node_case(name):
 
 
 def test_documented_forms_are_in_the_readme():
+    if not README.exists():
+        pytest.skip("README.md is not beside this test (the installed wheel's test run)")
     text = README.read_text()
     section = text[text.index("## Training ONNX models"):]
     start = section.index("- **Not supported**")

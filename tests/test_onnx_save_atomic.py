@@ -18,9 +18,9 @@ from fastadam.onnx import _session  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from wide_onnx_model import feeds, training_session  # noqa: E402
 
-HEADER = """
+HEADER = f"""
 import os, sys
-sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})  # this tests/ folder
 from wide_onnx_model import feeds, training_session
 """
 
