@@ -383,7 +383,12 @@ def test_fit_progress_line_without_tqdm(digits, capsys, monkeypatch):
     session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
     out = session.fit(_batches(X, y, 3, 16), progress=True)
     assert out["fastadam.loss"].shape == (3,)
-    assert "fit: step 3" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "fit: step 3" in err
+    # each line shows the loss of the step it counts (it once showed the previous step's)
+    losses = out["fastadam.loss"]
+    assert f"fit: step 1 fastadam.loss={losses[0]:.4g}" in err
+    assert f"fit: step 3 fastadam.loss={losses[2]:.4g}" in err
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -477,9 +477,11 @@ class TrainingSession:
                 for n in keep:
                     kept[n].append(out[n])
                 if bar is not None:
-                    bar.update(1)
+                    # the postfix first: update() may redraw, and must show this step's value
                     if keep and np.size(out[keep[0]]) == 1:
-                        bar.set_postfix({keep[0]: float(np.asarray(out[keep[0]]).reshape(()))})
+                        bar.set_postfix({keep[0]: float(np.asarray(out[keep[0]]).reshape(()))},
+                                        refresh=False)
+                    bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
@@ -523,7 +525,7 @@ class _LineProgress:
         if self.n == 1 or self.n % 10 == 0:
             self._show()
 
-    def set_postfix(self, values):
+    def set_postfix(self, values, refresh=True):
         self.post = " ".join(f"{k}={v:.4g}" for k, v in values.items())
 
     def close(self):

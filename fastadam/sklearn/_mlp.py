@@ -35,6 +35,7 @@ inner dimension only through ``X.T @ delta``, so a fit with a fixed ``random_sta
 for bit (``tests/test_sklearn_mlp.py`` checks it for 1 and 2 threads).
 """
 import numbers
+import types
 import warnings
 
 import numpy as np
@@ -197,8 +198,9 @@ class _BaseMLP(BaseEstimator):
         batch_size = (min(200, n_samples) if self.batch_size == "auto"
                       else int(min(max(self.batch_size, 1), n_samples)))
         if self.batch_size != "auto" and self.batch_size > n_samples:
+            # stacklevel 3: fit/partial_fit -> _fit, so the warning names the caller's line
             warnings.warn("Got `batch_size` less than 1 or larger than sample size. It is going "
-                          "to be clipped")
+                          "to be clipped", stacklevel=3)
         epochs = 1 if incremental else self.max_iter
         if not incremental:
             self.n_iter_ = 0
@@ -278,7 +280,7 @@ class _BaseMLP(BaseEstimator):
                 if not incremental and self.n_iter_ == self.max_iter:
                     warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
                                   f"reached and the optimization hasn't converged yet.",
-                                  ConvergenceWarning)
+                                  ConvergenceWarning, stacklevel=3)
         finally:
             progress.close(stop_message)
         if self.early_stopping:
@@ -488,3 +490,23 @@ class MLPRegressor(RegressorMixin, _BaseMLP):
         """Predicted targets, shape (n_samples,) or (n_samples, n_outputs) as ``y`` was."""
         pred = self._forward_numpy(self._check_X(X))
         return pred.ravel() if self._y_ndim == 1 else pred
+
+
+def _own_init(cls):
+    """Give ``cls`` a copy of ``_BaseMLP.__init__`` named after ``cls``: Python names the function
+    in a wrong-keyword ``TypeError`` (``MLPClassifier.__init__() got an unexpected keyword
+    argument 'solver'``), and the private base class is not a name users know."""
+    base = _BaseMLP.__init__
+    qualname = f"{cls.__name__}.__init__"
+    code = base.__code__
+    if hasattr(code, "co_qualname"):  # Python >= 3.11 names the code object, not the function
+        code = code.replace(co_qualname=qualname)
+    init = types.FunctionType(code, base.__globals__, "__init__", base.__defaults__,
+                              base.__closure__)
+    init.__kwdefaults__ = base.__kwdefaults__
+    init.__qualname__, init.__doc__, init.__module__ = qualname, base.__doc__, cls.__module__
+    cls.__init__ = init
+
+
+_own_init(MLPClassifier)
+_own_init(MLPRegressor)
