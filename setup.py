@@ -196,10 +196,16 @@ class build_ext_cached(build_ext):
         common = [headers.hexdigest(), np.__version__, sys.version,
                   " ".join(getattr(compiler, "compiler_so", []) or [])]
         original = compiler._compile
+        # pip's isolated build puts NumPy in a fresh temporary folder each time: its include
+        # path would change every key, and NumPy's version above already stands for its headers
+        numpy_include = np.get_include()
+
+        def stable(args):
+            return repr([str(a).replace(numpy_include, "<numpy>") for a in args])
 
         def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            key = hashlib.sha256("\0".join(common + [ext, repr(cc_args), repr(extra_postargs),
-                                                     repr(pp_opts)]).encode()
+            key = hashlib.sha256("\0".join(common + [ext, stable(cc_args), stable(extra_postargs),
+                                                     stable(pp_opts)]).encode()
                                  + Path(src).read_bytes()).hexdigest()
             cached = cache / (key + ".o")
             if cached.exists():
