@@ -137,16 +137,54 @@ def make_extensions():
                 extra_link_args=link_args,
             )
         )
-    return cythonize(
-        extensions,
-        compiler_directives={
-            "language_level": 3,
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "initializedcheck": False,
-        },
-    )
+    return cythonize_cached(extensions, {
+        "language_level": 3,
+        "boundscheck": False,
+        "wraparound": False,
+        "cdivision": True,
+        "initializedcheck": False,
+    })
+
+
+def object_cache():
+    """The folder of cached build products, or None when ``FASTADAM_OBJECT_CACHE=0``."""
+    where = os.environ.get("FASTADAM_OBJECT_CACHE", str(HERE / "build" / "object-cache"))
+    return None if where == "0" else Path(where)
+
+
+def cythonize_cached(extensions, directives):
+    """``cythonize``, reusing the C it generated before for the same inputs.
+
+    pip's isolated build unpacks NumPy (and its ``.pxd`` files) anew for every install, so
+    cythonize finds every module that cimports numpy out of date and regenerates it.  The key
+    here is what the C really depends on: Cython's and NumPy's versions, the directives and
+    every ``.pyx``/``.pxd``/``.pxi`` of the package.  A hit copies the C beside its ``.pyx``,
+    newer than anything cythonize compares it with."""
+    import Cython
+
+    cache = object_cache()
+    keyed = {}
+    if cache is not None:
+        digest = hashlib.sha256(repr((Cython.__version__, np.__version__,
+                                      sorted(directives.items()))).encode())
+        for f in sorted((HERE / "fastadam").rglob("*")):
+            if f.suffix in (".pyx", ".pxd", ".pxi"):
+                digest.update(str(f.relative_to(HERE)).encode() + b"\0" + f.read_bytes())
+        for ext in extensions:
+            generated = (HERE / ext.sources[0]).with_suffix(".c")
+            keyed[generated] = cache / (hashlib.sha256(
+                (digest.hexdigest() + ext.name).encode()).hexdigest() + ".c")
+            if keyed[generated].exists():
+                shutil.copyfile(keyed[generated], generated)
+    result = cythonize(extensions, compiler_directives=directives,
+                       nthreads=int(os.environ.get("FASTADAM_BUILD_JOBS", 0)) or os.cpu_count() or 1)
+    for generated, cached in keyed.items():
+        if generated.exists() and not cached.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(generated, tmp)
+            os.replace(tmp, cached)
+    return result
 
 
 class build_py_with_cuda_source(build_py):
@@ -180,9 +218,8 @@ class build_ext_cached(build_ext):
         self.parallel = int(os.environ.get("FASTADAM_BUILD_JOBS", 0)) or os.cpu_count() or 1
 
     def build_extensions(self):
-        where = os.environ.get("FASTADAM_OBJECT_CACHE", str(HERE / "build" / "object-cache"))
-        if where != "0":
-            self._wrap_compile(Path(where))
+        if object_cache() is not None:
+            self._wrap_compile(object_cache())
         super().build_extensions()
 
     def _wrap_compile(self, cache):
@@ -206,7 +243,9 @@ class build_ext_cached(build_ext):
         def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
             key = hashlib.sha256("\0".join(common + [ext, stable(cc_args), stable(extra_postargs),
                                                      stable(pp_opts)]).encode()
-                                 + Path(src).read_bytes()).hexdigest()
+                                 # Cython writes the include path into a comment of its C
+                                 + Path(src).read_bytes().replace(numpy_include.encode(),
+                                                                  b"<numpy>")).hexdigest()
             cached = cache / (key + ".o")
             if cached.exists():
                 os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
