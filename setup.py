@@ -14,6 +14,7 @@ kernels pick their instruction set at run time (see include/fastadam/common.h).
 """
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,6 +203,13 @@ class build_py_with_cuda_source(build_py):
                 self.copy_file(str(src), str(dst))
 
 
+def without_cython_metadata(source):
+    """C source without Cython's metadata comment, which records the build's include paths
+    (NumPy's moves with pip's temporary build env); the comment compiles to nothing."""
+    return re.sub(rb"/\* BEGIN: Cython Metadata.*?END: Cython Metadata \*/", b"", source,
+                  count=1, flags=re.DOTALL)
+
+
 class build_ext_cached(build_ext):
     """Compile the extensions in parallel, and reuse object files across builds.
 
@@ -243,9 +251,8 @@ class build_ext_cached(build_ext):
         def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
             key = hashlib.sha256("\0".join(common + [ext, stable(cc_args), stable(extra_postargs),
                                                      stable(pp_opts)]).encode()
-                                 # Cython writes the include path into a comment of its C
-                                 + Path(src).read_bytes().replace(numpy_include.encode(),
-                                                                  b"<numpy>")).hexdigest()
+                                 + without_cython_metadata(Path(src).read_bytes())
+                                 ).hexdigest()
             cached = cache / (key + ".o")
             if cached.exists():
                 os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
