@@ -1,0 +1,74 @@
+"""How long installs take: a cold first ``pip install -e .``, then two more editable installs
+with other extras (what a user does next), each in pip's own isolated build environment.
+
+    python asv_bench/install_report.py [--repo PATH] [--keep]
+
+It clones the repository's HEAD into a temporary folder (so no build product or cache of the
+working tree is used), makes a virtual environment there and times three commands:
+
+    pip install -e .              cold: nothing cached
+    pip install -e '.[sparse]'    second: setup.py's cache of generated C and object files
+    pip install -e '.[plot]'      third
+
+Wall seconds and CPU seconds (user + system of every child process) are printed for each.
+pip's wheel cache serves setuptools, Cython and NumPy for the build environments, so the first
+run of this script on a machine also downloads them; run it twice for the steady figures.
+"""
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd, cwd, env):
+    wall, cpu = time.perf_counter(), children_cpu()
+    done = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    wall, cpu = time.perf_counter() - wall, children_cpu() - cpu
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-4000:]}")
+    return wall, cpu
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]))
+    ap.add_argument("--keep", action="store_true", help="keep the temporary clone")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="fastadam-install-"))
+    try:
+        tree = root / "fastadam"
+        subprocess.run(["git", "clone", "-q", args.repo, str(tree)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+        pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
+        env = dict(os.environ)
+        env.pop("FASTADAM_OBJECT_CACHE", None)  # the clone's own build/object-cache
+        env.pop("PYTHONPATH", None)
+        print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        rows = []
+        for label, target in (("cold first", "."), ("second", ".[sparse]"),
+                              ("third", ".[plot]")):
+            wall, cpu = timed(pip + ["-e", target], tree, env)
+            rows.append((label, target, wall, cpu))
+            print(f"{label:>10}: pip install -e '{target}'  {wall:6.1f} s wall  "
+                  f"{cpu:6.1f} s CPU", flush=True)
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
