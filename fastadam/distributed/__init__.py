@@ -20,8 +20,7 @@ Design
   dtype's parameters must stay below 2**31 elements (mpi4py raises OverflowError beyond);
   ``ShardedEmbedding`` counts rows (a contiguous row datatype), so only ``num_rows`` is bounded.
 
-Cost model (per step, N ranks, link bandwidth B per rank, S bytes of parameters of one dtype)
--------------------------------------------------------------------------------------------
+Cost model (per step, N ranks, link bandwidth B per rank, S bytes of parameters of one dtype):
 reduce-scatter + all-gather move ``2 (N-1)/N S`` bytes in and out of every rank, exactly what
 a ring all-reduce moves, plus ``N - 1`` messages each (latency ``2 (N-1) alpha``).  The fused
 step touches 28 bytes per float32 element of the local slice (``S/N``).  So::
