@@ -63,5 +63,36 @@ def _skip_member(app, what, name, obj, skip, options):
     return skip
 
 
+def _draw_speedups(app):
+    """performance/speedups.png from performance/speedups.csv (matplotlib, no display)."""
+    import csv
+    import math
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    here = os.path.join(app.srcdir, "performance")
+    with open(os.path.join(here, "speedups.csv"), newline="") as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+    labels = [r[0] for r in rows]
+    low = [float(r[1]) for r in rows]
+    high = [float(r[2]) for r in rows]
+    mid = [math.sqrt(a * b) for a, b in zip(low, high)]
+    fig, ax = plt.subplots(figsize=(8, 0.36 * len(rows) + 1.0), dpi=100)
+    y = range(len(rows))[::-1]
+    ax.barh(list(y), mid, color="#3b7dd8",
+            xerr=[[m - a for m, a in zip(mid, low)], [b - m for m, b in zip(mid, high)]],
+            error_kw={"ecolor": "#333333", "capsize": 2})
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="#aa3333", linewidth=1)
+    ax.set_xlabel("speed-up over the baseline (x, log scale; bars: measured range)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(here, "speedups.png"))
+    plt.close(fig)
+
+
 def setup(app):
     app.connect("autodoc-skip-member", _skip_member)
+    app.connect("builder-inited", _draw_speedups)
