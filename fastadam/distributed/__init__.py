@@ -28,8 +28,8 @@ step touches 28 bytes per float32 element of the local slice (``S/N``).  So::
     t_step ~= 2 (N-1)/N * S / B  +  2 (N-1) alpha  +  (S/N) * 28/4 / bandwidth_memory
 
 The first term does not shrink with N: the step stops scaling once the local update
-(``~ S/N``) hides behind it.  Figures for 8 and 64 ranks at 100 Gb/s are in the README
-section "Distributed (MPI)".
+(``~ S/N``) hides behind it.  Figures for 8 and 64 ranks at 100 Gb/s are in the
+distributed guide (docs/guide/distributed.md, "Cost model").
 """
 try:
     from mpi4py import MPI  # noqa: F401
