@@ -6,7 +6,7 @@ guide and performance pages are Markdown (MyST).  fastadam is imported from the 
 file sits in, so build the extensions first (``pip install -e .`` or ``setup.py build_ext
 --inplace``).
 """
-import importlib.util
+import importlib
 import os
 import sys
 
@@ -37,9 +37,18 @@ napoleon_use_rtype = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_class_signature = "separated"
-# optional libraries the front-ends subclass or import: mocked only where not installed
-autodoc_mock_imports = [name for name in ("torch", "mpi4py", "cupy")
-                        if importlib.util.find_spec(name) is None]
+
+
+def _importable(name):
+    try:
+        importlib.import_module(name)
+    except ImportError:  # not installed, or installed without what it needs (mpi4py's MPI)
+        return False
+    return True
+
+
+# optional libraries the front-ends subclass or import: mocked only where they do not import
+autodoc_mock_imports = [name for name in ("torch", "mpi4py", "cupy") if not _importable(name)]
 
 myst_heading_anchors = 3
 
