@@ -35,8 +35,7 @@ napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-autodoc_class_signature = "separated"
+autodoc_typehints = "signature"
 
 
 def _importable(name):
