@@ -88,3 +88,19 @@ def test_api_reference_lists_every_public_name():
     for page in ("autodiff", "torch", "onnx", "sklearn", "distributed", "gpu", "io"):
         text = (api / f"{page}.rst").read_text()
         assert f".. automodule:: fastadam.{page}\n   :members:\n" in text, page
+
+
+def test_speedup_plot_data_comes_from_the_performance_tables():
+    """Every range drawn by docs/conf.py (performance/speedups.csv) is printed on the page."""
+    _need_docs()
+    import csv
+    page = (DOCS / "performance" / "index.md").read_text()
+    with open(DOCS / "performance" / "speedups.csv", newline="") as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+    assert len(rows) >= 10
+    for label, low, high, script in rows:
+        assert float(low) <= float(high), label
+        for figure in {low, high}:
+            assert figure in page, f"{label}: {figure} is not on the performance page"
+        assert (ROOT / script).is_file(), f"{label}: {script} does not exist"
+        assert f"python {script}" in page, f"{label}: the page does not name {script}"
