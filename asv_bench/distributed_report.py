@@ -20,7 +20,7 @@ thread per rank (2 ranks fill the 2-core machine).
    - plain data parallel: ``MPI_Allreduce`` + a fused step over all SIZE parameters.
 3. ShardedEmbedding, 1e6 x 64 float32, 16384 Zipf-like ids per rank: lookup and
    apply_gradients, against the local sparse step alone.
-4. The measured per-rank costs put into the cost model of the README (100 Gb/s links).
+4. The measured per-rank costs put into the cost model of docs/guide/distributed.md (100 Gb/s links).
 """
 import argparse
 import os

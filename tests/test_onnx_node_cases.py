@@ -7,7 +7,7 @@ tolerances).  A case is *claimed* when every node of its model is an operator th
 parametrised test, compared as ONNX's backend runner compares (``Runner.assert_similar_outputs``:
 output count, shapes, dtypes, then ``assert_allclose`` with the case's rtol/atol, 1e-3 and 1e-7
 by default).  A claimed case passes, or raises ``UnsupportedOperatorError`` for a form that the
-README's "Not supported" line lists (``DOCUMENTED``).  Every other case, and a node of every
+ONNX guide's "Not supported" line lists (``DOCUMENTED``).  Every other case, and a node of every
 ``ai.onnx`` schema not listed, must raise ``UnsupportedOperatorError`` naming its operator:
 nothing outside the list runs silently.  Operators registered later are picked up by the same
 code.  The counts are printed in the terminal summary.
@@ -27,7 +27,8 @@ from onnx.backend.test.runner import Runner  # noqa: E402
 import fastadam.onnx as fo  # noqa: E402
 from fastadam.onnx._graph import Graph  # noqa: E402
 
-# error message of an unsupported form -> the phrase of the README's "Not supported" line
+# error message of an unsupported form -> the phrase of the "Not supported" line of the
+# ONNX guide (docs/guide/onnx.md)
 DOCUMENTED = [
     (r"only 1-D and 2-D .*(inputs|convolutions) are supported", "3-D convolution and pooling"),
     (r"ceil_mode=1 with count_include_pad=1 is not supported",
@@ -40,7 +41,7 @@ DOCUMENTED = [
     (r"ai.onnx opset \d+ is not supported", "opsets below 7"),
     (r"draws a random mask", "Dropout in training mode with a ratio above 0"),
 ]
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ONNX_GUIDE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "onnx.md"
 
 
 def _opset(model, domain):
@@ -73,7 +74,7 @@ def _collect():
 
 
 CLAIMED, OTHERS = _collect()
-RESULTS = {}  # case name -> "passed" or the README phrase of its unsupported form
+RESULTS = {}  # case name -> "passed" or the guide's phrase of its unsupported form
 
 
 def _array(value):
@@ -105,7 +106,7 @@ def test_node_case(name):
             out = fo.run(model, _feeds(case, inputs))
         except fo.UnsupportedOperatorError as e:
             phrase = _documented(str(e))
-            assert phrase is not None, f"an unsupported form the README does not list: {e}"
+            assert phrase is not None, f"an unsupported form the ONNX guide does not list: {e}"
             RESULTS[name] = phrase
             return
         got = [out[o.name] for o in model.graph.output]
@@ -114,16 +115,15 @@ def test_node_case(name):
     RESULTS[name] = "passed"
 
 
-def test_documented_forms_are_in_the_readme():
-    if not README.exists():
-        pytest.skip("README.md is not beside this test (the installed wheel's test run)")
-    text = README.read_text()
-    section = text[text.index("## Training ONNX models"):]
+def test_documented_forms_are_in_the_onnx_guide():
+    if not ONNX_GUIDE.exists():
+        pytest.skip("docs/ is not beside this test (the installed wheel's test run)")
+    section = ONNX_GUIDE.read_text()
     start = section.index("- **Not supported**")
     end = section.find("\n- ", start + 1)
     bullet = " ".join(section[start:end].split())
     for _, phrase in DOCUMENTED:
-        assert phrase in bullet, f"README's 'Not supported' list lacks {phrase!r}"
+        assert phrase in bullet, f"the ONNX guide's 'Not supported' list lacks {phrase!r}"
 
 
 def test_cases_of_unlisted_operators_raise_unsupported():

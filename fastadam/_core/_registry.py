@@ -24,18 +24,29 @@ FLAG_BITS = (1, 2, 4, 8)  # the flag bits the kernels switch over (FA_FLAG_SWITC
 class OptimizerSpec:
     """One optimizer as every Python table sees it.
 
-    name : the row of optimizers.def (``"adam"``); ``kind`` follows from it.
-    fields : the float64 fields of ``fa_<name>_coeffs`` in declaration order.
-    slots : the state slot names of the functional steps, in kernel slot order (s0, s1, s2).
-    object_slots : the same slots as the optimizer objects name them (torch's names).
-    flags : option name -> flag bit (``{"amsgrad": 4}``); bits 1 (coupled decay) and 2 (loss
+    Attributes
+    ----------
+    name : str
+        The row of optimizers.def (``"adam"``); ``kind`` follows from it.
+    fields : tuple of str
+        The float64 fields of ``fa_<name>_coeffs`` in declaration order.
+    slots : tuple of str
+        The state slot names of the functional steps, in kernel slot order (s0, s1, s2).
+    object_slots : tuple of str
+        The same slots as the optimizer objects name them (torch's names).
+    flags : dict
+        Option name -> flag bit (``{"amsgrad": 4}``); bits 1 (coupled decay) and 2 (loss
         scaling) are every optimizer's.
-    fold : ``fold(t, **hyper)`` -> the coefficient object of step t.
-    slots_of : ``slots_of(flags)`` -> the indices into ``slots`` the kernels use with ``flags``,
+    fold : callable
+        ``fold(t, **hyper)`` -> the coefficient object of step t.
+    slots_of : callable
+        ``slots_of(flags)`` -> the indices into ``slots`` the kernels use with ``flags``,
         in kernel order (default: the first ``nslots(flags)``).
-    defaults : keyword values the fold needs when a caller gives none (Adam's fold has no
+    defaults : dict
+        Keyword values the fold needs when a caller gives none (Adam's fold has no
         defaults of its own; its functional step's are these).
-    onnx_op, torch_name : the operator (``ai.onnx.preview.training``) and ``torch.optim`` class
+    onnx_op, torch_name : str or None
+        The operator (``ai.onnx.preview.training``) and ``torch.optim`` class
         that compute the same update, or None.
     """
 

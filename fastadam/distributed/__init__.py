@@ -20,8 +20,7 @@ Design
   dtype's parameters must stay below 2**31 elements (mpi4py raises OverflowError beyond);
   ``ShardedEmbedding`` counts rows (a contiguous row datatype), so only ``num_rows`` is bounded.
 
-Cost model (per step, N ranks, link bandwidth B per rank, S bytes of parameters of one dtype)
--------------------------------------------------------------------------------------------
+Cost model (per step, N ranks, link bandwidth B per rank, S bytes of parameters of one dtype):
 reduce-scatter + all-gather move ``2 (N-1)/N S`` bytes in and out of every rank, exactly what
 a ring all-reduce moves, plus ``N - 1`` messages each (latency ``2 (N-1) alpha``).  The fused
 step touches 28 bytes per float32 element of the local slice (``S/N``).  So::
@@ -29,8 +28,8 @@ step touches 28 bytes per float32 element of the local slice (``S/N``).  So::
     t_step ~= 2 (N-1)/N * S / B  +  2 (N-1) alpha  +  (S/N) * 28/4 / bandwidth_memory
 
 The first term does not shrink with N: the step stops scaling once the local update
-(``~ S/N``) hides behind it.  Figures for 8 and 64 ranks at 100 Gb/s are in the README
-section "Distributed (MPI)".
+(``~ S/N``) hides behind it.  Figures for 8 and 64 ranks at 100 Gb/s are in the
+distributed guide (docs/guide/distributed.md, "Cost model").
 """
 try:
     from mpi4py import MPI  # noqa: F401

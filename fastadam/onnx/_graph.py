@@ -135,7 +135,8 @@ def supported_operators():
     """``{(domain, op_type): lowest opset}`` of every operator fastadam.onnx runs: the core
     ``ai.onnx`` operators (domain ``""``) up to the installed onnx's newest opset, each in the
     form its opset defines, and the ``ai.onnx.preview.training`` ones (opset 1).  Any other
-    operator, and the forms the README lists as unsupported, raise ``UnsupportedOperatorError``."""
+    operator, and the forms the ONNX guide (docs/guide/onnx.md) lists as unsupported, raise
+    ``UnsupportedOperatorError``."""
     out = {("", op): max(since, MIN_OPSET) for op, (since, _) in OPERATORS.items()}
     out.update({(TRAINING_DOMAIN, op): 1 for op in ("Gradient", *OPTIMIZERS)})
     return out

@@ -25,7 +25,7 @@ SPARSE_MODES = ("lazy", "dense")
 
 
 class Adagrad(Optimizer):
-    """Adagrad over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+    """Adagrad over ndarrays or ``fastadam.autodiff.Tensor`` objects, updated in place.
 
     Per element, as :func:`fastadam.adagrad_step_inplace` documents::
 

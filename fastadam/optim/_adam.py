@@ -25,7 +25,7 @@ LR = Union[float, Callable[[int], float]]
 
 
 class Adam(Optimizer):
-    """Adam over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+    """Adam over ndarrays or ``fastadam.autodiff.Tensor`` objects, updated in place.
 
     Per element, as :func:`fastadam.step_inplace` documents (``betas = (beta1, beta2)``)::
 

@@ -89,7 +89,7 @@ def _as_gradient(g: Any) -> Any:
 def global_norm(grads: Sequence[Any]) -> float:
     """L2 norm of all gradients together, ``sqrt(sum_i ||g_i||^2)``, in float64.
 
-    ``grads``: arrays, ``fastadam.autodiff.Tensor``s, ``IndexedSlices`` or SciPy CSR matrices
+    ``grads``: arrays, ``fastadam.autodiff.Tensor`` objects, ``IndexedSlices`` or SciPy CSR matrices
     (``None`` entries are skipped).  Sparse gradients count as their dense form (duplicate
     indices summed).  NaN or infinity in any gradient gives a non-finite norm.
     """

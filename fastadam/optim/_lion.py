@@ -114,7 +114,7 @@ SPARSE_MODES = ("lazy", "dense")
 
 
 class Lion(Optimizer):
-    """Lion over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+    """Lion over ndarrays or ``fastadam.autodiff.Tensor`` objects, updated in place.
 
     Per element, as :func:`fastadam.lion_step_inplace` documents (``betas = (beta1, beta2)``)::
 

@@ -180,7 +180,7 @@ SPARSE_MODES = ("lazy", "dense")
 
 
 class RMSprop(Optimizer):
-    """RMSprop over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+    """RMSprop over ndarrays or ``fastadam.autodiff.Tensor`` objects, updated in place.
 
     Per element, as :func:`fastadam.rmsprop_step_inplace` documents (``"torch"``)::
 

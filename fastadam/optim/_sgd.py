@@ -23,7 +23,7 @@ SPARSE_MODES = ("lazy", "dense")
 
 
 class SGD(Optimizer):
-    """SGD with momentum over ndarrays or ``fastadam.autodiff.Tensor``s, updated in place.
+    """SGD with momentum over ndarrays or ``fastadam.autodiff.Tensor`` objects, updated in place.
 
     Per element (``"torch"``, as ``torch.optim.SGD``; see :func:`fastadam.momentum_step_inplace`
     for ``"onnx"``)::

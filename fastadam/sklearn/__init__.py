@@ -23,7 +23,7 @@ Losses are fused one-pass loops with sample weights (``_kernels``; the sparse mo
 autodiff primitives, ``_losses``); ``verbose`` progress
 uses tqdm when installed (``_progress``).  Everything pickles and clones like any scikit-learn
 estimator; under ``GridSearchCV(n_jobs=2)`` scikit-learn's default loky backend starts fresh
-worker processes, which avoids libgomp's fork hazard (see README "Threads").
+worker processes, which avoids libgomp's fork hazard (see docs/guide/threads.md).
 """
 from ._accelerate import (AdamOptimizer, StockFallbackWarning, accelerate_mlp,
                           check_sklearn_contract)
