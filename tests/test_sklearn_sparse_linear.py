@@ -230,7 +230,7 @@ def test_defaults_generalise_on_hashed_text_like_sgd_classifier_defaults():
     assert previous.score(X_test, y_test) < sgd - 0.1
 
 
-@pytest.mark.parametrize("n, batch", [(10, 10), (100, 16), (2000, 16), (16000, 100),
+@pytest.mark.parametrize("n, batch", [(10, 10), (100, 32), (2000, 32), (16000, 100),
                                       (170_000, 1024)])
 def test_auto_batch_size_takes_about_160_steps_per_epoch(n, batch):
     rows = np.arange(n)

@@ -47,11 +47,11 @@ _LOSSES = {"log_loss": (_wsce, weighted_softmax_cross_entropy_grad),
 
 # batch_size="auto": about this many Adam steps per epoch, the batch kept within these bounds
 AUTO_STEPS_PER_EPOCH = 160
-AUTO_BATCH_BOUNDS = (16, 1024)
+AUTO_BATCH_BOUNDS = (32, 1024)
 
 
 def auto_batch_size(n_samples):
-    """``batch_size="auto"``: ``n_samples // 160`` clipped to [16, 1024] (and to n_samples)."""
+    """``batch_size="auto"``: ``n_samples // 160`` clipped to [32, 1024] (and to n_samples)."""
     low, high = AUTO_BATCH_BOUNDS
     return int(min(n_samples, max(low, min(high, n_samples // AUTO_STEPS_PER_EPOCH))))
 
@@ -69,7 +69,7 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         L2 strength: ``alpha * W`` is added to each touched row's gradient.
     fit_intercept : bool, default=True
     batch_size : int or "auto", default="auto"
-        ``n_samples // 160`` clipped to [16, 1024] (and to ``n_samples``): about 160 Adam steps
+        ``n_samples // 160`` clipped to [32, 1024] (and to ``n_samples``): about 160 Adam steps
         per epoch, whatever the number of samples.
     learning_rate_init, beta_1, beta_2, epsilon : float
         Adam's hyper-parameters (TF convention), defaults 0.04, 0.9, 0.999, 1e-8.
