@@ -11,7 +11,9 @@
 3. ``SparseLinearClassifier`` vs ``SGDClassifier(loss="log_loss")`` and
    ``LogisticRegression(solver="saga")``, same epochs, on hashed Zipf text (1e5 documents, 1e5
    and 1e6 features): accuracy, fit time (issue 11 asks fastadam's <= SGD's and saga's), and
-   fastadam's time per epoch for both widths.
+   fastadam's time per epoch for both widths.  fastadam runs with batch 1024, rate 0.01,
+   alpha 1e-6 (its defaults until they changed): this section times epochs;
+   ``sparse_linear_report.py`` compares the estimators' defaults.
 
 Every timed run is printed under its table (``runs``), not only the medians.
 

@@ -45,6 +45,16 @@ from sklearn.utils.validation import check_is_fitted
 _LOSSES = {"log_loss": (_wsce, weighted_softmax_cross_entropy_grad),
            "hinge": (_whinge, weighted_multiclass_hinge_grad)}
 
+# batch_size="auto": about this many Adam steps per epoch, the batch kept within these bounds
+AUTO_STEPS_PER_EPOCH = 160
+AUTO_BATCH_BOUNDS = (32, 1024)
+
+
+def auto_batch_size(n_samples):
+    """``batch_size="auto"``: ``n_samples // 160`` clipped to [32, 1024] (and to n_samples)."""
+    low, high = AUTO_BATCH_BOUNDS
+    return int(min(n_samples, max(low, min(high, n_samples // AUTO_STEPS_PER_EPOCH))))
+
 
 class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
     """Linear classifier (multinomial logistic or multiclass hinge, L2) trained with mini-batch
@@ -55,18 +65,21 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
     loss : {"log_loss", "hinge"}, default="log_loss"
         Multinomial logistic regression (``predict_proba`` available) or the Crammer-Singer
         multiclass hinge loss.
-    alpha : float, default=1e-6
+    alpha : float, default=1e-5
         L2 strength: ``alpha * W`` is added to each touched row's gradient.
     fit_intercept : bool, default=True
     batch_size : int or "auto", default="auto"
-        ``min(1024, n_samples)``.
+        ``n_samples // 160`` clipped to [32, 1024] (and to ``n_samples``): about 160 Adam steps
+        per epoch, whatever the number of samples.
     learning_rate_init, beta_1, beta_2, epsilon : float
-        Adam's hyper-parameters (TF convention), defaults 0.01, 0.9, 0.999, 1e-8.
+        Adam's hyper-parameters (TF convention), defaults 0.04, 0.9, 0.999, 1e-8.
     max_iter : int, default=20
         Epochs.  Training stops earlier when the epoch loss has not improved by ``tol`` for
         ``n_iter_no_change`` epochs.
     tol : float, default=1e-4
-    n_iter_no_change : int, default=5
+    n_iter_no_change : int, default=1
+        With the default 1, training stops after the first epoch whose loss (mean data loss
+        plus ``alpha / 2 * ||W||^2``) is not below the best one by ``tol``.
     mode : {"lazy", "catchup"}, default="lazy"
         The sparse step's mode (see ``fastadam.sparse_step_inplace``).
     shuffle, random_state, warm_start, verbose
@@ -76,6 +89,25 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         Precision of the weights; None follows X's float32/float64.
     num_threads : int or None
         Threads of the fused steps; results do not depend on it.
+
+    Notes
+    -----
+    The defaults changed (they were ``batch_size=min(1024, n_samples)``,
+    ``learning_rate_init=0.01``, ``alpha=1e-6``, ``n_iter_no_change=5``) because they overfit
+    hashed text.  Adam moves each touched weight by about the learning rate whatever the size
+    of its gradient, so a word seen in one document gains as much per step as a common word,
+    and its one touch per epoch does not depend on the batch size, while a common word gets one
+    step per batch.  Large batches and many epochs therefore let the rare words' weights grow
+    past the point where the test accuracy peaks; and the L2 term, applied lazily to touched
+    rows only, reaches a rare row about once per epoch.  The new defaults take about 160 steps
+    per epoch, a higher rate, and stop at the first epoch where the regularised training loss
+    rises (the sign that the weights are growing faster than the data justifies).  On
+    generated hashed text (``asv_bench/sparse_linear_report.py``: 16 000 training documents,
+    5 topics, 1e5 and 1e6 hashed features, 5 seeds, medians, one thread) the previous
+    defaults reached 0.82-0.83 test accuracy in 2.6-3.2 times ``SGDClassifier()``'s fit time;
+    the new ones 0.916 / 0.921 against ``SGDClassifier()``'s 0.908 / 0.912, in 0.84 / 0.66
+    times its fit time (3 epochs).  For more passes, raise ``n_iter_no_change`` or lower
+    ``tol``.
 
     Attributes
     ----------
@@ -104,8 +136,8 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
         "num_threads": [None, numbers.Integral],
     }
 
-    def __init__(self, loss="log_loss", *, alpha=1e-6, fit_intercept=True, batch_size="auto",
-                 learning_rate_init=0.01, max_iter=20, tol=1e-4, n_iter_no_change=5,
+    def __init__(self, loss="log_loss", *, alpha=1e-5, fit_intercept=True, batch_size="auto",
+                 learning_rate_init=0.04, max_iter=20, tol=1e-4, n_iter_no_change=1,
                  mode="lazy", shuffle=True, random_state=None, warm_start=False, verbose=False,
                  beta_1=0.9, beta_2=0.999, epsilon=1e-8, dtype=None, num_threads=None):
         self.loss = loss
@@ -230,7 +262,7 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
             self._initialize(X.shape[1], dtype)
         rng = check_random_state(self.random_state)
         n = X.shape[0]
-        batch = min(1024, n) if self.batch_size == "auto" else int(min(self.batch_size, n))
+        batch = auto_batch_size(n) if self.batch_size == "auto" else int(min(self.batch_size, n))
         epochs = 1 if incremental else self.max_iter
         if not incremental:
             self.n_iter_ = 0
