@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("sklearn")
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
-from fastadam.sklearn import MLPClassifier, MLPRegressor  # noqa: E402
+from fastadam.sklearn import MLPClassifier, MLPRegressor, SparseLinearClassifier  # noqa: E402
 
 
 @pytest.mark.parametrize("cls", [MLPClassifier, MLPRegressor])
@@ -34,5 +34,16 @@ def test_fit_warnings_point_at_the_callers_line():
         MLPClassifier(hidden_layer_sizes=(4,), max_iter=2, batch_size=50).fit(X, y)
     kinds = {type(w.message) for w in caught}
     assert ConvergenceWarning in kinds and UserWarning in kinds
+    for w in caught:
+        assert w.filename == __file__, (w.filename, w.message)
+
+
+def test_sparse_linear_convergence_warning_points_at_the_caller():
+    rng = np.random.default_rng(0)
+    X, y = rng.random((64, 5)), np.arange(64) % 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SparseLinearClassifier(max_iter=1, tol=0.0).fit(X, y)
+    assert any(isinstance(w.message, ConvergenceWarning) for w in caught)
     for w in caught:
         assert w.filename == __file__, (w.filename, w.message)

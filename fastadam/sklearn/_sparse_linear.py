@@ -304,7 +304,8 @@ class SparseLinearClassifier(ClassifierMixin, BaseEstimator):
                     break
                 if not incremental and self.n_iter_ == self.max_iter:
                     warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached and "
-                                  "the optimization hasn't converged yet.", ConvergenceWarning)
+                                  "the optimization hasn't converged yet.", ConvergenceWarning,
+                                  stacklevel=3)  # fit -> _fit: the caller's line
         finally:
             progress.close(message)
         if not (np.isfinite(self._weights).all() and np.isfinite(self.intercept_).all()):
