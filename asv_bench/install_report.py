@@ -10,6 +10,8 @@ working tree is used), makes a virtual environment there and times three command
     pip install -e '.[sparse]'    second: setup.py's cache of generated C and object files
     pip install -e '.[plot]'      third
 
+The extras' own packages (SciPy, Matplotlib) are installed into the environment first, untimed:
+what is timed is fastadam's build and install, not downloading or unpacking other packages.
 Wall seconds and CPU seconds (user + system of every child process) are printed for each.
 pip's wheel cache serves setuptools, Cython and NumPy for the build environments, so the first
 run of this script on a machine also downloads them; run it twice for the steady figures.
@@ -54,6 +56,7 @@ def main():
         env = dict(os.environ)
         env.pop("FASTADAM_OBJECT_CACHE", None)  # the clone's own build/object-cache
         env.pop("PYTHONPATH", None)
+        subprocess.run(pip + ["scipy>=1.9", "matplotlib"], check=True)  # the extras' packages
         print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
         rows = []
         for label, target in (("cold first", "."), ("second", ".[sparse]"),
