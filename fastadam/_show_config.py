@@ -4,19 +4,23 @@ import sys
 import numpy as np
 
 from . import _omp_wait
-from ._core import _config
+from ._core import _config, _cpu_level
 from ._core._threads import cpu_count, resolve_num_threads
 
 
 def config():
-    """The facts as a dict: version, SIMD path picked at run time, OpenMP runtime, threads."""
+    """The facts as a dict: version, the SIMD level the kernels run (and the CPU's best, and the
+    FASTADAM_CPU_LEVEL cap), OpenMP runtime, threads."""
     from ._version import __version__
 
     info = {
         "version": __version__,
         "python": sys.version.split()[0],
         "numpy": np.__version__,
-        "simd_level": _config.simd_level(),
+        # the level the kernels run = min(FASTADAM_CPU_LEVEL, the CPU's best): _core/_cpu_level.py
+        "simd_level": _cpu_level.IN_USE,
+        "simd_cpu_best": _cpu_level.CPU_BEST,
+        "simd_cap": f"{_cpu_level.ENV}={_cpu_level.CAP}" if _cpu_level.CAP else "none",
         "runtime_dispatch": _config.has_runtime_dispatch(),
         "float16_kernels": _config.has_float16(),
         "openmp": _config.openmp_enabled(),

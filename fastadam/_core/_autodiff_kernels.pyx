@@ -12,12 +12,22 @@ one thread in a forked child (libgomp's pool does not survive ``fork``).
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdint cimport intptr_t
+from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
 
 import numpy as np
 
+from ._cpu_level import LEVEL_IN_USE
 from ._threads import resolve_num_threads
 
 cnp.import_array()
+
+fa_use_level(LEVEL_IN_USE)  # the clones this module's kernels run (include/fastadam/common.h)
+
+
+def simd_level_in_use():
+    """The CPU level this module's kernels run (fastadam/_core/_cpu_level.py)."""
+    return fa_level_name(fa_level_in_use()).decode()
+
 
 cdef extern from "fastadam/autodiff_kernels.h":
     ctypedef struct fa_conv_geom:

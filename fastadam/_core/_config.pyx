@@ -1,7 +1,7 @@
-"""Build and runtime facts of the compiled core: OpenMP, thread counts, the SIMD path chosen."""
+"""Build and runtime facts of the compiled core: OpenMP, thread counts, the CPU's SIMD level."""
 
 cdef extern from "fastadam/common.h":
-    const char *fa_simd_level() nogil
+    int fa_cpu_best_level() nogil
     int fa_openmp_enabled() nogil
     int fa_omp_max_threads() nogil
     int fa_keep_freed_memory(int nbytes) nogil
@@ -19,9 +19,11 @@ def omp_max_threads():
     return fa_omp_max_threads()
 
 
-def simd_level():
-    """The code path runtime dispatch picks on this CPU (see include/fastadam/common.h)."""
-    return fa_simd_level().decode()
+def cpu_best_level():
+    """The best level this CPU runs, as an index of fastadam._core._cpu_level.LEVELS (the test
+    the kernels' clones were chosen by: include/fastadam/common.h); -1 in a build without
+    runtime dispatch.  The level the kernels run is fastadam._core._cpu_level.IN_USE."""
+    return fa_cpu_best_level()
 
 
 def has_runtime_dispatch():

@@ -12,8 +12,19 @@ from cython.parallel cimport prange
 from libc.stdlib cimport malloc, free
 
 from fastadam._core._coeffs cimport Coefficients
+from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
+
+from fastadam._core._cpu_level import LEVEL_IN_USE
 
 cnp.import_array()
+
+fa_use_level(LEVEL_IN_USE)  # the clones this module's kernels run (include/fastadam/common.h)
+
+
+def simd_level_in_use():
+    """The CPU level this module's kernels run (fastadam/_core/_cpu_level.py)."""
+    return fa_level_name(fa_level_in_use()).decode()
+
 
 cdef extern from "fastadam/dense.h":
     enum:

@@ -26,10 +26,21 @@ Formulas (``Phi`` / ``phi``: the standard normal CDF / density):
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.math cimport erf as c_erf, exp, sqrt
+from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
 
 import numpy as np
 
+from fastadam._core._cpu_level import LEVEL_IN_USE
+
 cnp.import_array()
+
+fa_use_level(LEVEL_IN_USE)  # the clones this module's kernels run (include/fastadam/common.h)
+
+
+def simd_level_in_use():
+    """The CPU level this module's kernels run (fastadam/_core/_cpu_level.py)."""
+    return fa_level_name(fa_level_in_use()).decode()
+
 
 cdef extern from *:
     """
@@ -107,11 +118,11 @@ cdef extern from *:
             o[i] = g[i] * (0.5f * (1.0f + fa_tk_erf_f32(v * 0.70710678118654752f)) + v * density);
         }
     }
-    FA_DISPATCH static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
+    FA_DISPATCH static void tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) y[i] = fa_tk_erf_f32(x[i]);
     }
-    FA_DISPATCH static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
+    FA_DISPATCH static void tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
@@ -119,6 +130,16 @@ cdef extern from *:
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC pop_options
     #endif
+    /* the clone of the level in use (include/fastadam/common.h) */
+    FA_DISPATCH_LEVEL_STATE
+    FA_CLONES(tk_erf_f32_loop);
+    FA_CLONES(tk_gelu_f32_loop);
+    static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_erf_f32_loop)(x, y, n);
+    }
+    static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_gelu_f32_loop)(x, y, n);
+    }
     """
     void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
     void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o, Py_ssize_t n) nogil

@@ -3,10 +3,20 @@ float32 Adam step, chunked and threaded exactly as the dense driver (fastadam/_c
 runs a step, so the two are compared like for like."""
 cimport numpy as cnp
 from cython.parallel cimport prange
+from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
 
+from fastadam._core._cpu_level import LEVEL_IN_USE
 from fastadam._core._validation import check_array
 
 cnp.import_array()
+
+fa_use_level(LEVEL_IN_USE)  # the clones this module's kernels run (include/fastadam/common.h)
+
+
+def simd_level_in_use():
+    """The CPU level this module's kernels run (fastadam/_core/_cpu_level.py)."""
+    return fa_level_name(fa_level_in_use()).decode()
+
 
 cdef extern from "fastadam/yardstick.h":
     void fa_stream_rw_f32(float *a, const float *d, float *b, float *c, Py_ssize_t n) nogil

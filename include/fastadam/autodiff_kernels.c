@@ -1,6 +1,8 @@
 /* fastadam/autodiff_kernels.c -- see autodiff_kernels.h for the formulas and contracts.
  * One macro body per kernel, instantiated for float (f32) and double (f64).  Contiguous loops
- * with `#pragma omp simd`; the hot elementwise loops carry FA_DISPATCH (runtime ISA choice). */
+ * with `#pragma omp simd`; the hot elementwise loops are static FA_DISPATCH functions (runtime ISA
+ * choice) behind their exported fa_ad_* names, which call the clone of the level in use
+ * (FA_AD_EXPORT; common.h). */
 #include <math.h>
 #include <string.h>
 
@@ -14,22 +16,35 @@
 #define FA_SIMD_SUM_S
 #endif
 
+FA_DISPATCH_LEVEL_STATE
+
+/* After the static FA_DISPATCH kernel `name`: its clone table and the exported fa_##name. */
+#define FA_AD_EXPORT(name, params, args)                                                        \
+    FA_CLONES(name);                                                                             \
+    void fa_##name params { FA_AT_LEVEL(name) args; }
+
 #define FA_AD_DEFINE(T, S, EXP, LOG)                                                            \
-    FA_DISPATCH void fa_ad_relu_##S(const T *restrict x, T *restrict y, ptrdiff_t n)            \
+    FA_DISPATCH static void ad_relu_##S(const T *restrict x, T *restrict y, ptrdiff_t n)         \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) y[k] = x[k] < (T)0 ? (T)0 : x[k];              \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_relu_grad_##S(const T *restrict g, const T *restrict x,              \
-                                         T *restrict out, ptrdiff_t n)                           \
+    FA_AD_EXPORT(ad_relu_##S, (const T *restrict x, T *restrict y, ptrdiff_t n), (x, y, n))      \
+    FA_DISPATCH static void ad_relu_grad_##S(const T *restrict g, const T *restrict x,           \
+                                             T *restrict out, ptrdiff_t n)                       \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] <= (T)0 ? (T)0 : g[k];            \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_relu_grad_scalar_##S(T g, const T *restrict x, T *restrict out,      \
-                                                ptrdiff_t n)                                     \
+    FA_AD_EXPORT(ad_relu_grad_##S,                                                               \
+                 (const T *restrict g, const T *restrict x, T *restrict out, ptrdiff_t n),       \
+                 (g, x, out, n))                                                                 \
+    FA_DISPATCH static void ad_relu_grad_scalar_##S(T g, const T *restrict x, T *restrict out,   \
+                                                    ptrdiff_t n)                                 \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = x[k] <= (T)0 ? (T)0 : g;               \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_sigmoid_##S(const T *restrict x, T *restrict y, ptrdiff_t n)         \
+    FA_AD_EXPORT(ad_relu_grad_scalar_##S, (T g, const T *restrict x, T *restrict out, ptrdiff_t n),\
+                 (g, x, out, n))                                                                 \
+    FA_DISPATCH static void ad_sigmoid_##S(const T *restrict x, T *restrict y, ptrdiff_t n)      \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) {                                              \
             T v = x[k];                                                                          \
@@ -38,18 +53,25 @@
             y[k] = v >= (T)0 ? r : e * r;                                                        \
         }                                                                                        \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_sigmoid_grad_##S(const T *restrict g, const T *restrict s,           \
-                                            T *restrict out, ptrdiff_t n)                        \
+    FA_AD_EXPORT(ad_sigmoid_##S, (const T *restrict x, T *restrict y, ptrdiff_t n), (x, y, n))   \
+    FA_DISPATCH static void ad_sigmoid_grad_##S(const T *restrict g, const T *restrict s,        \
+                                                T *restrict out, ptrdiff_t n)                    \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = g[k] * s[k] * ((T)1 - s[k]);          \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_tanh_grad_##S(const T *restrict g, const T *restrict t,              \
-                                         T *restrict out, ptrdiff_t n)                           \
+    FA_AD_EXPORT(ad_sigmoid_grad_##S,                                                            \
+                 (const T *restrict g, const T *restrict s, T *restrict out, ptrdiff_t n),       \
+                 (g, s, out, n))                                                                 \
+    FA_DISPATCH static void ad_tanh_grad_##S(const T *restrict g, const T *restrict t,           \
+                                             T *restrict out, ptrdiff_t n)                       \
     {                                                                                            \
         FA_SIMD for (ptrdiff_t k = 0; k < n; k++) out[k] = g[k] * ((T)1 - t[k] * t[k]);          \
     }                                                                                            \
-    FA_DISPATCH void fa_ad_sum_rows_##S(const T *restrict x, T *restrict out, ptrdiff_t rows,   \
-                                        ptrdiff_t cols, ptrdiff_t j0, ptrdiff_t j1)              \
+    FA_AD_EXPORT(ad_tanh_grad_##S,                                                               \
+                 (const T *restrict g, const T *restrict t, T *restrict out, ptrdiff_t n),       \
+                 (g, t, out, n))                                                                 \
+    FA_DISPATCH static void ad_sum_rows_##S(const T *restrict x, T *restrict out, ptrdiff_t rows,\
+                                            ptrdiff_t cols, ptrdiff_t j0, ptrdiff_t j1)          \
     {                                                                                            \
         for (ptrdiff_t j = j0; j < j1; j++) out[j] = (T)0;                                       \
         for (ptrdiff_t i = 0; i < rows; i++) {                                                   \
@@ -57,6 +79,10 @@
             FA_SIMD for (ptrdiff_t j = j0; j < j1; j++) out[j] += row[j];                        \
         }                                                                                        \
     }                                                                                            \
+    FA_AD_EXPORT(ad_sum_rows_##S,                                                                \
+                 (const T *restrict x, T *restrict out, ptrdiff_t rows, ptrdiff_t cols,          \
+                  ptrdiff_t j0, ptrdiff_t j1),                                                   \
+                 (x, out, rows, cols, j0, j1))                                                   \
     void fa_ad_sce_rows_##S(const T *restrict x, const intptr_t *restrict labels,                \
                             T *restrict loss, ptrdiff_t cols, ptrdiff_t i0, ptrdiff_t i1)        \
     {                                                                                            \

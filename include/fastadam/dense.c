@@ -5,7 +5,8 @@
  * float32, float32, float64).  Each loop is instantiated per flag combination (FA_SWITCH*), so
  * no element loop branches, and vectorizes (sqrt and division included: built with
  * -fno-math-errno).  Each kernel carries FA_DISPATCH and is compiled for AVX-512, AVX2 and
- * baseline; the build disables FMA contraction, so the clones round identically.
+ * baseline; the build disables FMA contraction, so the clones round identically.  The kernel
+ * table has one row per level (common.h); fa_dense_kernel hands out the row of the level in use.
  */
 #include <math.h>
 #include <string.h>
@@ -49,18 +50,48 @@
 #undef FA_UINT
 #undef FA_EXP_MASK
 
-#if FA_HAVE_HALF
-#define FA_HALF_KERNEL(name) FA_CAT(name, _f16)
+FA_DISPATCH_LEVEL_STATE
+
+/* fa_dense_table[level][kind][dtype]: one row per level of runtime dispatch (common.h), one row
+ * in a build without it. */
+#if FA_HAVE_DISPATCH
+#define FA_LEVELS FA_LEVEL_COUNT
+#define FA_TABLE_LEVEL fa_dispatch_level
+#define FA_CLONE(name, level) name##_clones[level]
 #else
-#define FA_HALF_KERNEL(name) NULL
+#define FA_LEVELS 1
+#define FA_TABLE_LEVEL 0
+#define FA_CLONE(name, level) name
+#endif
+#if FA_HAVE_HALF
+#define FA_HALF_KERNEL(name, level) FA_CLONE(name##_f16, level)
+#else
+#define FA_HALF_KERNEL(name, level) NULL
 #endif
 
-static const fa_dense_fn fa_dense_table[FA_OPT_COUNT][FA_DTYPE_COUNT] = {
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
-    [FA_OPT_##KIND] = {FA_HALF_KERNEL(name##_dense), name##_dense_f32, name##_dense_f64},
+    [FA_OPT_##KIND] = {FA_HALF_KERNEL(name##_dense, FA_ROW), FA_CLONE(name##_dense_f32, FA_ROW), \
+                       FA_CLONE(name##_dense_f64, FA_ROW)},
+static const fa_dense_fn fa_dense_table[FA_LEVELS][FA_OPT_COUNT][FA_DTYPE_COUNT] = {
+#define FA_ROW 0
+    {
 #include "fastadam/optimizers.def"
-#undef FA_OPTIMIZER
+    },
+#undef FA_ROW
+#if FA_HAVE_DISPATCH
+#define FA_ROW 1
+    {
+#include "fastadam/optimizers.def"
+    },
+#undef FA_ROW
+#define FA_ROW 2
+    {
+#include "fastadam/optimizers.def"
+    },
+#undef FA_ROW
+#endif
 };
+#undef FA_OPTIMIZER
 
 /* The registry of optimizers.def, for the Python layer. */
 typedef struct {
@@ -115,16 +146,16 @@ int fa_registry_nslots(int kind, int flags)
 fa_dense_fn fa_dense_kernel(int kind, int dtype)
 {
     if (kind < 0 || kind >= FA_OPT_COUNT || dtype < 0 || dtype >= FA_DTYPE_COUNT) return NULL;
-    return fa_dense_table[kind][dtype];
+    return fa_dense_table[FA_TABLE_LEVEL][kind][dtype];
 }
 
 int fa_all_finite(int dtype, const void *g, ptrdiff_t n, double grad_scale)
 {
     switch (dtype) {
-    case FA_F32: return all_finite_f32(g, n, grad_scale);
-    case FA_F64: return all_finite_f64(g, n, grad_scale);
+    case FA_F32: return FA_AT_LEVEL(all_finite_f32)(g, n, grad_scale);
+    case FA_F64: return FA_AT_LEVEL(all_finite_f64)(g, n, grad_scale);
 #if FA_HAVE_HALF
-    case FA_F16: return all_finite_f16(g, n, grad_scale);
+    case FA_F16: return FA_AT_LEVEL(all_finite_f16)(g, n, grad_scale);
 #endif
     default: return -1; /* no such storage type: an error, never "finite" */
     }

@@ -45,7 +45,8 @@
         const fa_##name##_coeffs *c = (const fa_##name##_coeffs *)coeffs;                     \
         const FA_CF(fa_##name##_k) k = FA_CF(fa_##name##_prepare)(c);                          \
         FA_FLAG_SWITCH(c->flags, DENSE_MASK, FA_DENSE_CASE, name)                              \
-    }
+    }                                                                                          \
+    FA_CLONES(FA_K(name##_dense));
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 #undef FA_DENSE_CASE
@@ -67,3 +68,4 @@ static int FA_K(all_finite)(const void *gv, ptrdiff_t n, double grad_scale)
     }
     return !bad;
 }
+FA_CLONES(FA_K(all_finite));

@@ -3,8 +3,9 @@
  *
  * The index sort is integer-only and shared by both dtypes.  The float kernels are written once,
  * in sparse_body.h, and included here for float32 (_f32) and float64 (_f64).  Every exported
- * float kernel carries FA_DISPATCH (AVX-512 / AVX2 / baseline clones that round identically:
- * the build disables FMA contraction).
+ * float kernel is a static FA_DISPATCH function (AVX-512 / AVX2 / baseline clones that round
+ * identically: the build disables FMA contraction) behind its exported fa_ name, which calls the
+ * clone of the level in use (common.h).
  */
 #include <math.h>
 #include <string.h>
@@ -135,6 +136,8 @@ static inline __attribute__((always_inline)) int fa_sparse_nslots(const int kind
 #undef FA_OPTIMIZER
     return FA_MAX_SLOTS + 1;
 }
+
+FA_DISPATCH_LEVEL_STATE
 
 #define FA_S float
 #define FA_FN(name) FA_CAT(name, _f32)

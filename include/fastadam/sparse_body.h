@@ -121,13 +121,21 @@ static inline __attribute__((always_inline)) void FA_FN(sum_segment)(
 }
 
 FA_DISPATCH
-void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
-                           const int64_t *restrict perm, const int64_t *restrict offsets,
-                           ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict out)
+static void FA_FN(segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
+                               const int64_t *restrict perm, const int64_t *restrict offsets,
+                               ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict out)
 {
     for (ptrdiff_t s = s0; s < s1; s++)
         FA_FN(sum_segment)(out + s * row_size, values, row_size, perm, offsets[s], offsets[s + 1],
                            offsets[s1]);
+}
+FA_CLONES(FA_FN(segment_sum));
+
+void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
+                           const int64_t *restrict perm, const int64_t *restrict offsets,
+                           ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict out)
+{
+    FA_AT_LEVEL(FA_FN(segment_sum))(values, row_size, perm, offsets, s0, s1, out);
 }
 
 /* Lazy and catchup share one loop over segments; KIND, FLAGS, CATCHUP and ROW are constants
@@ -220,12 +228,12 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     case FA_OPT_##K: FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K) break;
 
 FA_DISPATCH
-int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                          FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
-                          const FA_S *restrict values,
-                          const int64_t *restrict perm, const int64_t *restrict offsets,
-                          const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-                          FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
+static int FA_FN(sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                              FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                              const FA_S *restrict values,
+                              const int64_t *restrict perm, const int64_t *restrict offsets,
+                              const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+                              FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
 {
     int status = FA_ERR_UNSUPPORTED;
     const int flags = fa_coeffs_flags(kind, coeffs);
@@ -255,14 +263,26 @@ int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *
 #undef FA_ROWS
     return status;
 }
+FA_CLONES(FA_FN(sparse_rows));
+
+int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                          FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                          const FA_S *restrict values,
+                          const int64_t *restrict perm, const int64_t *restrict offsets,
+                          const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+                          FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
+{
+    return FA_AT_LEVEL(FA_FN(sparse_rows))(kind, coeffs, x, st0, st1, row_size, stride, values,
+                                           perm, offsets, rows, s0, s1, gbuf, last_step, t);
+}
 
 FA_DISPATCH
-int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
-                           const FA_S *restrict values,
-                           const int64_t *restrict perm, const int64_t *restrict offsets,
-                           const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
-                           ptrdiff_t r1, FA_S *restrict gbuf)
+static int FA_FN(sparse_dense)(int kind, const void *coeffs, FA_S *restrict x,
+                               FA_S *restrict st0, FA_S *restrict st1, ptrdiff_t row_size,
+                               const ptrdiff_t *stride, const FA_S *restrict values,
+                               const int64_t *restrict perm, const int64_t *restrict offsets,
+                               const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
+                               ptrdiff_t r1, FA_S *restrict gbuf)
 {
     int status = FA_ERR_UNSUPPORTED;
     const int flags = fa_coeffs_flags(kind, coeffs);
@@ -276,6 +296,18 @@ int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S 
     }
 #undef FA_LOOP
     return status;
+}
+FA_CLONES(FA_FN(sparse_dense));
+
+int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                           const FA_S *restrict values,
+                           const int64_t *restrict perm, const int64_t *restrict offsets,
+                           const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
+                           ptrdiff_t r1, FA_S *restrict gbuf)
+{
+    return FA_AT_LEVEL(FA_FN(sparse_dense))(kind, coeffs, x, st0, st1, row_size, stride, values,
+                                            perm, offsets, rows, nseg, r0, r1, gbuf);
 }
 
 #undef FA_OPTIMIZER

@@ -7,12 +7,16 @@
  *   a, b, c  IN/OUT n;  d  IN n.  Preconditions: no overlap.  O(n), thread safe on disjoint ranges.
  * fa_stream_rw2_f32 reads a, d, b and writes a, b: 20 bytes per element, the traffic of a
  * float32 Adagrad or momentum step (one state slot).
+ * Both are static FA_DISPATCH functions behind their exported fa_ names, which call the clone of
+ * the level in use (common.h), as the kernels do.
  */
 #include "fastadam/yardstick.h"
 
+FA_DISPATCH_LEVEL_STATE
+
 FA_DISPATCH
-void fa_stream_rw_f32(float *restrict a, const float *restrict d, float *restrict b,
-                      float *restrict c, ptrdiff_t n)
+static void stream_rw_f32(float *restrict a, const float *restrict d, float *restrict b,
+                          float *restrict c, ptrdiff_t n)
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -22,9 +26,16 @@ void fa_stream_rw_f32(float *restrict a, const float *restrict d, float *restric
         c[i] = c[i] + di;
     }
 }
+FA_CLONES(stream_rw_f32);
+
+void fa_stream_rw_f32(float *a, const float *d, float *b, float *c, ptrdiff_t n)
+{
+    FA_AT_LEVEL(stream_rw_f32)(a, d, b, c, n);
+}
 
 FA_DISPATCH
-void fa_stream_rw2_f32(float *restrict a, const float *restrict d, float *restrict b, ptrdiff_t n)
+static void stream_rw2_f32(float *restrict a, const float *restrict d, float *restrict b,
+                           ptrdiff_t n)
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -32,4 +43,10 @@ void fa_stream_rw2_f32(float *restrict a, const float *restrict d, float *restri
         a[i] = a[i] + di;
         b[i] = b[i] + di;
     }
+}
+FA_CLONES(stream_rw2_f32);
+
+void fa_stream_rw2_f32(float *a, const float *d, float *b, ptrdiff_t n)
+{
+    FA_AT_LEVEL(stream_rw2_f32)(a, d, b, n);
 }
