@@ -1,0 +1,126 @@
+"""Run a fixed set of compiled kernels at the CPU level this process was started with and save
+every output, for tests/test_cpu_levels.py, which runs it once per level and compares the bytes.
+
+    FASTADAM_CPU_LEVEL=baseline python tests/cpu_level_kernels.py OUT.npz
+
+Kernels: the dense step of every optimizer option set of tests/optimizer_table.py (every row of
+the C registration list), float32 and float64, at a size with a SIMD tail and with non-finite
+checks (grad_scale, skip_nonfinite); the sparse step in lazy, catchup and dense modes at row
+widths 4 (a short-row loop), 64 and 67; segment_sum; the autodiff kernels (relu, sigmoid, their
+gradients, tanh's gradient, column sums, softmax cross-entropy) and the transformer's erf and
+GELU; the bandwidth yardstick.  Inputs come from fixed seeds.  Also saved: the level each
+compiled module reports (``levels``, JSON) and ``fastadam.config()``'s three level facts.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # optimizer_table, reference
+
+import fastadam  # noqa: E402
+from fastadam._core import _autodiff_kernels, _dense, _sparse  # noqa: E402
+from fastadam.autodiff import _transformer_kernels  # noqa: E402
+from fastadam.bench import _yardstick  # noqa: E402
+from optimizer_table import CASES, case_id  # noqa: E402
+
+MODULES = {"_dense": _dense, "_sparse": _sparse, "_autodiff_kernels": _autodiff_kernels,
+           "_transformer_kernels": _transformer_kernels, "_yardstick": _yardstick}
+SIZE = 1003  # above every vector width, with a tail at each
+
+
+def dense_steps(out):
+    for dtype in (np.float32, np.float64):
+        for case in CASES:
+            info, options = case
+            rng = np.random.default_rng(7)
+            x = rng.standard_normal(SIZE).astype(dtype)
+            state = {name: np.abs(rng.standard_normal(SIZE)).astype(dtype) * 0.01
+                     for name in info.slots(options)}
+            for t in range(info.first_t, info.first_t + 3):
+                g = rng.standard_normal(SIZE).astype(dtype)
+                info.dense(x, g, state, t, num_threads=1, **options)
+            key = f"dense/{case_id(case)}/{np.dtype(dtype).name}"
+            out[key + "/x"] = x
+            for name, value in state.items():
+                out[f"{key}/{name}"] = value
+        # the non-finite check (all_finite) and a scaled gradient
+        rng = np.random.default_rng(8)
+        x, m, v = (rng.standard_normal(SIZE).astype(dtype) for _ in range(3))
+        v = np.abs(v)
+        g = rng.standard_normal(SIZE).astype(dtype) * 1024
+        fastadam.step_inplace(x, g, m, v, 1, grad_scale=1024.0, skip_nonfinite=True)
+        g[SIZE - 1] = np.inf
+        skipped = fastadam.step_inplace(x, g, m, v, 2, grad_scale=1024.0, skip_nonfinite=True)
+        out[f"dense/nonfinite/{np.dtype(dtype).name}"] = np.concatenate([x, m, v, [skipped]])
+
+
+def sparse_steps(out):
+    for dtype in (np.float32, np.float64):
+        for width in (4, 64, 67):
+            for mode in ("lazy", "catchup", "dense"):
+                rng = np.random.default_rng(width)
+                rows = 300
+                x = rng.standard_normal((rows, width)).astype(dtype)
+                m = rng.standard_normal((rows, width)).astype(dtype) * 0.1
+                v = np.abs(rng.standard_normal((rows, width))).astype(dtype) * 0.01
+                last = np.zeros(rows, np.int64) if mode == "catchup" else None
+                for t in (1, 2, 5):
+                    idx = np.minimum(rng.zipf(1.3, 500) - 1, rows - 1).astype(np.int64)
+                    vals = rng.standard_normal((500, width)).astype(dtype)
+                    fastadam.sparse_step_inplace(x, (idx, vals), m, v, t, mode=mode,
+                                                 last_step=last, lr=0.01, num_threads=1)
+                key = f"sparse/{mode}/row{width}/{np.dtype(dtype).name}"
+                out[key + "/x"], out[key + "/m"], out[key + "/v"] = x, m, v
+        for width in (5, 64):
+            rng = np.random.default_rng(3)
+            idx = rng.integers(0, 100, 2000)
+            vals = rng.standard_normal((2000, width)).astype(dtype)
+            unique, sums = fastadam.segment_sum(idx, vals, num_threads=1)
+            out[f"segment_sum/row{width}/{np.dtype(dtype).name}"] = sums
+
+
+def autodiff_kernels(out):
+    for dtype in (np.float32, np.float64):
+        rng = np.random.default_rng(11)
+        a = (rng.standard_normal(SIZE) * 6).astype(dtype)
+        g = rng.standard_normal(SIZE).astype(dtype)
+        s = _autodiff_kernels.sigmoid(a)
+        t = np.tanh(a)
+        name = np.dtype(dtype).name
+        out[f"autodiff/relu/{name}"] = _autodiff_kernels.relu(a)
+        out[f"autodiff/sigmoid/{name}"] = s
+        out[f"autodiff/relu_grad/{name}"] = _autodiff_kernels.relu_grad(g, a)
+        out[f"autodiff/relu_grad_scalar/{name}"] = _autodiff_kernels.relu_grad_scalar(0.5, a)
+        out[f"autodiff/sigmoid_grad/{name}"] = _autodiff_kernels.sigmoid_grad(g, s)
+        out[f"autodiff/tanh_grad/{name}"] = _autodiff_kernels.tanh_grad(g, t)
+        out[f"autodiff/sum_rows/{name}"] = _autodiff_kernels.sum_rows(a[:1000].reshape(40, 25))
+        logits = rng.standard_normal((37, 11)).astype(dtype)
+        labels = rng.integers(0, 11, 37).astype(np.intp)
+        out[f"autodiff/sce_forward/{name}"] = _autodiff_kernels.sce_forward(logits, labels)
+        out[f"autodiff/sce_backward/{name}"] = _autodiff_kernels.sce_backward(logits, labels,
+                                                                              0.25)
+        out[f"transformer/erf/{name}"] = _transformer_kernels.erf(a)
+        out[f"transformer/gelu/{name}"] = _transformer_kernels.gelu(a)
+        out[f"transformer/gelu_grad/{name}"] = _transformer_kernels.gelu_grad(g, a)
+    rng = np.random.default_rng(12)
+    a, d, b, c = (rng.standard_normal(SIZE).astype(np.float32) for _ in range(4))
+    _yardstick.stream_rw_f32(a, d, b, c)
+    out["yardstick/stream_rw"] = np.concatenate([a, b, c])
+
+
+def main(path):
+    out = {}
+    dense_steps(out)
+    sparse_steps(out)
+    autodiff_kernels(out)
+    cfg = fastadam.config()
+    facts = {"modules": {name: mod.simd_level_in_use() for name, mod in MODULES.items()},
+             "config": {k: cfg[k] for k in ("simd_level", "simd_cpu_best", "simd_cap")}}
+    out["levels"] = np.array(json.dumps(facts))
+    np.savez(path, **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
