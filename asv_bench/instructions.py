@@ -15,8 +15,10 @@ class the package exports (a new optimizer is gated as soon as it is exported).
 
 Counts are stored per commit in asv_bench/instructions/<commit>.json.  The gate compares
 against the newest ancestor of HEAD with stored counts and fails when any case costs more than
-THRESHOLD (1.25) times its stored count.  Valgrind reports the CPU as AVX2 at most, so the
-counts are those of the x86-64-v3 (or baseline) clones.
+THRESHOLD (1.25) times its stored count.  Counts depend on the CPU level the kernels run
+(fastadam/_core/_cpu_level.py), so each record stores it ("simd_level") and the run counts at
+the base's level (FASTADAM_CPU_LEVEL; a record without one was counted at x86-64-v3); --level
+picks another.  Valgrind reports the CPU as AVX2 at most: x86-64-v3 or baseline.
 Exit status: 0 pass (or no stored ancestor), 1 a case regressed, 2 valgrind missing.
 """
 import argparse
@@ -165,6 +167,9 @@ def run_cases(names, repeats):
 
     libc = ctypes.CDLL(None)
     compare_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    import fastadam
+
+    print(f"simd_level: {fastadam.config()['simd_level']}", flush=True)
     table = cases()
     for name in names:
         call = table[name]()
@@ -179,11 +184,15 @@ def run_cases(names, repeats):
         libc.qsort(pair, 2, ctypes.sizeof(ctypes.c_int), compare_fn(measured))
 
 
-def count_all(pattern=None, repeats=REPEATS):
-    """{case: instructions per call} of the selected cases, from one callgrind process."""
+def count_all(pattern=None, repeats=REPEATS, level=None):
+    """({case: instructions per call}, the level the kernels ran) of the selected cases, from one
+    callgrind process at CPU level `level` (None: the best valgrind's CPU offers)."""
     names = [n for n in cases() if not pattern or re.search(pattern, n)]
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("FASTADAM_CPU_LEVEL", None)
+    if level:
+        env["FASTADAM_CPU_LEVEL"] = level
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
                "--dump-after=qsort_r", "--compress-strings=no", f"--callgrind-out-file={tmp}/out",
@@ -191,6 +200,8 @@ def count_all(pattern=None, repeats=REPEATS):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if proc.returncode != 0:
             raise RuntimeError(f"the driver failed:\n{proc.stderr[-3000:]}")
+        ran = re.search(r"^simd_level: (\S+)", proc.stdout, re.M).group(1)
+        print(f"  (kernels at CPU level {ran})", flush=True)
         dumps = []  # ours: the qsort calls that ran the ctypes (libffi closure) comparator
         for f in sorted((f for f in os.listdir(tmp) if re.fullmatch(r"out\.\d+", f)),
                         key=lambda f: int(f.split(".")[1])):
@@ -205,7 +216,7 @@ def count_all(pattern=None, repeats=REPEATS):
             total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
             counts[name] = round(int(total.group(1)) / repeats)
             print(f"  {name:<40} {counts[name]:>14,d} instructions/call", flush=True)
-    return counts
+    return counts, ran
 
 
 # ---- storing and comparing -------------------------------------------------------------------
@@ -215,14 +226,14 @@ def git(*args):
 
 
 def stored_ancestor(head):
-    """(commit, counts) of the newest ancestor of head (itself excluded) with stored counts."""
+    """(commit, record) of the newest ancestor of head (itself excluded) with stored counts."""
     if not os.path.isdir(STORE):
         return None, None
     stored = {f[:-5] for f in os.listdir(STORE) if f.endswith(".json")}
     for commit in git("rev-list", "--max-count=500", head).split()[1:]:
         if commit in stored:
             with open(os.path.join(STORE, commit + ".json")) as fh:
-                return commit, json.load(fh)["counts"]
+                return commit, json.load(fh)
     return None, None
 
 
@@ -249,6 +260,7 @@ def main(argv=None):
     ap.add_argument("--cases", help="regex: only the matching case names")
     ap.add_argument("--baseline", help="a counts JSON file to compare against instead")
     ap.add_argument("--out", help="write this run's counts JSON here")
+    ap.add_argument("--level", help="FASTADAM_CPU_LEVEL of the counted run (default: the base's)")
     ap.add_argument("--run-cases", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sys.path.insert(0, REPO)  # the checkout's in-place build, as the drivers see it
@@ -259,9 +271,17 @@ def main(argv=None):
         print("instructions.py: valgrind not found (apt-get install valgrind)", file=sys.stderr)
         return 2
     head = git("rev-parse", "HEAD")
-    print(f"instruction counts of {head[:10]} (callgrind, {REPEATS} calls per case)")
-    counts = count_all(args.cases)
-    record = {"commit": head, "threshold": THRESHOLD, "counts": counts}
+    if args.baseline:
+        with open(args.baseline) as fh:
+            base_commit, base_record = "file " + args.baseline, json.load(fh)
+    else:
+        base_commit, base_record = stored_ancestor(head)
+    base_level = base_record.get("simd_level", "x86-64-v3") if base_record else None
+    level = args.level or base_level
+    print(f"instruction counts of {head[:10]} (callgrind, {REPEATS} calls per case, "
+          f"FASTADAM_CPU_LEVEL={level or 'unset'})")
+    counts, ran = count_all(args.cases, level=level)
+    record = {"commit": head, "threshold": THRESHOLD, "counts": counts, "simd_level": ran}
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(record, fh, indent=1, sort_keys=True)
@@ -269,14 +289,14 @@ def main(argv=None):
         os.makedirs(STORE, exist_ok=True)
         with open(os.path.join(STORE, head + ".json"), "w") as fh:
             json.dump(record, fh, indent=1, sort_keys=True)
-    if args.baseline:
-        with open(args.baseline) as fh:
-            base_commit, base = "file " + args.baseline, json.load(fh)["counts"]
-    else:
-        base_commit, base = stored_ancestor(head)
-    if base is None:
+    if base_record is None:
         print("no stored ancestor: nothing to compare")
         return 0
+    if ran != base_level:
+        print(f"the base was counted at CPU level {base_level}, this run at {ran}: counts of "
+              f"different levels are not compared (run with --level {base_level})")
+        return 1
+    base = base_record["counts"]
     if args.cases:
         base = {k: v for k, v in base.items() if re.search(args.cases, k)}
     lines, failed = compare(base, counts)
