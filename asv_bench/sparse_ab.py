@@ -7,8 +7,9 @@ eb75a87`` then ``python setup.py build_ext --inplace`` there).  The case is issu
 1e6 x 64 float32 table, 65536 indices drawn Zipf(1.3) (ranks scattered over the table) or
 uniformly, 1 thread.  Each round runs one process per (build, case), the builds alternating,
 so a slow spell of a shared machine hits both; each process reports the median of --calls
-steps.  Printed: the medians over rounds (ms), the ratio base / this checkout with its
-min-max spread over rounds, and torch.optim.SparseAdam (coalescing included) beside it.
+steps.  Printed: the CPU level each build's kernels ran (FASTADAM_CPU_LEVEL caps it for both),
+the medians over rounds (ms), the ratio base / this checkout with its min-max spread over
+rounds, and torch.optim.SparseAdam (coalescing included) beside it.
 Only the public API is used, so any two versions compare.
 """
 import argparse
@@ -81,14 +82,15 @@ def main():
         for kind in args.kinds.split(","):
             b, c, th = [], [], []
             for _ in range(args.rounds):
-                tb, _lvl = one(base, kind, dist, args.calls)
+                tb, base_level = one(base, kind, dist, args.calls)
                 tc, level = one(REPO, kind, dist, args.calls)
                 b.append(tb)
                 c.append(tc)
                 if kind == "lazy":
                     th.append(one(REPO, "torch", dist, args.calls)[0])
             ratios = [x / y for x, y in zip(b, c)]
-            line = (f"{dist:8} {kind:8} level={level:10} base {statistics.median(b):8.2f} ms  "
+            line = (f"{dist:8} {kind:8} level base={base_level} this={level}  "
+                    f"base {statistics.median(b):8.2f} ms  "
                     f"this {statistics.median(c):8.2f} ms  base/this x{statistics.median(ratios):.2f}"
                     f" [{min(ratios):.2f}-{max(ratios):.2f}]")
             if th:

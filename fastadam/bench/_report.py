@@ -135,6 +135,7 @@ def print_table(rows, file=None):
             + f" | {'of stream (%)':>13} {'of DRAM (%)':>11}")
     print("fastadam dense Adam step, float32, 28 B/element; median of interleaved rounds "
           "+- half their interquartile range", file=file)
+    print(simd_line(), file=file)
     print(head, file=file)
     print("-" * len(head), file=file)
     notes = []
@@ -228,6 +229,15 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def simd_line():
+    """The CPU level the kernels ran, the CPU's best and the FASTADAM_CPU_LEVEL cap, one line."""
+    import fastadam
+
+    cfg = fastadam.config()
+    return (f"SIMD level in use: {cfg['simd_level']} (CPU's best {cfg['simd_cpu_best']}, "
+            f"cap: {cfg['simd_cap']}), CPU: {_cpu_name()}")
 
 
 def _cpu_name():
