@@ -8,7 +8,10 @@
 - ``_sparse.pyx``: the sparse driver: radix sort, segment tables, segment sum, row walks
   (include/fastadam/sparse.c);
 - ``_validation.pyx``: every array check, all done before any write;
-- ``_config.pyx``: build facts (SIMD level, OpenMP, float16) for ``fastadam.show_config()``;
+- ``_config.pyx``: build facts (the CPU's SIMD level, OpenMP, float16) for
+  ``fastadam.show_config()``;
+- ``_cpu_level.py``: the CPU level the kernels run, the CPU's best capped by
+  ``FASTADAM_CPU_LEVEL`` (read once; each compiled module sets its kernels' level from it);
 - ``_autodiff_kernels.pyx``: the gradient engine's array kernels
   (include/fastadam/autodiff_kernels.c);
 - ``_threads.py``: thread counts and the measured thread choice of every driver.
