@@ -71,6 +71,8 @@ def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch):
         return out
 
     opt.step(grads)
+    # (a handler left by another test would make the raised signal do something else)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.setattr(type(opt), "dense_step", interrupted_after_first)
     with pytest.raises(KeyboardInterrupt):
         opt.step(grads)
@@ -122,17 +124,20 @@ def test_random_ctrl_c_never_splits_a_step():
             time.sleep(d)
             os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=ctrl_c)
+    thread = threading.Thread(target=ctrl_c, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 120  # a lost interrupt fails the test instead of hanging it
     while interrupts < len(delays):
         try:
             stepping.set()  # the sender waits for this: the signal lands inside this loop
-            while True:
+            while time.monotonic() < deadline:
                 opt.step(grads)
+            pytest.fail(f"only {interrupts} of {len(delays)} SIGINTs raised KeyboardInterrupt "
+                        f"within 120 s")
         except KeyboardInterrupt:
             interrupts += 1
             ref.assert_matches(opt.t, *state_of(opt, params))
-    thread.join()
+    thread.join(timeout=10)
     assert opt.t > 0
 
 
