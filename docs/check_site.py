@@ -19,16 +19,28 @@ import argparse
 import functools
 import html.parser
 import http.server
+import importlib.util
 import os
 import posixpath
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import urllib.parse
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+def _load_dashboard():
+    """asv_bench/dashboard.py, whose headless-Chromium runner (``find_chromium``, ``_chromium``)
+    this check shares; it imports only the standard library."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "asv_bench", "dashboard.py")
+    spec = importlib.util.spec_from_file_location("fastadam_asv_dashboard", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_dashboard = _load_dashboard()
+find_chromium, _chromium = _dashboard.find_chromium, _dashboard._chromium
+
 LINK_ATTRS = {"a": "href", "link": "href", "area": "href", "img": "src", "script": "src",
               "iframe": "src", "source": "src"}
 DEFAULT_QUERIES = ("step_inplace", "TrainingSession")
@@ -106,27 +118,6 @@ def check_links(site_dir):
                     problems.append(f"{where}:{line}: <{tag} {attr}={value!r}> -> no anchor "
                                     f"#{fragment} in {os.path.relpath(target, site_dir)}")
     return problems, len(pages), checked
-
-
-def find_chromium():
-    for name in CHROMIUM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def _chromium(args, timeout=120):
-    browser = find_chromium()
-    if browser is None:
-        raise RuntimeError("no Chromium found (Debian: apt-get install chromium)")
-    with tempfile.TemporaryDirectory() as profile:
-        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"chromium failed ({out.returncode}): {out.stderr[-2000:]}")
-    return out.stdout
 
 
 def _serve(site_dir):
