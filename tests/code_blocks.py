@@ -58,3 +58,19 @@ def run_block(code, cwd, fastadam_root, timeout=120):
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def check_block(code, skip_reason, cwd, what):
+    """The test of one block: skipped with its marker's reason or when it imports a module not
+    installed here, else run (the checkout's fastadam first on the path) and required to exit 0."""
+    import pytest
+
+    if skip_reason:
+        pytest.skip(skip_reason)
+    missing = missing_modules(code)
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    import fastadam
+
+    proc = run_block(code, cwd, pathlib.Path(fastadam.__file__).resolve().parent.parent)
+    assert proc.returncode == 0, f"{what} block failed:\n{code}\n--- stderr:\n{proc.stderr}"

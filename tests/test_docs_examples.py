@@ -5,12 +5,11 @@ in a temporary folder.  A block marked ``<!-- skip-test: REASON -->`` right abov
 skipped with that reason (pytest counts it); ``test_skipped_blocks_are_few`` keeps them rare.
 The docs are not in the sdist or the wheel: outside a checkout these tests skip.
 """
-import pathlib
 
 import pytest
 
 import fastadam
-from code_blocks import ROOT, count_python_fences, missing_modules, python_blocks, run_block
+from code_blocks import ROOT, check_block, count_python_fences, python_blocks
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md")) if DOCS.is_dir() else []
@@ -55,14 +54,7 @@ def test_skip_marker_is_read(tmp_path):
 
 @pytest.mark.parametrize("code, skip_reason", docs_params())
 def test_docs_block_runs(code, skip_reason, tmp_path):
-    if skip_reason:
-        pytest.skip(skip_reason)
-    missing = missing_modules(code)
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
-    root = pathlib.Path(fastadam.__file__).resolve().parent.parent
-    proc = run_block(code, tmp_path, root)
-    assert proc.returncode == 0, f"docs block failed:\n{code}\n--- stderr:\n{proc.stderr}"
+    check_block(code, skip_reason, tmp_path, "docs")
 
 
 def test_api_reference_lists_every_public_name():

@@ -5,12 +5,10 @@ Each block runs in its own subprocess (a fresh namespace, as when pasted) in a t
 block that imports an optional library that is not installed is skipped with the library's
 name.  API signatures and formulas are fenced as ``text``, not ``python``.
 """
-import pathlib
 
 import pytest
 
-import fastadam
-from code_blocks import ROOT, count_python_fences, missing_modules, python_blocks, run_block
+from code_blocks import ROOT, check_block, count_python_fences, python_blocks
 
 README = ROOT / "README.md"
 # the test command .ci/run runs verbatim, and the README opens with
@@ -46,11 +44,4 @@ def test_readme_opens_with_the_commands_and_stays_one_page():
 
 @pytest.mark.parametrize("code, skip_reason", readme_params())
 def test_readme_block_runs(code, skip_reason, tmp_path):
-    if skip_reason:
-        pytest.skip(skip_reason)
-    missing = missing_modules(code)
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
-    root = pathlib.Path(fastadam.__file__).resolve().parent.parent
-    proc = run_block(code, tmp_path, root)
-    assert proc.returncode == 0, f"README block failed:\n{code}\n--- stderr:\n{proc.stderr}"
+    check_block(code, skip_reason, tmp_path, "README")
