@@ -654,13 +654,14 @@ class Program:
         split = operator.itemgetter(*[slice(2 + k * n, 2 + (k + 1) * n) for k in range(per)])
         new_values = operator.itemgetter(*[2 + k * n + i for k in written for i in range(n)])
         data, attrs = operator.attrgetter("data"), step.attrs
+        cache = {}  # the prepared steps of this node's arrays (_training_ops._apply)
 
         def op(slots):
             inputs = inputs_of(slots)
             arrays = list(map(data, inputs))
             lists = list(split(arrays))  # X, G, then the states
             lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
-            apply(arrays[0], arrays[1], lists, **attrs)
+            apply(arrays[0], arrays[1], lists, cache=cache, **attrs)
             if outs:
                 for i, value in zip(outs, new_values(inputs)):
                     slots[i] = value

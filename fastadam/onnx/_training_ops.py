@@ -7,15 +7,20 @@ written: the update runs on fresh copies, through fastadam's fused kernels with
 the kernels as a Python int, so step counts past 2**32 stay exact.
 
 ``apply_*`` run the same update in place on arrays the caller owns; ``TrainingSession`` uses them
-for optimizer nodes whose outputs are bound straight back to their inputs.
+for optimizer nodes whose outputs are bound straight back to their inputs (and passes a
+``cache``, so the arrays are checked once, not at every step).  Every update goes
+through ``fastadam.optim.prepare_step``, one prepared step per dtype group: all groups are
+prepared and their hyper-parameters checked (``PreparedStep.check``) before any group writes,
+so a step over several dtypes is all or nothing.  Which optimizer an operator runs, and which
+state slots its V/H inputs are, is read from the registry (``fastadam.optim.optimizer_spec``,
+its ``onnx_op`` and ``slots``).
 """
 import numbers
+import operator
 
 import numpy as np
 
-import fastadam
-
-from ..optim.lowlevel import adam_coefficients, dense_step
+from ..optim import optimizer_spec, prepare_step
 
 
 def _scalar(value, name, kind):
@@ -75,15 +80,6 @@ def _by_dtype(lists):
     return list(groups.values())
 
 
-def _dry_run(call, lists, groups):
-    """Run each dtype group's call on empty arrays of its dtype before any group writes: a
-    check that depends on the dtype (a hyper-parameter float32 cannot hold, where float64 can)
-    then fails while nothing is written, so a step over several groups is all or nothing."""
-    for idx in groups:
-        dtype = lists[0][idx[0]].dtype
-        call([[np.empty(0, dtype)] for _ in lists])
-
-
 def _select(lst, idx):
     return lst if len(idx) == len(lst) else [lst[i] for i in idx]
 
@@ -114,11 +110,29 @@ ADAM_DEFAULTS = dict(alpha=_f32(0.9), beta=_f32(0.999), epsilon=_f32(1e-6),
 ADAGRAD_DEFAULTS = dict(decay_factor=0.0, epsilon=_f32(1e-6), norm_coefficient=0.0)
 
 
-def _need(name):
-    fun = getattr(fastadam, name, None)
-    if fun is None:
-        raise NotImplementedError(f"fastadam.{name} is not available in this version of fastadam")
-    return fun
+def _apply(name, t, lists, hyper, cache):
+    """The update of registry optimizer ``name`` in place on ``lists = [X, G, states...]``
+    (checked by ``_groups``): one prepared step per dtype group, every group checked before
+    the first one writes.  ``cache``: None, or a dict the caller keeps for one optimizer node
+    whose X and state arrays are the same objects at every step (``TrainingSession``'s
+    in-place updates): their prepared steps are kept there and reused while they are."""
+    xs, gs, states = lists[0], lists[1], lists[2:]
+    written = [a for k, lst in enumerate(lists) if k != 1 for a in lst]
+    kept = cache.get("written") if cache is not None else None
+    if kept is not None and len(kept) == len(written) and all(map(operator.is_, kept, written)):
+        steps = cache["steps"]
+    else:
+        slots = optimizer_spec(name).slots
+        steps = [(prepare_step(name, _select(xs, idx),
+                               {slot: _select(s, idx) for slot, s in zip(slots, states)}), idx)
+                 for idx in _by_dtype(lists)]
+        if cache is not None:
+            cache.update(written=written, steps=steps)
+    if len(steps) > 1:  # one group checks before it writes; several: all before the first
+        for step, idx in steps:
+            step.check(t, **hyper)
+    for step, idx in steps:
+        step.step(gs if len(steps) == 1 else _select(gs, idx), t, **hyper)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,22 +140,13 @@ def _need(name):
 # ---------------------------------------------------------------------------------------------
 
 
-def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
+def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post,
+               cache=None):
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
-    xs, gs, vs, hs = lists
-    # what fastadam.step_inplace does, with the coefficients folded once for every dtype group
-    coeffs = adam_coefficients(t, lr, alpha, beta, epsilon, "onnx", norm_coefficient, False,
-                               norm_coefficient_post)
-    groups = _by_dtype(lists)
-    if len(groups) == 1:
-        dense_step(coeffs, xs, gs, [("m", vs), ("v", hs)], False, None)
-        return
-    _dry_run(lambda e: dense_step(coeffs, e[0], e[1], [("m", e[2]), ("v", e[3])], False, None),
-             lists, groups)
-    for idx in groups:
-        dense_step(coeffs, _select(xs, idx), _select(gs, idx),
-                   [("m", _select(vs, idx)), ("v", _select(hs, idx))], False, None)
+    _apply("adam", t, lists, dict(lr=lr, beta1=alpha, beta2=beta, eps=epsilon, convention="onnx",
+                                  weight_decay=norm_coefficient,
+                                  post_decay=norm_coefficient_post), cache)
 
 
 def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"],
@@ -170,20 +175,11 @@ def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"]
 # ---------------------------------------------------------------------------------------------
 
 
-def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient):
+def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient, cache=None):
     """The Adagrad update in place on ``lists = [X, G, H]``."""
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
-    step = _need("adagrad_step_inplace")
-    xs, gs, hs = lists
-    groups = _by_dtype(lists)
-
-    def call(x, g, h):
-        step(x, g, h, t, lr=lr, lr_decay=decay_factor, eps=epsilon,
-             weight_decay=norm_coefficient, convention="onnx")
-    if len(groups) > 1:
-        _dry_run(lambda e: call(*e), lists, groups)
-    for idx in groups:
-        call(_select(xs, idx), _select(gs, idx), _select(hs, idx))
+    _apply("adagrad", t, lists, dict(lr=lr, lr_decay=decay_factor, eps=epsilon,
+                                     weight_decay=norm_coefficient, convention="onnx"), cache)
 
 
 def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=ADAGRAD_DEFAULTS["epsilon"],
@@ -220,21 +216,13 @@ def _check_momentum_attrs(alpha, beta, mode, norm_coefficient):
         raise ValueError(f"Momentum: mode: expected 'standard' or 'nesterov', got {mode!r}")
 
 
-def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient):
+def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient, cache=None):
     """The Momentum update in place on ``lists = [X, G, V]``."""
     _check_momentum_attrs(alpha, beta, mode, norm_coefficient)
     lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
-    step = _need("momentum_step_inplace")
-    xs, gs, vs = lists
-    groups = _by_dtype(lists)
-
-    def call(x, g, v):
-        step(x, g, v, t, lr=lr, momentum=alpha, dampening=1.0 - beta,
-             nesterov=(mode == "nesterov"), weight_decay=norm_coefficient, convention="onnx")
-    if len(groups) > 1:
-        _dry_run(lambda e: call(*e), lists, groups)
-    for idx in groups:
-        call(_select(xs, idx), _select(gs, idx), _select(vs, idx))
+    _apply("momentum", t, lists, dict(lr=lr, momentum=alpha, dampening=1.0 - beta,
+                                      nesterov=(mode == "nesterov"),
+                                      weight_decay=norm_coefficient, convention="onnx"), cache)
 
 
 def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
@@ -254,11 +242,20 @@ def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
     return _outputs(lists, (0, 2))
 
 
-# name -> (function, in-place update, inputs per tensor, indices of the written lists,
-#          attribute defaults (None: required))
-OPTIMIZERS = {
-    "Adam": (adam, apply_adam, 4, (0, 2, 3), ADAM_DEFAULTS),
-    "Adagrad": (adagrad, apply_adagrad, 3, (0, 2), ADAGRAD_DEFAULTS),
-    "Momentum": (momentum, apply_momentum, 3, (0, 2),
-                 dict(alpha=None, beta=None, mode=None, norm_coefficient=None)),
-}
+def _operator(name, fun, apply, n_states, defaults):
+    """The row of registry optimizer ``name``: its ONNX operator's name (from the registry) ->
+    (function, in-place update, inputs per tensor (X, G, then ``n_states`` states, which are
+    the first ``n_states`` slots of the spec), indices of the written lists, attribute
+    defaults (None: required))."""
+    spec = optimizer_spec(name)
+    if spec.onnx_op is None or len(spec.slots) < n_states:
+        raise ValueError(f"{name}: the registry gives it no ONNX operator with {n_states} states")
+    return spec.onnx_op, (fun, apply, 2 + n_states, (0, *range(2, 2 + n_states)), defaults)
+
+
+OPTIMIZERS = dict([
+    _operator("adam", adam, apply_adam, 2, ADAM_DEFAULTS),
+    _operator("adagrad", adagrad, apply_adagrad, 1, ADAGRAD_DEFAULTS),
+    _operator("momentum", momentum, apply_momentum, 1,
+              dict(alpha=None, beta=None, mode=None, norm_coefficient=None)),
+])

@@ -20,7 +20,8 @@ from .. import gpu as _gpu
 from .._core import _dense
 from .._core._registry import spec as _spec
 from .._core._threads import adaptive_threads, resolve_num_threads
-from .._core._validation import as_array_list, check_array, check_disjoint
+from .._core._validation import (as_array_list, check_array, check_arrays_like,
+                                  check_disjoint)
 from ._functional import KIND_DENSE, check_compute_dtype
 
 __all__ = ["PreparedStep", "prepare_step"]
@@ -130,8 +131,7 @@ class PreparedStep:
         if single != self._single or len(gs) != len(self._xs):
             raise ValueError(f"grads: expected {'one array' if self._single else len(self._xs)}"
                              f" like params, got {'one array' if single else len(gs)}")
-        for i, (g, shape) in enumerate(zip(gs, self._shapes)):
-            check_array(g, _label("grads", i, single), self._typenum, shape, False)
+        check_arrays_like(gs, "grads", self._typenum, self._shapes, single)
         check_disjoint(self._written + [("grads", gs, False)], single)
         if self._xs and self._typenum != _DOUBLE:
             check_compute_dtype(coeffs, self._typenum, "params")
