@@ -7,7 +7,9 @@
 
 Wall time on a shared 2-core machine moves by 20-50% with the load; the number of instructions
 a step executes does not (valgrind counts them exactly; PYTHONHASHSEED is fixed).  Each case is
-a small seeded workload (a dense step per optimizer, a list step, sparse steps, segment_sum);
+a small seeded workload (a dense step per optimizer, a list step, sparse steps, segment_sum,
+and one step of each front-end: the autodiff MLP, the ONNX training session, the scikit-learn
+estimators' compiled epoch);
 all run in one process under ``valgrind --tool=callgrind``, which counts only the REPEATS calls
 of each case after WARMUP uncounted calls (see "measuring" below): the compiled kernel plus the
 Python overhead of the call, not start-up or set-up.  The dense cases cover every optimizer
@@ -134,8 +136,49 @@ def _segment_sum_case(dist):
     return build
 
 
+def _benchmark_module(name):
+    """A module of asv_bench/benchmarks/ (they run as top-level modules there too)."""
+    import importlib
+
+    path = os.path.join(HERE, "benchmarks")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+def _autodiff_case():
+    def build():
+        import numpy as np
+
+        # the tape engine: forward and backward of the digits-sized MLP (64-64-10, batch 64)
+        return _benchmark_module("bench_autodiff").build_mlp("fastadam", np.float32, 64,
+                                                             sizes=(64, 64, 10))
+    return build
+
+
+def _onnx_case():
+    def build():
+        # one TrainingSession step (forward, Gradient node, Adam node) of the same MLP in ONNX
+        return _benchmark_module("bench_onnx").make_step("session", (64, 64, 10), 64)
+    return build
+
+
+def _sklearn_case():
+    def build():
+        # one epoch of the estimators' compiled loop on the digits (9 batches, Adam per batch)
+        return _benchmark_module("bench_sklearn").build_mlp_epochs("relu")["compiled"]
+    return build
+
+
+def _have(*modules):
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
 def cases():
-    """The ordered {name: builder} table (names are stable: they key the stored counts)."""
+    """The ordered {name: builder} table (names are stable: they key the stored counts).  The
+    front-end cases need their extras (onnx, scikit-learn); without them they are left out."""
     table = {}
     for n in (1_000, 100_000):
         table[f"step_inplace/adam/{n}"] = _functional_case(n)
@@ -149,6 +192,11 @@ def cases():
     table["sparse/dense/zipf/row64"] = _sparse_case("dense", "zipf")
     for dist in ("zipf", "uniform"):
         table[f"segment_sum/{dist}"] = _segment_sum_case(dist)
+    table["autodiff/mlp64x64x10/b64"] = _autodiff_case()
+    if _have("onnx"):
+        table["onnx/session_step/mlp64x64x10/b64"] = _onnx_case()
+    if _have("sklearn"):
+        table["sklearn/mlp_epoch/digits/relu100"] = _sklearn_case()
     return table
 
 
