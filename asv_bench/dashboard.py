@@ -11,6 +11,11 @@ For a machine without one (this project's CI reaches PyPI and Debian's mirror on
 takes the same library versions from the asv 0.5.1 source distribution on PyPI, which shipped
 them in `asv/www/vendor/`, and points the site's tags at those local copies.
 
+`publish` also writes `instructions.html` beside asv's page (linked from it): one small SVG chart
+per case of the instruction-count gate (asv_bench/instructions.py), its stored counts per
+commit (asv_bench/instructions/*.json) in the order of main's history, with the gate's x1.25
+line above the latest point, so a slow creep shows before it trips the gate.
+
 `check` is what tests/test_asv_dashboard.py runs: it loads the site in headless Chromium with a
 small probe script added to a copy of index.html.  The probe waits for asv to draw the summary
 grid, then opens the graph page of every `track_*` benchmark in turn and reads flot's own data
@@ -151,6 +156,81 @@ def ensure_history():
             f"({out.stderr.strip()[:200]}): the dashboard needs main's history")
 
 
+INSTRUCTIONS_DIR = os.path.join(HERE, "instructions")
+
+
+def instruction_history(store=INSTRUCTIONS_DIR):
+    """[(commit, {case: count})] of the stored instruction counts, oldest first: in the order of
+    HEAD's history, records of commits outside it last (by name)."""
+    records = []
+    for name in sorted(os.listdir(store)) if os.path.isdir(store) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(store, name)) as fh:
+                rec = json.load(fh)
+            records.append((rec.get("commit", name[:-5]), rec.get("counts", {})))
+    order = _git("rev-list", "--topo-order", "--reverse", "HEAD").stdout.split()
+    rank = {c: i for i, c in enumerate(order)}
+    return sorted(records, key=lambda r: (r[0] not in rank, rank.get(r[0], 0), r[0]))
+
+
+def _chart(case, points, threshold=1.25, width=360, height=120):
+    """An SVG line chart of (commit, count) points, with the gate's line over the last one."""
+    import html
+
+    counts = [c for _, c in points]
+    top = max(max(counts), counts[-1] * threshold) * 1.05
+    bottom = min(counts) * 0.9
+    pad, span = 30, max(len(points) - 1, 1)
+
+    def xy(i, c):
+        return (pad + (width - 2 * pad) * i / span,
+                height - pad - (height - 2 * pad) * (c - bottom) / (top - bottom))
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, c) for i, (_, c) in enumerate(points)))
+    _, gate_y = xy(0, counts[-1] * threshold)
+    dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3"><title>{html.escape(commit[:10])}: '
+                   f'{c:,d} instructions</title></circle>'
+                   for (commit, c), (x, y) in ((p, xy(i, p[1])) for i, p in enumerate(points)))
+    return (f'<figure><figcaption>{html.escape(case)}: {counts[-1]:,d}</figcaption>'
+            f'<svg class="case" data-case="{html.escape(case)}" data-points="{len(points)}" '
+            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+            f'<line class="gate" x1="{pad}" x2="{width - pad}" y1="{gate_y:.1f}" '
+            f'y2="{gate_y:.1f}" stroke="#c33" stroke-dasharray="4 3"/>'
+            f'<polyline fill="none" stroke="#246" stroke-width="1.5" points="{line}"/>'
+            f'{dots}</svg></figure>')
+
+
+def write_instructions_page(html_dir, store=INSTRUCTIONS_DIR):
+    """instructions.html in html_dir (see the module docstring); returns its path."""
+    history = instruction_history(store)
+    cases = sorted({case for _, counts in history for case in counts})
+    charts = []
+    for case in cases:
+        points = [(commit, counts[case]) for commit, counts in history if case in counts]
+        charts.append(_chart(case, points))
+    page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>fastadam instruction "
+            "counts</title><style>body{font-family:sans-serif;margin:1em}figure{display:inline-"
+            "block;margin:.5em}figcaption{font-size:12px}</style></head><body>"
+            "<h1>Instructions per call, per stored commit</h1><p>Counted under callgrind by "
+            "<code>python asv_bench/instructions.py</code> (one point per commit with stored "
+            f"counts, {len(history)} commits, oldest left); the dashed line is the gate: x1.25 "
+            "the newest count. <a href=\"index.html\">asv dashboard</a></p>"
+            + "".join(charts) + "</body></html>")
+    path = os.path.join(html_dir, "instructions.html")
+    with open(path, "w") as fh:
+        fh.write(page)
+    index = os.path.join(html_dir, "index.html")
+    if os.path.exists(index):  # a link from asv's page, once
+        with open(index) as fh:
+            text = fh.read()
+        link = ('<a id="fastadam-instructions" href="instructions.html" style="position:fixed;'
+                'right:1em;bottom:1em;z-index:9999">instruction counts</a>')
+        if "fastadam-instructions" not in text:
+            text = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + link, text, count=1)
+            with open(index, "w") as fh:
+                fh.write(text)
+    return path
+
+
 def publish(results_dir=None, html_dir=None, offline=False, vendor_dir=None, quiet=True):
     """Run `asv publish` over the stored results; return the HTML folder."""
     ensure_history()
@@ -166,6 +246,7 @@ def publish(results_dir=None, html_dir=None, offline=False, vendor_dir=None, qui
     if offline:
         vendor_dir = vendor_dir or os.path.join(HERE, ".asv", "vendor")
         use_local_libraries(html_dir, fetch_vendor(vendor_dir))
+    write_instructions_page(html_dir)
     return html_dir
 
 
@@ -310,6 +391,8 @@ def check(html_dir, screenshot_dir=None):
             if first:
                 shots.append(screenshot(f"{url}index.html#{first}",
                                         os.path.join(screenshot_dir, "asv-graph.png")))
+            shots.append(screenshot(url + "instructions.html",
+                                    os.path.join(screenshot_dir, "instructions.png")))
         finally:
             server.shutdown()
     return report, shots

@@ -130,7 +130,7 @@ def test_the_site_loads_no_library_from_the_internet(site):
 
 def test_screenshots_are_real_images(site):
     _, _, paths = site
-    assert len(paths) == 2
+    assert len(paths) == 3
     for path in paths:
         with open(path, "rb") as f:
             head = f.read(24)
@@ -148,3 +148,39 @@ def test_dashboard_cli_check_exits_zero(tmp_path, site):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "points" in out.stdout
+
+
+def test_the_instruction_counts_page_charts_every_stored_case(tmp_path):
+    dashboard = _load_dashboard()
+    store = tmp_path / "store"
+    store.mkdir()
+    records = {"c1": {"a": 100, "b": 10}, "c2": {"a": 110}, "c3": {"a": 120, "b": 30}}
+    for commit, counts in records.items():
+        (store / f"{commit}.json").write_text(json.dumps({"commit": commit, "counts": counts}))
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text("<html><body class='x'><p>asv</p></body></html>")
+    page = open(dashboard.write_instructions_page(str(html), str(store))).read()
+    assert page.count('<svg class="case"') == 2
+    assert 'data-case="a" data-points="3"' in page and 'data-case="b" data-points="2"' in page
+    chart_b = page.split('data-case="b"')[1]
+    assert "c1: 10 instructions" in chart_b and "c3: 30 instructions" in chart_b
+    assert "c2:" not in chart_b  # c2 stored no count for b
+    assert page.index("c1: 100 ") < page.index("c2: 110 ") < page.index("c3: 120 ")
+    index = (html / "index.html").read_text()
+    assert index.count('href="instructions.html"') == 1
+    dashboard.write_instructions_page(str(html), str(store))  # the link is added once only
+    assert (html / "index.html").read_text().count('href="instructions.html"') == 1
+
+
+def test_the_published_site_links_the_instruction_counts(site):
+    html, _, _ = site
+    with open(os.path.join(html, "index.html")) as fh:
+        assert 'href="instructions.html"' in fh.read()
+    with open(os.path.join(html, "instructions.html")) as fh:
+        page = fh.read()
+    stored = set()
+    for name in os.listdir(os.path.join(BENCH, "instructions")):
+        with open(os.path.join(BENCH, "instructions", name)) as fh:
+            stored |= set(json.load(fh)["counts"])
+    assert page.count('<svg class="case"') == len(stored) > 20
