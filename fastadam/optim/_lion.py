@@ -47,7 +47,7 @@ def lion_coefficients(t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.0, ma
 
 SPEC = register(OptimizerSpec(
     name="lion", fold=lion_coefficients, fields=FIELDS, slots=("m",), object_slots=("exp_avg",),
-    onnx_op=None, torch_name=None))
+    onnx_op=None, torch_name=None, nonnegative_slots=()))  # m takes both signs
 
 
 def lion_step_inplace(x: Arrays, g: Arrays, m: Arrays, t: int, *, lr: float = 1e-4,

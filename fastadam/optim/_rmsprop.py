@@ -78,7 +78,7 @@ SPEC = register(OptimizerSpec(
     slots=("square_avg", "momentum_buffer", "grad_avg"),
     object_slots=("square_avg", "momentum_buffer", "grad_avg"),
     flags={"centered": FLAG_CENTERED, "momentum": FLAG_RMS_MOMENTUM}, slots_of=_slots_of,
-    onnx_op=None, torch_name="RMSprop"))
+    onnx_op=None, torch_name="RMSprop", nonnegative_slots=("square_avg",)))
 
 
 def _state(coeffs, square_avg, momentum_buffer, grad_avg):
