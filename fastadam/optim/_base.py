@@ -205,6 +205,10 @@ class Optimizer:
         arrays = [param_array(p, label) for p, label in zip(plist, labels)]
         if self._lowp is None and (self._lowp_wanted
                                    or any(is_bfloat16(a.dtype) for a in arrays)):
+            if self._arrays:
+                raise TypeError(f"{where or 'params'}: bfloat16 parameters join an optimizer "
+                                f"built with bfloat16 parameters or a low-precision "
+                                f"state_dtype; this one keeps float32 states")
             _lowp_objects.check_params(self._lowp_options, self._arrays + arrays,
                                        self._labels + labels)
             self._enable_lowp()
