@@ -83,7 +83,8 @@ def check_gradient(g: Any, x: np.ndarray, name: str, pname: str) -> Tuple[str, A
         return "dense", check_device_gradient(g, x, name, pname)
     if isinstance(g, np.ndarray):
         if g.dtype != x.dtype and not (g.dtype == np.float32 and is_bfloat16(x.dtype)):
-            raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of {pname}), "
+            also = " or float32" if is_bfloat16(x.dtype) else ""
+            raise TypeError(f"{name}: expected dtype {x.dtype}{also} (the dtype of {pname}), "
                             f"got {g.dtype}")
         if g.shape != x.shape:
             raise ValueError(f"{name}: expected shape {x.shape} (the shape of {pname}), "
