@@ -327,3 +327,53 @@ def test_checkpoints_round_trip_bit_exactly(tmp_path, kw):
         assert raw(o._master_list[0] if o._master_list[0] is not None else []) == raw(
             opt._master_list[0] if opt._master_list[0] is not None else [])
         assert o.t == opt.t == 4
+
+
+# ---- the functional layer: prepare_step -----------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_prepare_step_trajectory_against_the_oracle(fmt):
+    from fastadam.optim import prepare_step
+    rng = np.random.default_rng(11)
+    x0 = rng.standard_normal((3, 320)).astype(np.float32)
+    grads = [rng.standard_normal(x0.shape).astype(np.float32) for _ in range(5)]
+    x = x0.copy()
+    if fmt == "int8":
+        slots = {"m": QuantizedState.zeros(x.shape, 64),
+                 "v": QuantizedState.zeros(x.shape, 64, signed=False)}
+    else:
+        slots = {"m": np.zeros(x.shape, BF16), "v": np.zeros(x.shape, BF16)}
+    step = prepare_step("adam", x, slots, block_size=64)
+    for t, g in enumerate(grads, 1):
+        assert step.step(g, t, lr=0.01, convention="torch")
+    want_x, want = oracle_run("adam", x0, grads, fmt, 64, dict(lr=0.01))
+    tol = 0.02 if fmt == "int8" else 0.01
+    for name in ("m", "v"):
+        np.testing.assert_allclose(values(slots[name]), want[name], rtol=tol,
+                                   atol=tol * np.abs(want[name]).max())
+    np.testing.assert_allclose(x, want_x, rtol=1e-3, atol=2e-5)
+
+
+def test_prepare_step_bfloat16_gradients_read_exactly_as_float32():
+    from fastadam.optim import prepare_step
+    rng = np.random.default_rng(12)
+    g = rng.standard_normal(1000).astype(BF16)
+    out = []
+    for grad in (g, g.astype(np.float32)):
+        x = np.linspace(-1, 1, 1000).astype(BF16)
+        master = x.astype(np.float32)
+        slots = {"m": QuantizedState.zeros(1000), "v": QuantizedState.zeros(1000, signed=False)}
+        step = prepare_step("adam", x, slots, master=master)
+        step.step(grad, 1, lr=0.01)
+        np.testing.assert_array_equal(x.view(np.uint16), O.f32_to_bf16_bits(master))
+        out.append(raw(x, master, slots))
+    assert out[0] == out[1]
+
+
+def test_zero_state_resets_low_precision_states():
+    x = np.ones(512, np.float32)
+    opt = Adagrad([x], lr=0.1, state_dtype="int8", initial_accumulator_value=0.5)
+    np.testing.assert_array_equal(values(opt.state(0)["sum"]), np.full(512, 0.5, np.float32))
+    opt.step([np.ones(512, np.float32)])
+    opt.zero_state()
+    np.testing.assert_array_equal(values(opt.state(0)["sum"]), np.full(512, 0.5, np.float32))
+    assert opt.t == 0
