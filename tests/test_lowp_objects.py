@@ -68,7 +68,7 @@ def test_zeros_and_fill():
     np.testing.assert_array_equal(q.to_array(), np.full((3, 100), 0.1, np.float32))
 
 
-# ---- trajectories against float64 oracles with the format applied after each step -----------------
+# ---- trajectories against float64 oracles with the format applied after each step ---------------
 def oracle_run(kind, x0, grads, fmt, block, hyper):
     x = x0.astype(np.float64)
     if kind == "adam":
@@ -197,7 +197,7 @@ def test_stochastic_rounding_is_unbiased_where_nearest_stalls():
     assert abs(x.astype(np.float32).mean() - (1 - 10e-3)) < 1e-3
 
 
-# ---- sparse lazy steps ------------------------------------------------------------------------------
+# ---- sparse lazy steps --------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
 def test_sparse_rows_step_like_a_dense_table_of_those_rows(fmt):
     rng = np.random.default_rng(6)
@@ -230,7 +230,7 @@ def test_sparse_csr_gradient_with_bfloat16_params():
     assert np.all(table[2].astype(np.float32) < 1) and np.all(table[[0, 1, 3, 4, 5]] == 1)
 
 
-# ---- the step driver: skip_nonfinite, clipping, schedules, threads ----------------------------------
+# ---- the step driver: skip_nonfinite, clipping, schedules, threads ------------------------------
 def test_skip_nonfinite_changes_nothing():
     x = np.ones((2, 256), np.float32)
     opt = Adam([x], lr=0.1, state_dtype="int8")
@@ -275,7 +275,7 @@ def test_results_do_not_depend_on_the_thread_count(fmt):
     assert outs[0] == outs[1] == outs[2]
 
 
-# ---- memory and checkpoints -----------------------------------------------------------------------------
+# ---- memory and checkpoints ---------------------------------------------------------------------
 @pytest.mark.parametrize("fmt, per_param", [("float32", 8.0), ("bfloat16", 4.0),
                                              ("int8", 2 + 8 / 256)])
 def test_state_bytes_per_param(fmt, per_param):
@@ -329,7 +329,7 @@ def test_checkpoints_round_trip_bit_exactly(tmp_path, kw):
         assert o.t == opt.t == 4
 
 
-# ---- the functional layer: prepare_step -----------------------------------------------------------
+# ---- the functional layer: prepare_step ---------------------------------------------------------
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
 def test_prepare_step_trajectory_against_the_oracle(fmt):
     from fastadam.optim import prepare_step

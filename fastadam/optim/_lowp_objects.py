@@ -71,6 +71,9 @@ def check_options(defaults: Dict[str, Any]) -> Tuple[LowpOptions, bool]:
 def check_params(opts: LowpOptions, arrays: List[np.ndarray], labels: List[str]) -> None:
     """Low-precision steps take float32 and bfloat16 parameters only."""
     for a, label in zip(arrays, labels):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{label}: the optimizer objects keep low-precision states on the "
+                            f"CPU; for CuPy arrays use fastadam.optim.prepare_step")
         if a.dtype != _FLOAT32 and not is_bfloat16(a.dtype):
             raise TypeError(f"{label}: state_dtype={opts.state_dtype!r} (and bfloat16 "
                             f"parameters) need float32 or bfloat16 parameters, got {a.dtype}")
