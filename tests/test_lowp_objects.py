@@ -1,5 +1,5 @@
 """The optimizer objects and QuantizedState with low-precision states (issue 24), against
-independent references: tests/lowp_oracle.py (the formats from their definitions) with
+independent references: tests/lowp_reference.py (the formats from their definitions) with
 tests/reference.py's float64 formulas, torch.optim.Adam, and the float32 path itself where the
 format promises bit-identity (a float32 master steps exactly as a float32 parameter).
 """
@@ -11,12 +11,55 @@ import pytest
 import fastadam
 from fastadam.optim import SGD, Adagrad, Adam, AdamW, QuantizedState
 
-import lowp_oracle as O
+import lowp_reference as R
 from reference import adagrad_reference, adam_reference, momentum_reference
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 pytest.importorskip("fastadam._core._lowp", reason="the low-precision driver is not built")
+
+
+MAPS = {"dynamic": 0, "linear": 1}
+
+
+class O:
+    """The formats of tests/lowp_reference.py, by this file's names."""
+
+    @staticmethod
+    def quant_map(name, signed):
+        return R.quant_map(MAPS[name], signed)
+
+    @staticmethod
+    def quantize(a, block, signed, name="dynamic"):
+        return R.quantize(a, block, O.quant_map(name, signed))
+
+    @staticmethod
+    def dequantize(codes, scales, block, signed, name="dynamic"):
+        return R.dequantize(codes, scales, block, O.quant_map(name, signed))
+
+    f32_to_bf16_bits = staticmethod(R.bf16_nearest)
+
+    @staticmethod
+    def round_bf16(a):
+        return R.bf16_to_f32(R.bf16_nearest(a))
+
+    @staticmethod
+    def stochastic_bf16(a, seed, t, tensor_index):
+        a = np.asarray(a, np.float32)
+        bits = R.sr_bits(R.sr_key(seed, t, tensor_index), np.arange(a.size))
+        return R.bf16_to_f32(R.bf16_stochastic(a.ravel(), bits)).reshape(a.shape)
+
+    @staticmethod
+    def store(values, fmt, block=256, signed=True, name="dynamic"):
+        """float64 ``values`` as the format stores them, read back as float64."""
+        v32 = np.asarray(values, np.float32)
+        if fmt == "float32":
+            return v32.astype(np.float64)
+        if fmt == "bfloat16":
+            return O.round_bf16(v32).astype(np.float64)
+        codes, scales = O.quantize(v32, block, signed, name)
+        return O.dequantize(codes, scales, block, signed, name).astype(np.float64).reshape(
+            v32.shape)
 
 
 def values(state):
