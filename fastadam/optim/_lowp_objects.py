@@ -106,11 +106,20 @@ def _threads(opt) -> int:
     return resolve_num_threads(opt.num_threads)
 
 
+_SLOT_ORDER: Dict[Tuple[str, int], Tuple[List[str], Tuple[bool, ...]]] = {}
+
+
 def _slot_order(opt, coeffs) -> Tuple[List[str], Tuple[bool, ...]]:
-    spec = _spec(opt.spec_name)
-    idx = spec.slot_indices(coeffs.flags)
-    return ([spec.object_slots[i] for i in idx],
-            tuple(spec.slots[i] not in spec.nonnegative_slots for i in idx))
+    """(object slot names in kernel order, signed map per slot) of these coefficients' flags."""
+    key = (opt.spec_name, coeffs.flags)
+    order = _SLOT_ORDER.get(key)
+    if order is None:
+        spec = _spec(opt.spec_name)
+        idx = spec.slot_indices(coeffs.flags)
+        order = _SLOT_ORDER[key] = ([spec.object_slots[i] for i in idx],
+                                    tuple(spec.slots[i] not in spec.nonnegative_slots
+                                          for i in idx))
+    return order
 
 
 def _driver_lists(slots_of_names: List[List[Any]], state_fmt: int):
