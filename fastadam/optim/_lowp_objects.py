@@ -87,7 +87,9 @@ def new_slot(opts: LowpOptions, spec: Any, name: str, a: np.ndarray, fill: float
     if opts.state_dtype == "float32":
         return np.full(a.shape, fill, np.float32)
     if opts.state_dtype == "bfloat16":
-        return np.full(a.shape, fill, np.float32).astype(bfloat16())
+        slot = np.empty(a.shape, bfloat16())  # filled in place: no float32 temporary
+        slot.fill(fill)
+        return slot
     functional = spec.slots[spec.object_slots.index(name)]
     state = QuantizedState.zeros(a.shape, opts.block_size, opts.quant_map,
                                  functional not in spec.nonnegative_slots)
