@@ -305,8 +305,9 @@ def test_load_refuses_float32_state_into_8bit_and_scales_of_the_wrong_length():
     _, f32 = _trained("float32")
     x, opt = _trained()
     before = snapshot(x, opt.state(0))
-    with pytest.raises(ValueError, match=r"^state: the state holds float32 optimizer states "
-                                         r"\(no 'state_format'\); this optimizer keeps 'int8'"):
+    with pytest.raises(ValueError, match=r"^state: the state has no 'state_format' \(an "
+                                         r"optimizer with float32 states and parameters\); this "
+                                         r"optimizer has \{'state_dtype': 'int8'"):
         opt.load_state_dict(f32.state_dict())
     state = opt.state_dict()
     state["m_scales"] = [state["m_scales"][0][:-1]]
