@@ -442,3 +442,26 @@ def test_zero_state_resets_low_precision_states():
     opt.zero_state()
     np.testing.assert_array_equal(values(opt.state(0)["sum"]), np.full(512, 0.5, np.float32))
     assert opt.t == 0
+
+
+def test_float32_and_bfloat16_parameters_in_one_step_are_all_or_nothing():
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal(700).astype(np.float32)
+    b = rng.standard_normal((4, 256)).astype(BF16)
+    c = np.ones((6, 64), np.float32)
+    opt = Adam([a, b, c], lr=1e-2, state_dtype="int8", block_size=64, master_weights=True)
+    assert opt.state_bytes_per_param() == pytest.approx(
+        (2 * (700 + 1024 + 384) + 8 * (11 + 16 + 6) + 4 * 1024) / (700 + 1024 + 384))
+    grads = [rng.standard_normal(700).astype(np.float32),
+             rng.standard_normal((4, 256)).astype(np.float32),
+             fastadam.IndexedSlices(np.ones((2, 64), np.float32), np.array([5, 0]), (6, 64))]
+    assert opt.step(grads)
+    before = raw(a, b, c, [opt.state(i) for i in range(3)], opt._master_list[1])
+    bad = list(grads)
+    bad[1] = bad[1].copy()
+    bad[1][3, 3] = np.inf
+    assert opt.step(bad, skip_nonfinite=True) is False  # three calls: nothing written
+    assert raw(a, b, c, [opt.state(i) for i in range(3)], opt._master_list[1]) == before
+    assert opt.step(grads) and opt.t == 2
+    np.testing.assert_array_equal(b.view(np.uint16), O.f32_to_bf16_bits(opt._master_list[1]))
+    assert np.all(c[[1, 2, 3, 4]] == 1) and np.all(c[[0, 5]] < 1)
