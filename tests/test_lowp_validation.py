@@ -361,7 +361,7 @@ def test_sparse_values_of_a_bfloat16_table_are_float32():
     x = np.ones((4, 64), BF16)
     opt = Adam([x], state_dtype="bfloat16")
     before = snapshot(x, opt.state(0))
-    with pytest.raises(TypeError, match=r"^grads: expected values of dtype float32 \(params is "
-                                        r"bfloat16\), got float64"):
+    with pytest.raises(TypeError, match=r"^grads\[0\]: expected values of dtype float32 "
+                                        r"\(params\[0\] is bfloat16\), got float64"):
         opt.step(fastadam.IndexedSlices(np.ones((1, 64)), np.array([1]), (4, 64)))
     assert snapshot(x, opt.state(0)) == before
