@@ -57,11 +57,34 @@ class Adam(Optimizer):
         ``clip_grad_norm_`` rule), at the cost of one extra read of the gradients.
     num_threads : int, optional
         OpenMP threads per call (results are identical for any count).
+    state_dtype : {"float32", "bfloat16", "int8"}
+        How the state slots are stored (default ``"float32"``: today's arrays and kernels).
+        ``"bfloat16"``: ``ml_dtypes.bfloat16`` arrays; ``"int8"``: a
+        :class:`fastadam.optim.QuantizedState` per slot (uint8 codes, one float32 scale per
+        ``block_size`` elements).  The update is computed in float32; low-precision states
+        need float32 or bfloat16 parameters, and step sparse gradients lazily only
+        (``sparse_mode="dense"`` is refused).  See the guide page "Low-precision optimizer
+        states".
+    block_size : int
+        8-bit states: elements per scale, in [8, 4096] (default 256); a parameter stepped by
+        sparse gradients needs rows that are whole blocks.
+    quant_map : {"dynamic", "linear"}
+        8-bit states: the quantization map (default the dynamic tree map of Dettmers et al.).
+    param_rounding : {"nearest", "stochastic"}
+        How bfloat16 parameters are written back (default to nearest even); stochastic
+        rounding draws its bits from (``seed``, step, tensor, element), so it is reproducible
+        and independent of the thread count.
+    master_weights : bool
+        Keep a float32 master copy of each bfloat16 parameter (in the state and checkpoints):
+        the step updates it and writes the parameter as its nearest bfloat16.
+    seed : int
+        Seed of stochastic rounding, in [0, 2**64).
     """
 
     group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",
                   "post_decay", "nesterov", "maximize", "sparse_mode")
     structural_options = ("amsgrad",)
+    spec_name = "adam"
     _decoupled: Optional[bool] = None  # None: per group; AdamW: always
 
     def __init__(self, params: ParamsLike, lr: LR = 1e-3,
@@ -70,12 +93,17 @@ class Adam(Optimizer):
                  decoupled_weight_decay: bool = False, post_decay: float = 0.0,
                  amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             decoupled_weight_decay=decoupled_weight_decay, post_decay=post_decay,
             amsgrad=amsgrad, nesterov=nesterov, maximize=maximize, sparse_mode=sparse_mode,
-            clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -100,6 +128,12 @@ class Adam(Optimizer):
                           h["betas"][1], h["eps"], h["convention"], h["weight_decay"], False,
                           h["post_decay"])
         return h
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return adam_coefficients(t + 1, lr, h["betas"][0], h["betas"][1], h["eps"],
+                                 h["convention"], h["weight_decay"], self._decoupled_of(h),
+                                 h["post_decay"], self._options["amsgrad"], h["nesterov"],
+                                 h["maximize"], grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("m", 0.0), ("v", 0.0)] + ([("v_max", 0.0)] if self._options["amsgrad"] else [])
@@ -170,11 +204,16 @@ class AdamW(Adam):
                  convention: str = "torch", weight_decay: float = 1e-2, post_decay: float = 0.0,
                  amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         Optimizer.__init__(self, params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov, maximize=maximize,
-            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
 
 class SparseAdam(Adam):
