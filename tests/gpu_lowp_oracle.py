@@ -1,0 +1,206 @@
+"""An oracle of the low-precision optimizer step (issue 24's definitions), written from the
+definitions with NumPy and the float32 CPU step, for the GPU kernels' tests
+(test_gpu_emulation_lowp.py on the host emulation, test_gpu_lowp.py on a GPU).
+
+The low-precision step is elementwise in float32 between its conversions, so it equals: decode
+the states and parameters to float32 (bf16 bits << 16; map[code] * scale), run the float32 step
+of the CPU (``fastadam.optim.prepare_step``: the optimizer's formula header, the same float32
+arithmetic), and encode the results: bfloat16 by ``ml_dtypes`` (round to nearest even) or by
+stochastic rounding with the lowbias32 hash written here in NumPy; 8-bit codes by the
+definition (scale = max |y|, q = y * (1 / scale) in float32, code = the number of float64
+midpoints of the map below q).  Nothing here calls the code under test.
+"""
+import numpy as np
+
+import fastadam
+from fastadam._core._registry import spec as registry_spec
+from lowp_tables import dynamic_map, linear_map
+
+ml_dtypes = None
+try:
+    import ml_dtypes
+except ImportError:  # the tests that need it skip
+    pass
+
+F32, BF16, Q8 = 0, 1, 2
+NEAREST, STOCHASTIC = 0, 1
+U32 = np.uint32
+
+# the slots that never go negative take the unsigned map (kernel slot names per optimizer)
+NONNEGATIVE = {"adam": {"v", "v_max"}, "adagrad": {"h"}, "rmsprop": {"square_avg"},
+               "momentum": set(), "lion": set()}
+
+# (optimizer, hyper-parameters): every optimizer, and the flag sets that change the slots used
+CASES = [
+    ("adam", dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-6, convention="torch")),
+    ("adam", dict(lr=0.01, convention="tf", amsgrad=True, weight_decay=0.1)),
+    ("adam", dict(lr=0.01, convention="torch", nesterov=True, weight_decay=0.1,
+                  decoupled_weight_decay=True, grad_scale=4.0)),
+    ("adagrad", dict(lr=0.05, convention="keras", weight_decay=0.01)),
+    ("momentum", dict(lr=0.05, momentum=0.8, nesterov=True)),
+    ("rmsprop", dict(lr=0.01, momentum=0.5, centered=True)),
+    ("lion", dict(lr=1e-3, weight_decay=0.1)),
+]
+
+
+def case_id(case):
+    name, hyper = case
+    opts = [k for k in ("amsgrad", "nesterov", "centered", "decoupled_weight_decay") if hyper.get(k)]
+    return "-".join([name] + opts)
+
+
+def qmap(kind, signed):
+    return (dynamic_map if kind == 0 else linear_map)(signed)
+
+
+def hash32(x):
+    x = np.asarray(x, dtype=U32).copy()
+    x ^= x >> U32(16)
+    x *= U32(0x7FEB352D)
+    x ^= x >> U32(15)
+    x *= U32(0x846CA68B)
+    x ^= x >> U32(16)
+    return x
+
+
+def sr_key(seed, t, index):
+    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    k = int(hash32(lo ^ 0x9E3779B9))
+    k = int(hash32(k ^ hi ^ (t & 0xFFFFFFFF)))
+    return int(hash32(k ^ (index & 0xFFFFFFFF)))
+
+
+def bf16_value(bits):
+    return (np.asarray(bits, np.uint16).astype(U32) << U32(16)).view(np.float32)
+
+
+def bf16_nearest(a):
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def bf16_stochastic(a, key, j):
+    """(u + r) >> 16 with r = hash32(key + j) >> 16, j the flat element indices; NaN: quiet."""
+    u = np.asarray(a, np.float32).view(U32)
+    r = hash32((np.asarray(j, np.uint64) + key) & 0xFFFFFFFF) >> U32(16)
+    out = ((u.astype(np.uint64) + r) >> 16).astype(np.uint16)
+    nan = (u & U32(0x7FFFFFFF)) > U32(0x7F800000)
+    out[nan] = ((u[nan] >> U32(16)) | U32(0x40)).astype(np.uint16)
+    return out
+
+
+def quantize(y, block, values):
+    """(codes uint8, scales float32) of the flat float32 values y, by the definition."""
+    y = np.asarray(y, np.float32).ravel()
+    m = values.astype(np.float64)
+    mids = (m[:-1] + m[1:]) / 2
+    codes = np.empty(y.size, np.uint8)
+    scales = np.empty(-(-y.size // block), np.float32)
+    for b in range(scales.size):
+        part = y[b * block:(b + 1) * block]
+        scale = np.max(np.abs(part)) if part.size else np.float32(0)
+        inv = np.float32(0) if scale == 0 else np.float32(1) / scale
+        q = (part * inv).astype(np.float32)
+        code = np.searchsorted(mids, q.astype(np.float64), side="left")
+        code[np.isnan(q)] = 0  # lowp.h: every comparison with NaN is false
+        codes[b * block:b * block + part.size] = code
+        scales[b] = scale
+    return codes, scales
+
+
+def dequantize(codes, scales, block, values):
+    flat = codes.ravel()
+    per = np.repeat(scales, block)[:flat.size]
+    return (values[flat] * per).astype(np.float32).reshape(codes.shape)
+
+
+def slot_names(name, coeffs):
+    """The state slots the kernels use with these coefficients' flags, in slot order."""
+    spec = registry_spec(name)
+    return [spec.slots[i] for i in spec.slot_indices(coeffs.flags)]
+
+
+def fold(name, t, hyper):
+    """The coefficient object of (name, t, hyper), as the prepared step folds it."""
+    x = np.zeros(1, np.float32)
+    slots = {n: np.zeros(1, np.float32) for n in registry_spec(name).slots}
+    return fastadam.optim.prepare_step(name, x, slots).check(t, **hyper)
+
+
+class State:
+    """One step's tensors in their formats (NumPy), built from seeded random values."""
+
+    def __init__(self, rng, name, hyper, shapes, param_fmt, grad_fmt, state_fmt, block=64,
+                 qkind=0, master=False, t=5):
+        self.name, self.hyper, self.t = name, hyper, t
+        self.param_fmt, self.grad_fmt, self.state_fmt = param_fmt, grad_fmt, state_fmt
+        self.block, self.qkind = block, qkind
+        self.coeffs = fold(name, t, hyper)
+        self.slots = slot_names(name, self.coeffs)
+        self.signed = tuple(s not in NONNEGATIVE[name] for s in self.slots)
+        self.xs, self.gs, self.masters = [], [], []
+        self.states = [[] for _ in self.slots]
+        self.scales = [[] for _ in self.slots] if state_fmt == Q8 else []
+        for shape in shapes:
+            x = rng.standard_normal(shape).astype(np.float32)
+            g = rng.standard_normal(shape).astype(np.float32)
+            self.xs.append(x if param_fmt == F32 else bf16_nearest(x))
+            if master:
+                self.masters.append(x.copy())
+            self.gs.append(g if grad_fmt == F32 else bf16_nearest(g))
+            for s, signed in enumerate(self.signed):
+                # signed slots small, the others >= 0.1: RMSprop's v - a^2 stays positive
+                v = rng.standard_normal(shape).astype(np.float32) * np.float32(0.05)
+                v = v if signed else np.abs(v) * np.float32(2) + np.float32(0.1)
+                if state_fmt == F32:
+                    self.states[s].append(v)
+                elif state_fmt == BF16:
+                    self.states[s].append(bf16_nearest(v))
+                else:
+                    codes, scales = quantize(v, block, qmap(qkind, signed))
+                    self.states[s].append(codes.reshape(shape))
+                    self.scales[s].append(scales)
+
+    def arrays(self):
+        """Every array of the step, copied (what a device would hold)."""
+        return ([a.copy() for a in self.xs], [a.copy() for a in self.gs],
+                [[a.copy() for a in lst] for lst in self.states],
+                [[a.copy() for a in lst] for lst in self.scales],
+                [a.copy() for a in self.masters])
+
+    def expected(self, rounding=NEAREST, seed=0):
+        """The arrays after the step, by the oracle: (xs, states, scales, masters)."""
+        xs32 = [m.copy() for m in self.masters] if self.masters else \
+            [x.copy() if self.param_fmt == F32 else bf16_value(x).reshape(x.shape).copy()
+             for x in self.xs]
+        gs32 = [g if self.grad_fmt == F32 else bf16_value(g).reshape(g.shape) for g in self.gs]
+        st32 = []
+        for s, signed in enumerate(self.signed):
+            if self.state_fmt == F32:
+                st32.append([a.copy() for a in self.states[s]])
+            elif self.state_fmt == BF16:
+                st32.append([bf16_value(a).reshape(a.shape) for a in self.states[s]])
+            else:
+                st32.append([dequantize(c, sc, self.block, qmap(self.qkind, signed))
+                             for c, sc in zip(self.states[s], self.scales[s])])
+        step = fastadam.optim.prepare_step(self.name, xs32, dict(zip(self.slots, st32)))
+        step.step(gs32, self.t, **self.hyper)
+        states, scales = [], []
+        for s, signed in enumerate(self.signed):
+            if self.state_fmt == F32:
+                states.append(st32[s])
+            elif self.state_fmt == BF16:
+                states.append([bf16_nearest(a) for a in st32[s]])
+            else:
+                pairs = [quantize(a, self.block, qmap(self.qkind, signed)) for a in st32[s]]
+                states.append([c.reshape(a.shape) for (c, _), a in zip(pairs, st32[s])])
+                scales.append([sc for _, sc in pairs])
+        masters = [x.copy() for x in xs32] if self.masters else []
+        if self.param_fmt == F32:
+            xs = xs32
+        elif self.masters or rounding == NEAREST:
+            xs = [bf16_nearest(x) for x in xs32]
+        else:
+            xs = [bf16_stochastic(x.ravel(), sr_key(seed, self.t, i),
+                                  np.arange(x.size)).reshape(x.shape)
+                  for i, x in enumerate(xs32)]
+        return xs, states, scales, masters
