@@ -195,6 +195,7 @@ class State:
                 states.append([c.reshape(a.shape) for (c, _), a in zip(pairs, st32[s])])
                 scales.append([sc for _, sc in pairs])
         masters = [x.copy() for x in xs32] if self.masters else []
+        self._updated32 = xs32[0] if len(xs32) == 1 else None  # for expected_rows
         if self.param_fmt == F32:
             xs = xs32
         elif self.masters or rounding == NEAREST:
@@ -204,3 +205,45 @@ class State:
                                   np.arange(x.size)).reshape(x.shape)
                   for i, x in enumerate(xs32)]
         return xs, states, scales, masters
+
+    def expected_rows(self, rows, values, rounding=NEAREST, seed=0):
+        """The lazy sparse step of the one (R, D) tensor: rows ``rows`` (sorted, distinct) take
+        the float32 gradient rows ``values``; the others keep their bits.  Returns (x, states,
+        scales, master) after the step.  Stochastic rounding: element row * D + column of tensor
+        position 0."""
+        (x,), D = self.xs, self.xs[0].shape[1]
+        sub = State.__new__(State)
+        sub.__dict__.update(self.__dict__)
+        sub.grad_fmt = F32
+        sub.xs = [x[rows]]
+        sub.gs = [np.asarray(values, np.float32)]
+        sub.masters = [m[rows] for m in self.masters]
+        sub.states = [[lst[0][rows]] for lst in self.states]
+        if self.state_fmt == Q8:
+            per_row = D // self.block
+            sub.scales = [[lst[0].reshape(-1, per_row)[rows].ravel()] for lst in self.scales]
+        new_x, new_states, new_scales, new_masters = sub.expected()
+        x_out = x.copy()
+        if self.param_fmt == BF16 and not self.masters and rounding == STOCHASTIC:
+            x32 = sub._updated32
+            j = (rows[:, None] * D + np.arange(D)[None, :]).ravel()
+            x_out[rows] = bf16_stochastic(x32.ravel(), sr_key(seed, self.t, 0), j).reshape(
+                x32.shape)
+        else:
+            x_out[rows] = new_x[0]
+        states = []
+        for s, lst in enumerate(self.states):
+            a = lst[0].copy()
+            a[rows] = new_states[s][0]
+            states.append([a])
+        scales = []
+        for s, lst in enumerate(self.scales):
+            a = lst[0].reshape(-1, D // self.block).copy()
+            a[rows] = new_scales[s][0].reshape(len(rows), -1)
+            scales.append([a.ravel()])
+        masters = []
+        if self.masters:
+            m = self.masters[0].copy()
+            m[rows] = new_masters[0]
+            masters = [m]
+        return [x_out], states, scales, masters

@@ -13,7 +13,7 @@ import pytest
 
 from fastadam.gpu import _layout, _source
 from gpu_emulation_build import BuildError, build
-from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id
+from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
 
 pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
 
@@ -181,3 +181,41 @@ def test_the_lowp_names_are_in_the_module_lists():
             names = _source.module_names("lowp", state, kind)
             assert _source.lowp_dense_name(state, kind, 0) in names
             assert _source.lowp_nonfinite_name("bfloat16") in names
+
+
+def run_rows(emu, st, arrays, rows, values, rounding=NEAREST, seed=0, grid=None):
+    """What fastadam/gpu/_lowp.py's lowp_rows_step does after its checks, on NumPy memory."""
+    (x,), _, states, scales, masters = arrays
+    q8 = st.state_fmt == Q8
+    D = x.shape[1]
+    head = header(st, rounding, seed, masters, st.block if q8 else D, F32)
+    host, _, _ = _layout.lowp_host_table(head, [x.size],
+                                         pointers([x], [values], states, scales, masters), x.size)
+    parts = D // st.block if q8 else 1
+    emu.emu_lowp_rows(st.state_fmt, st.coeffs.kind, st.coeffs.flags, ptr(host), ptr(rows),
+                      ctypes.c_longlong(len(rows)), ctypes.c_longlong(D),
+                      ctypes.c_longlong(grid or len(rows) * parts),
+                      _layout.lowp_threads(q8, st.block, D))
+
+
+# the cases whose flag sets the sparse kernels take (no grad_scale, at most two slots), and
+# RMSprop with momentum (two slots)
+SPARSE_CASES = [c for c in CASES + [("rmsprop", dict(lr=0.01, momentum=0.5))]
+                if fold(c[0], 5, c[1]).flags in _source.SPARSE_FLAGS[fold(c[0], 5, c[1]).kind]]
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("param", PARAMS)
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
+def test_rows_step_equals_the_oracle(emu, rng, case, param, state):
+    name, hyper = case
+    param_fmt, rounding, master = PARAMS[param]
+    st = State(rng, name, hyper, [(40, 128)], param_fmt, F32, STATES[state], block=32,
+               master=master)
+    rows = np.array([0, 3, 4, 17, 39], np.int64)
+    values = rng.standard_normal((len(rows), 128)).astype(np.float32)
+    arrays = st.arrays()
+    seed = 77
+    run_rows(emu, st, arrays, rows, values, rounding, seed, grid=3)  # blocks loop over the rest
+    xs, _, states, scales, masters = arrays
+    check((xs, None, states, scales, masters), st.expected_rows(rows, values, rounding, seed))
