@@ -7,6 +7,12 @@ rounding included (same seed, same bits), and the 8-bit block's absmax reduction
 Not a GPU run: see test_gpu_lowp.py for that.  Skips without g++ or ml_dtypes.
 """
 import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +23,7 @@ from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, ca
 
 pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
 
+HERE = Path(__file__).resolve().parent
 PARAMS = {"f32": (F32, NEAREST, False), "bf16": (BF16, NEAREST, False),
           "bf16-sr": (BF16, STOCHASTIC, False), "bf16-master": (BF16, NEAREST, True)}
 STATES = {"f32": F32, "bf16": BF16, "int8": Q8}
@@ -219,3 +226,21 @@ def test_rows_step_equals_the_oracle(emu, rng, case, param, state):
     run_rows(emu, st, arrays, rows, values, rounding, seed, grid=3)  # blocks loop over the rest
     xs, _, states, scales, masters = arrays
     check((xs, None, states, scales, masters), st.expected_rows(rows, values, rounding, seed))
+
+
+def test_the_gpu_lowp_suite_passes_through_a_fake_cupy():
+    """tests/test_gpu_lowp.py with tests/fake_cupy on the path: fastadam.gpu's low-precision
+    Python code (checks, table, launch arguments) with NumPy memory as "device" memory and the
+    emulated kernels.  Not a GPU run."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the host emulation of the GPU kernels")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE / "fake_cupy"), str(HERE)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-m", "pytest", str(HERE / "test_gpu_lowp.py"), "-q",
+                          "-p", "no:cacheprovider"],
+                         capture_output=True, text=True, cwd=HERE.parent, env=env)
+    tail = out.stdout[-3000:]
+    assert out.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", tail)
+    assert passed and int(passed.group(1)) >= 150, tail

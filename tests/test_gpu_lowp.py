@@ -1,0 +1,226 @@
+"""The low-precision GPU steps (``fastadam.gpu.lowp_dense_step`` / ``lowp_rows_step``, the CPU
+driver's arguments on CuPy arrays) against the oracle of tests/gpu_lowp_oracle.py (the
+definitions of issue 24 and the float32 CPU step) and, where the CPU driver is built, against
+it: the same bits for every optimizer x parameter format x state format, stochastic rounding
+included; and the bad inputs, refused before anything is written.
+
+Marked ``gpu``; the module skips without CuPy or a CUDA device.  test_gpu_emulation_lowp.py
+runs this file through tests/fake_cupy (the kernels on the host emulation), which is not a GPU
+run.  bfloat16 arrays are uint16 bit arrays on the GPU (CuPy has no bfloat16).
+"""
+import numpy as np
+import pytest
+
+import fastadam
+from fastadam.gpu import _source
+from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
+if not fastadam.gpu.available():
+    pytest.skip("no CUDA device visible to CuPy", allow_module_level=True)
+pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
+
+PARAMS = {"f32": (F32, NEAREST, False), "bf16": (BF16, NEAREST, False),
+          "bf16-sr": (BF16, STOCHASTIC, False), "bf16-master": (BF16, NEAREST, True)}
+STATES = {"f32": F32, "bf16": BF16, "int8": Q8}
+SHAPES = [(1,), (255,), (256,), (257,), (3, 700), (0,), (5000,)]
+SEED = 0xDEAD_BEEF_0123_4567
+
+
+def device(arrays):
+    xs, gs, states, scales, masters = arrays
+    return ([cp.asarray(a) for a in xs], [cp.asarray(a) for a in gs],
+            [[cp.asarray(a) for a in lst] for lst in states],
+            [[cp.asarray(a) for a in lst] for lst in scales], [cp.asarray(a) for a in masters])
+
+
+def host(arrays):
+    return [cp.asnumpy(a) if not isinstance(a, list) else host(a) for a in arrays]
+
+
+def assert_same_bits(got, want, what):
+    assert len(got) == len(want), what
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
+                                      err_msg=f"{what}[{i}]")
+
+
+def check(got, want):
+    xs, states, scales, masters = got
+    wx, wstates, wscales, wmasters = want
+    assert_same_bits(xs, wx, "x")
+    for s, (a, b) in enumerate(zip(states, wstates)):
+        assert_same_bits(a, b, f"slot {s}")
+    for s, (a, b) in enumerate(zip(scales, wscales)):
+        assert_same_bits(a, b, f"scales {s}")
+    assert_same_bits(masters, wmasters, "master")
+
+
+def dense(st, arrays, rounding=NEAREST, seed=SEED, skip_nonfinite=False, block=None):
+    xs, gs, states, scales, masters = arrays
+    return fastadam.gpu.lowp_dense_step(st.coeffs, xs, gs, states, scales, masters,
+                                        st.param_fmt, st.grad_fmt, st.state_fmt,
+                                        block or st.block, st.qkind, st.signed, rounding, seed,
+                                        st.t, skip_nonfinite)
+
+
+def cpu_driver():
+    """The CPU driver where it is built (fastadam._core._lowp, issue 24), else None."""
+    try:
+        from fastadam._core import _lowp
+    except ImportError:
+        return None
+    return _lowp
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("param", PARAMS)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_dense_step_equals_the_oracle_and_the_cpu_driver(rng, case, param, state):
+    name, hyper = case
+    param_fmt, rounding, master = PARAMS[param]
+    grad_fmt = BF16 if param != "f32" else F32
+    st = State(rng, name, hyper, SHAPES, param_fmt, grad_fmt, STATES[state], block=256,
+               master=master)
+    dev = device(st.arrays())
+    assert dense(st, dev, rounding) is True
+    xs, _, states, scales, masters = host(dev)
+    check((xs, states, scales, masters), st.expected(rounding, SEED))
+    driver = cpu_driver()
+    if driver is not None:
+        cx, cg, cstates, cscales, cmasters = st.arrays()
+        driver.dense_step(st.coeffs, cx, cg, cstates, cscales, cmasters, st.param_fmt,
+                          st.grad_fmt, st.state_fmt, st.block, st.qkind, st.signed, rounding,
+                          SEED, st.t, False, 1)
+        check((xs, states, scales, masters), (cx, cstates, cscales, cmasters))
+
+
+@pytest.mark.parametrize("block", [8, 100, 256, 4096])
+def test_int8_blocks_of_every_size(rng, block):
+    st = State(rng, "adam", CASES[1][1], [(3 * block + 5,), (7,)], F32, F32, Q8, block=block)
+    dev = device(st.arrays())
+    dense(st, dev)
+    xs, _, states, scales, masters = host(dev)
+    check((xs, states, scales, masters), st.expected())
+
+
+def test_stochastic_rounding_is_reproducible(rng):
+    st = State(rng, "adam", CASES[0][1], SHAPES, BF16, F32, BF16)
+    runs = []
+    for seed in (SEED, SEED, SEED + 1):
+        dev = device(st.arrays())
+        dense(st, dev, STOCHASTIC, seed)
+        runs.append(host(dev)[0])
+    assert_same_bits(runs[0], runs[1], "x")
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0], runs[2]))
+
+
+def test_nonfinite_gradient_skips_everything(rng):
+    st = State(rng, "adam", CASES[0][1], SHAPES, BF16, F32, Q8, master=True)
+    arrays = st.arrays()
+    arrays[1][3][7] = np.inf
+    dev = device(arrays)
+    assert dense(st, dev, skip_nonfinite=True) is False
+    after = host(dev)
+    for got, want in zip(after, arrays):
+        for a, b in zip(got, want):
+            if isinstance(a, list):
+                assert_same_bits(a, b, "state")
+            else:
+                np.testing.assert_array_equal(np.asarray(a).view(np.uint8),
+                                              np.asarray(b).view(np.uint8))
+
+
+SPARSE_CASES = [c for c in CASES + [("rmsprop", dict(lr=0.01, momentum=0.5))]
+                if fold(c[0], 5, c[1]).flags in _source.SPARSE_FLAGS[fold(c[0], 5, c[1]).kind]]
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("param", PARAMS)
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
+def test_rows_step_equals_the_oracle(rng, case, param, state):
+    name, hyper = case
+    param_fmt, rounding, master = PARAMS[param]
+    st = State(rng, name, hyper, [(50, 256)], param_fmt, F32, STATES[state], block=64,
+               master=master)
+    rows = np.array([1, 2, 30, 49], np.int64)
+    values = rng.standard_normal((len(rows), 256)).astype(np.float32)
+    dev = device(st.arrays())
+    xs, _, states, scales, masters = dev
+    fastadam.gpu.lowp_rows_step(st.coeffs, xs[0], cp.asarray(rows), cp.asarray(values),
+                                [lst[0] for lst in states], [lst[0] for lst in scales],
+                                masters[0] if masters else None, st.param_fmt, st.state_fmt,
+                                st.block, st.qkind, st.signed, rounding, SEED, st.t)
+    xs, _, states, scales, masters = host(dev)
+    check((xs, states, scales, masters), st.expected_rows(rows, values, rounding, SEED))
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input: a clear error naming the argument, nothing written
+# ------------------------------------------------------------------------------------------
+
+def _bad_dense(rng, mutate, match, exc=ValueError, state_fmt=Q8):
+    st = State(rng, "adam", CASES[0][1], [(300,), (20,)], BF16, F32, state_fmt, block=64)
+    arrays = st.arrays()
+    dev = list(device(arrays))
+    kw = dict(rounding=NEAREST, seed=SEED, skip_nonfinite=False, block=None)
+    mutate(st, dev, kw)
+    with pytest.raises(exc, match=match):
+        dense(st, dev, **kw)
+    # x[0] and slot 1 of tensor 0 are never the mutated arrays: unchanged
+    assert_same_bits([cp.asnumpy(dev[0][0]), cp.asnumpy(dev[2][1][0])],
+                     [arrays[0][0], arrays[2][1][0]], "x[0], slot 1")
+
+
+def test_bad_scale_length(rng):
+    def mutate(st, dev, kw):
+        dev[3][0][1] = cp.zeros(3, np.float32)
+    _bad_dense(rng, mutate, r"^scales\[0\]\[1\]: expected shape \(1,\), got \(3,\)")
+
+
+def test_bad_block(rng):
+    def mutate(st, dev, kw):
+        kw["block"] = 5000
+    _bad_dense(rng, mutate, r"^block: expected an int in \[8, 4096\], got 5000")
+
+
+def test_float32_array_where_bfloat16_is_expected(rng):
+    def mutate(st, dev, kw):
+        dev[0][1] = cp.zeros(20, np.float32)
+    _bad_dense(rng, mutate, r"^xs\[1\]: expected bfloat16", TypeError)
+
+
+def test_numpy_array_in_a_device_call(rng):
+    def mutate(st, dev, kw):
+        dev[1][0] = np.zeros(300, np.float32)
+    _bad_dense(rng, mutate, r"^gs\[0\]: a numpy.ndarray in a call on cupy.ndarray", TypeError)
+
+
+def test_a_slot_aliasing_the_parameter(rng):
+    def mutate(st, dev, kw):
+        dev[2][0][0] = dev[2][1][0]  # two slots, one buffer
+    _bad_dense(rng, mutate, r"share memory", ValueError)
+
+
+def test_rows_block_must_divide_the_row(rng):
+    st = State(rng, "adam", CASES[0][1], [(10, 96)], F32, F32, Q8, block=64)
+    xs, _, states, scales, _ = device(st.arrays())
+    before = cp.asnumpy(xs[0])
+    with pytest.raises(ValueError, match=r"^block_size: 64 does not divide the row size D=96"):
+        fastadam.gpu.lowp_rows_step(st.coeffs, xs[0], cp.asarray(np.array([1], np.int64)),
+                                    cp.zeros((1, 96), np.float32), [lst[0] for lst in states],
+                                    [lst[0] for lst in scales], None, F32, Q8, 64, 0,
+                                    st.signed, NEAREST, 0, st.t)
+    np.testing.assert_array_equal(cp.asnumpy(xs[0]), before)
+
+
+def test_rows_must_be_sorted_and_distinct(rng):
+    st = State(rng, "adam", CASES[0][1], [(10, 64)], F32, F32, BF16)
+    xs, _, states, _, _ = device(st.arrays())
+    before = cp.asnumpy(xs[0])
+    with pytest.raises(ValueError, match=r"^rows: expected sorted distinct row indices"):
+        fastadam.gpu.lowp_rows_step(st.coeffs, xs[0], cp.asarray(np.array([3, 3], np.int64)),
+                                    cp.zeros((2, 64), np.float32), [lst[0] for lst in states],
+                                    [], None, F32, BF16, 64, 0, st.signed, NEAREST, 0, st.t)
+    np.testing.assert_array_equal(cp.asnumpy(xs[0]), before)
