@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 PARAMS = {"f32": (F32, NEAREST, False), "bf16": (BF16, NEAREST, False),
           "bf16-sr": (BF16, STOCHASTIC, False), "bf16-master": (BF16, NEAREST, True)}
 STATES = {"f32": F32, "bf16": BF16, "int8": Q8}
-SHAPES = [(1,), (63,), (64,), (65,), (3, 70), (0,), (517,)]
+SHAPES = [(1,), (63,), (64,), (65,), (3, 70), (0,), (4097,)]  # 4097: two thread blocks
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def run_dense(emu, st, arrays, rounding=NEAREST, seed=0, skip_nonfinite=False, t
     """What fastadam/gpu/_lowp.py's lowp_dense_step does after its checks, on NumPy memory."""
     xs, gs, states, scales, masters = arrays
     q8 = st.state_fmt == Q8
-    span = st.block if q8 else _layout.CHUNK
+    span = _layout.lowp_span(q8, st.block)
     head = header(st, rounding, seed, masters, span, st.grad_fmt)
     host, n, nblocks = _layout.lowp_host_table(head, [x.size for x in xs],
                                                pointers(xs, gs, states, scales, masters), span)

@@ -116,6 +116,12 @@ def lowp_threads(state_is_q8, block, row_size=None):
     return int(min(LOWP_THREADS, max(32, -(-n // 32) * 32)))
 
 
+def lowp_span(state_is_q8, block):
+    """Elements per thread block of fa_lowp_dense: CHUNK, or for 8-bit states the whole
+    quantization blocks that fit in CHUNK (at least one)."""
+    return block * max(1, CHUNK // block) if state_is_q8 else CHUNK
+
+
 def lowp_header(coeffs, params):
     """The table's fixed part: the coefficient struct and the params (a dict with every name of
     LOWP_PARAM_FIELDS; seed_lo, seed_hi and t are taken mod 2**32)."""

@@ -140,7 +140,7 @@ def lowp_dense_step(coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt,
     if not n or not any(x.size for x in xs):
         return True
 
-    span = block if state_fmt == Q8 else _layout.CHUNK
+    span = _layout.lowp_span(state_fmt == Q8, block)
     header = _layout.lowp_header(coeffs, dict(
         param_fmt=param_fmt, grad_fmt=grad_fmt, rounding=rounding, has_master=int(bool(masters)),
         signed_mask=signed_mask, block=block, span=span, qmap=qmap, seed_lo=seed,
@@ -249,6 +249,9 @@ def lowp_rows_step(coeffs, x, rows, values, slots, scales, master, param_fmt, st
         step = _kernels.function("lowp", state, coeffs.kind,
                                  _source.lowp_rows_name(state, coeffs.kind, flags))
         threads = _layout.lowp_threads(state_fmt == Q8, block, row_size)
-        step((min(k * parts, _MAX_GRID),), (threads,),
+        # a thread block copies the maps once and loops over about CHUNK elements of rows
+        per_block = _layout.lowp_span(state_fmt == Q8, block) // block if state_fmt == Q8 else 1
+        grid = min(-(-(k * parts) // per_block), _MAX_GRID)
+        step((grid,), (threads,),
              (table, rows, np.int64(k), np.int64(row_size)))
         return None

@@ -312,10 +312,12 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
  *       launch.  `table` (laid out by fastadam/gpu/_layout.py): the coefficient struct in its
  *       first FA_CUDA_HEADER bytes, then an fa_lowp_params (FA_LOWP_PARAMS bytes), then
  *       `ntensors` fa_lowp_tensor entries (increasing block0).  Block b updates elements
- *       [(b - block0) * span, +span) of its tensor: with SF == FA_FMT_Q8, span is the
- *       quantization block and a thread block does one quantization block (dequantize, update,
- *       keep the new states in registers, reduce the block's absmax in shared memory,
- *       requantize); otherwise span = FA_CUDA_CHUNK.  blockDim.x <= FA_LOWP_THREADS, and for
+ *       [(b - block0) * span, +span) of its tensor: with SF == FA_FMT_Q8, span is a multiple
+ *       of the quantization block (about FA_CUDA_CHUNK elements, so that the maps are copied to
+ *       shared memory once per span) and the thread block does its quantization blocks one
+ *       after another (dequantize, update, keep the new states in registers, reduce the block's
+ *       absmax in shared memory, requantize); otherwise span = FA_CUDA_CHUNK.
+ *       blockDim.x <= FA_LOWP_THREADS, and for
  *       FA_FMT_Q8 blockDim.x * FA_Q8_PER_THREAD >= the quantization block.  If check_skip and
  *       *skip != 0, nothing is written.
  *   fa_lowp_rows<SF, KIND, FLAGS>(table, rows, nrows, row_size)
@@ -530,8 +532,9 @@ __global__ void fa_lowp_dense(const unsigned char *table, int ntensors, const in
     if (SF == FA_FMT_Q8) {
         __shared__ fa_lowp_maps maps;
         fa_lowp_load_maps(p->qmap, &maps);
-        fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, (const void *)e->g, 0, p->grad_fmt,
-                                      begin, (int)(end - begin));
+        for (fa_i64 at = begin; at < end; at += p->block)
+            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, (const void *)e->g, 0, p->grad_fmt,
+                                          at, (int)(end - at < p->block ? end - at : p->block));
     } else {
         fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, (const void *)e->g, 0, p->grad_fmt,
                                              begin, end);
