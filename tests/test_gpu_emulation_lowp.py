@@ -1,9 +1,10 @@
 """The low-precision GPU kernels (fa_lowp_* in include/fastadam/cuda/kernels.cu) run on the host
 emulation (tests/gpu_emulation.cpp: the 8-bit kernels' barriers run on fibers), driven with the
 tables fastadam.gpu lays out (_layout.lowp_header / lowp_host_table), on NumPy memory, against
-the oracle of tests/gpu_lowp_oracle.py (the definitions, and the float32 CPU step): the same
-bits for every optimizer x parameter format x gradient format x state format, stochastic
-rounding included (same seed, same bits), and the 8-bit block's absmax reduction over threads.
+the oracle of tests/gpu_lowp_oracle.py (the definitions, and the float32 CPU step) and against
+the CPU driver (fastadam._core._lowp): the same bits for every optimizer x parameter format x
+gradient format x state format, stochastic rounding included (same seed, same bits), and the
+8-bit block's absmax reduction over threads.
 Not a GPU run: see test_gpu_lowp.py for that.  Skips without g++ or ml_dtypes.
 """
 import ctypes
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastadam._core import _lowp
 from fastadam.gpu import _layout, _source
 from gpu_emulation_build import BuildError, build
 from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
@@ -112,6 +114,16 @@ def test_dense_step_equals_the_oracle(emu, rng, case, param, state):
     seed = 0x1234_5678_9ABC_DEF0
     assert run_dense(emu, st, arrays, rounding, seed) is True
     check(arrays, st.expected(rounding, seed))
+    check(arrays, cpu_driver_dense(st, rounding, seed))
+
+
+def cpu_driver_dense(st, rounding=NEAREST, seed=0):
+    """The CPU driver's step on the same inputs: (xs, states, scales, masters)."""
+    xs, gs, states, scales, masters = st.arrays()
+    assert _lowp.dense_step(st.coeffs, xs, gs, states, scales, masters, st.param_fmt,
+                            st.grad_fmt, st.state_fmt, st.block, st.qkind, st.signed, rounding,
+                            seed, st.t, False, 2) is True
+    return xs, states, scales, masters
 
 
 @pytest.mark.parametrize("grad_fmt", [F32, BF16])
@@ -135,6 +147,7 @@ def test_int8_block_reduction_for_any_block_and_thread_count(emu, rng, block, th
         arrays = st.arrays()
         run_dense(emu, st, arrays, threads=threads)
         check(arrays, st.expected())
+        check(arrays, cpu_driver_dense(st))
 
 
 def test_int8_block_with_a_huge_value_and_a_zero_block(emu, rng):
@@ -156,6 +169,7 @@ def test_stochastic_rounding_same_seed_same_bits(emu, rng, seed):
     run_dense(emu, st, first, STOCHASTIC, seed, threads=64)
     run_dense(emu, st, second, STOCHASTIC, seed, threads=128)  # other threads: same bits
     check(first, st.expected(STOCHASTIC, seed))
+    check(first, cpu_driver_dense(st, STOCHASTIC, seed))
     assert_same_bits(first[0], second[0], "x")
     other = st.arrays()
     run_dense(emu, st, other, STOCHASTIC, seed ^ 1)
@@ -226,6 +240,12 @@ def test_rows_step_equals_the_oracle(emu, rng, case, param, state):
     run_rows(emu, st, arrays, rows, values, rounding, seed, grid=3)  # blocks loop over the rest
     xs, _, states, scales, masters = arrays
     check((xs, None, states, scales, masters), st.expected_rows(rows, values, rounding, seed))
+    (cx,), _, cstates, cscales, cmasters = st.arrays()
+    _lowp.rows_step(st.coeffs, cx, rows, values, [lst[0] for lst in cstates],
+                    [lst[0] for lst in cscales], cmasters[0] if cmasters else None,
+                    st.param_fmt, st.state_fmt, st.block, st.qkind, st.signed, rounding, seed,
+                    st.t, 2)
+    check((xs, None, states, scales, masters), ([cx], cstates, cscales, cmasters))
 
 
 def test_the_gpu_lowp_suite_passes_through_a_fake_cupy():
