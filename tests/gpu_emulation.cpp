@@ -26,6 +26,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(threads)
 
 struct fa_emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 static fa_emu_dim3 blockIdx, threadIdx, blockDim, gridDim;

@@ -340,6 +340,8 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
 #define FA_LOWP_TABLE 192   /* FA_CUDA_HEADER + FA_LOWP_PARAMS: the first tensor entry */
 #define FA_LOWP_THREADS 1024 /* the most threads per block of the low-precision kernels */
 #define FA_Q8_PER_THREAD 4   /* the most elements of one quantization block per thread */
+/* The kernels below are compiled with __launch_bounds__(FA_LOWP_THREADS), so that a launch with
+ * that many threads (8-bit blocks of 4096) never asks for more registers than a block has. */
 
 typedef struct {
     int param_fmt;   /* FA_FMT_F32 or FA_FMT_BF16 */
@@ -520,7 +522,7 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
 }
 
 template <int SF, int KIND, int FLAGS>
-__global__ void fa_lowp_dense(const unsigned char *table, int ntensors, const int *skip,
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_dense(const unsigned char *table, int ntensors, const int *skip,
                               int check_skip)
 {
     if (check_skip && *skip) return;
@@ -542,7 +544,7 @@ __global__ void fa_lowp_dense(const unsigned char *table, int ntensors, const in
 }
 
 template <int SF, int KIND, int FLAGS>
-__global__ void fa_lowp_rows(const unsigned char *table, const fa_i64 *rows, fa_i64 nrows,
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_rows(const unsigned char *table, const fa_i64 *rows, fa_i64 nrows,
                              fa_i64 row_size)
 {
     const fa_lowp_params *p = fa_lowp_params_of(table);
@@ -568,7 +570,7 @@ __global__ void fa_lowp_rows(const unsigned char *table, const fa_i64 *rows, fa_
 }
 
 template <int GF>
-__global__ void fa_lowp_nonfinite(const unsigned char *table, int ntensors, double grad_scale,
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_nonfinite(const unsigned char *table, int ntensors, double grad_scale,
                                   int *flag)
 {
     const fa_lowp_params *p = fa_lowp_params_of(table);
