@@ -249,3 +249,15 @@ def test_lowp_host_table_layout():
 def test_lowp_threads_cover_a_quantization_block(block, threads):
     assert _layout.lowp_threads(True, block) == threads
     assert threads * _layout.Q8_PER_THREAD >= block and threads <= _layout.LOWP_THREADS
+
+
+def test_lowp_entry_points_without_cupy_say_cupy_is_missing():
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: the 'not installed' error cannot happen")
+    with pytest.raises(TypeError, match=r"^xs: a CUDA array was passed but CuPy is not "
+                                        r"installed"):
+        fastadam.gpu.lowp_dense_step(None, [FakeDeviceArray()], [], [], [], [], 0, 0, 1, 256, 0,
+                                     (), 0, 0, 1, False)
+    with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not"):
+        fastadam.gpu.lowp_rows_step(None, FakeDeviceArray(), None, None, [], [], None, 0, 1,
+                                    256, 0, (), 0, 0, 1)

@@ -224,3 +224,51 @@ def test_rows_must_be_sorted_and_distinct(rng):
                                     cp.zeros((2, 64), np.float32), [lst[0] for lst in states],
                                     [], None, F32, BF16, 64, 0, st.signed, NEAREST, 0, st.t)
     np.testing.assert_array_equal(cp.asnumpy(xs[0]), before)
+
+
+def _call(st, dev, **change):
+    xs, gs, states, scales, masters = dev
+    args = dict(coeffs=st.coeffs, xs=xs, gs=gs, slots=states, scales=scales, masters=masters,
+                param_fmt=st.param_fmt, grad_fmt=st.grad_fmt, state_fmt=st.state_fmt,
+                block=st.block, qmap=st.qkind, signed_slots=st.signed, rounding=NEAREST,
+                seed=SEED, t=st.t, skip_nonfinite=False)
+    args.update(change)
+    return fastadam.gpu.lowp_dense_step(**args)
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(state_fmt=3), ValueError, r"^state_fmt: expected one of 0 \(float32\), 1 \(bfloat16\), "
+                                    r"2 \(int8\), got 3"),
+    (dict(param_fmt=2), ValueError, r"^param_fmt: expected one of 0 \(float32\), 1 \(bfloat16\)"),
+    (dict(qmap=2), ValueError, r"^qmap: expected one of 0 \(dynamic\), 1 \(linear\), got 2"),
+    (dict(rounding=True), ValueError, r"^rounding: expected one of 0 \(nearest\)"),
+    (dict(signed_slots=(True,)), ValueError, r"^signed_slots: expected 2 bools"),
+    (dict(seed=-1), ValueError, r"^seed: expected an int in \[0, 2\*\*64\)"),
+    (dict(state_fmt=BF16), ValueError, r"^scales: only 8-bit states \(state_fmt=2\) have "
+                                       r"scales, got 2 for state_fmt=1"),
+    (dict(state_fmt=BF16, scales=[]), TypeError, r"^slots\[0\]\[0\]: expected bfloat16 \(on "
+                                                 r"the GPU: the bits as uint16\), got uint8"),
+    (dict(grad_fmt=BF16), TypeError, r"^gs\[0\]: expected bfloat16"),
+])
+def test_bad_codes_and_formats(rng, change, exc, match):
+    st = State(rng, "adam", CASES[0][1], [(300,), (20,)], F32, F32, Q8, block=64)
+    arrays = st.arrays()
+    dev = device(arrays)
+    with pytest.raises(exc, match=match):
+        _call(st, dev, **change)
+    assert_same_bits(host(dev[0]), arrays[0], "x")
+    assert_same_bits(host(dev[2][0]), arrays[2][0], "slot 0")
+
+
+def test_masters_go_with_bfloat16_parameters(rng):
+    st = State(rng, "adam", CASES[0][1], [(30,)], F32, F32, BF16)
+    dev = device(st.arrays())
+    with pytest.raises(ValueError, match=r"^masters: float32 master copies go with bfloat16"):
+        _call(st, dev, masters=[cp.zeros(30, np.float32)])
+
+
+def test_slots_for_the_flags_in_use(rng):
+    st = State(rng, "adam", CASES[1][1], [(30,)], F32, F32, BF16)  # amsgrad: three slots
+    xs, gs, states, scales, masters = device(st.arrays())
+    with pytest.raises(ValueError, match=r"^slots: expected 3 arrays, got 2"):
+        _call(st, (xs, gs, states[:2], scales, masters))

@@ -29,12 +29,21 @@ def _is_bf16(dtype):
     return dtype.itemsize == 2 and (dtype == np.uint16 or dtype.name == "bfloat16")
 
 
-def _check_format(value, name, allowed):
-    if not isinstance(value, (int, np.integer)) or int(value) not in allowed:
-        raise ValueError(f"{name}: expected one of {sorted(allowed)} "
-                         f"({', '.join(FORMAT_NAMES.get(a, str(a)) for a in sorted(allowed))}), "
-                         f"got {value!r}")
+MAP_NAMES = {0: "dynamic", 1: "linear"}
+ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}
+
+
+def _check_code(value, name, names):
+    """An int code among ``names`` (code -> meaning), else ValueError listing them."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or int(value) not in names:
+        listed = ", ".join(f"{c} ({n})" for c, n in names.items())
+        raise ValueError(f"{name}: expected one of {listed}, got {value!r}")
     return int(value)
+
+
+def _check_format(value, name, allowed):
+    return _check_code(value, name, {a: FORMAT_NAMES[a] for a in allowed})
 
 
 def _check_typed(a, name, fmt, shape, device):
@@ -69,8 +78,8 @@ def _check_common(coeffs, state_fmt, block, qmap, signed_slots, rounding, seed, 
     if state_fmt == Q8:
         if not isinstance(block, (int, np.integer)) or not 8 <= int(block) <= 4096:
             raise ValueError(f"block: expected an int in [8, 4096], got {block!r}")
-    qmap = _check_format(qmap, "qmap", (0, 1))
-    rounding = _check_format(rounding, "rounding", (0, 1))
+    qmap = _check_code(qmap, "qmap", MAP_NAMES)
+    rounding = _check_code(rounding, "rounding", ROUNDING_NAMES)
     if not isinstance(signed_slots, (tuple, list)) or len(signed_slots) != nslots:
         raise ValueError(f"signed_slots: expected {nslots} bools (one per state slot used), "
                          f"got {signed_slots!r}")
@@ -81,6 +90,14 @@ def _check_common(coeffs, state_fmt, block, qmap, signed_slots, rounding, seed, 
     coeffs.check_float32()  # every format computes in float32
     signed_mask = sum(1 << s for s, sg in enumerate(signed_slots) if sg)
     return state_fmt, int(block), qmap, rounding, signed_mask
+
+
+def _check_scales(scales, state_fmt, nslots):
+    """One list of scale arrays per slot for 8-bit states; none otherwise."""
+    if state_fmt != Q8 and isinstance(scales, (list, tuple)) and scales:
+        raise ValueError(f"scales: only 8-bit states (state_fmt=2) have scales, got "
+                         f"{len(scales)} for state_fmt={state_fmt}")
+    return _check_list(scales, "scales", nslots if state_fmt == Q8 else 0)
 
 
 def _nslots(coeffs):
@@ -108,8 +125,8 @@ def lowp_dense_step(coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt,
     gs = _check_list(gs, "gs", n)
     slots = [_check_list(lst, f"slots[{s}]", n) for s, lst in enumerate(
         _check_list(slots, "slots", nslots))]
-    scales = _check_list(scales, "scales", nslots if state_fmt == Q8 else 0)
-    scales = [_check_list(lst, f"scales[{s}]", n) for s, lst in enumerate(scales)]
+    scales = [_check_list(lst, f"scales[{s}]", n)
+              for s, lst in enumerate(_check_scales(scales, state_fmt, nslots))]
     masters = [] if masters is None or (isinstance(masters, (list, tuple)) and not masters) \
         else _check_list(masters, "masters", n)
     if masters:
@@ -202,7 +219,7 @@ def lowp_rows_step(coeffs, x, rows, values, slots, scales, master, param_fmt, st
     slots = _check_list(slots, "slots", nslots)
     for s, a in enumerate(slots):
         _check_typed(a, f"slots[{s}]", state_fmt, x.shape, device)
-    scales = _check_list(scales, "scales", nslots if state_fmt == Q8 else 0)
+    scales = _check_scales(scales, state_fmt, nslots)
     for s, a in enumerate(scales):
         _check_typed(a, f"scales[{s}]", F32, (_scale_count(x.size, block),), device)
     if master is not None:
