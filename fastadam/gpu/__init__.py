@@ -24,6 +24,11 @@ naming the argument, raised before anything is written).
 - Sparse: CuPy's stable argsort of the indices, segment boundaries, then one kernel that sums
   each segment in original order (deterministic, as on the CPU) and applies the optimizer row by
   row (lazy, catch-up) or over every row (dense mode).  float16 is computed in float32 (dense).
+- Low precision (issue 24): ``lowp_dense_step`` and ``lowp_rows_step`` take the CPU driver's
+  arguments (``fastadam._core._lowp``: bfloat16 or 8-bit block-quantized states, bfloat16
+  parameters with nearest/stochastic rounding or a float32 master, bfloat16 gradients) on CuPy
+  arrays, bfloat16 held as uint16 bits; their kernels use ``include/fastadam/lowp.h``'s element
+  functions and give the driver's bits (see _lowp.py).
 
 ``import fastadam`` never imports CuPy: this package's ``__init__`` only tells device arrays
 apart by their type; the modules that use CuPy are imported when a CuPy array is passed.
