@@ -400,10 +400,11 @@ static __device__ __forceinline__ float fa_lowp_load_x(const fa_lowp_params *p,
     return fa_lowp_load((const void *)e->x, p->param_fmt, i);
 }
 
-/* Write the new parameter of element i: float32; bf16 nearest or stochastic; or the master and
- * its nearest bf16 copy. */
+/* Write the new parameter of element i: float32; bf16 nearest or stochastic (with the tensor's
+ * rounding key, fa_lowp_key); or the master and its nearest bf16 copy. */
 static __device__ __forceinline__ void fa_lowp_store_x(const fa_lowp_params *p,
-                                                       const fa_lowp_tensor *e, fa_i64 i, float x)
+                                                       const fa_lowp_tensor *e, fa_u32 key,
+                                                       fa_i64 i, float x)
 {
     if (p->param_fmt == FA_FMT_F32) {
         ((float *)e->x)[i] = x;
@@ -414,11 +415,17 @@ static __device__ __forceinline__ void fa_lowp_store_x(const fa_lowp_params *p,
         ((float *)e->master)[i] = x;
         xb[i] = fa_bf16_nearest(x);
     } else if (p->rounding == FA_ROUND_STOCHASTIC) {
-        const fa_u32 key = fa_sr_key(p->seed_lo, p->seed_hi, p->t, (fa_u32)e->index);
         xb[i] = fa_bf16_stochastic(x, fa_sr_bits(key, (fa_u32)i));
     } else {
         xb[i] = fa_bf16_nearest(x);
     }
+}
+
+/* The stochastic-rounding key of tensor e in this step (once per thread block). */
+static __device__ __forceinline__ fa_u32 fa_lowp_key(const fa_lowp_params *p,
+                                                     const fa_lowp_tensor *e)
+{
+    return fa_sr_key(p->seed_lo, p->seed_hi, p->t, (fa_u32)e->index);
 }
 
 /* Elements [begin, end) of tensor e with float32 or bfloat16 states (SF); the gradient of
@@ -426,7 +433,7 @@ static __device__ __forceinline__ void fa_lowp_store_x(const fa_lowp_params *p,
 template <int SF, int KIND, int FLAGS>
 static __device__ __forceinline__ void fa_lowp_elementwise(
     const typename fa_opt<KIND, float>::Kc *k, const fa_lowp_params *p, const fa_lowp_tensor *e,
-    const void *gbase, fa_i64 gorigin, int gfmt, fa_i64 begin, fa_i64 end)
+    fa_u32 key, const void *gbase, fa_i64 gorigin, int gfmt, fa_i64 begin, fa_i64 end)
 {
     const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
     for (fa_i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -439,7 +446,7 @@ static __device__ __forceinline__ void fa_lowp_elementwise(
             if (SF == FA_FMT_BF16) ((fa_u16 *)e->s[s])[i] = fa_bf16_nearest(st[s]);
             else ((float *)e->s[s])[i] = st[s];
         }
-        fa_lowp_store_x(p, e, i, x);
+        fa_lowp_store_x(p, e, key, i, x);
     }
 }
 
@@ -463,7 +470,8 @@ static __device__ __forceinline__ void fa_lowp_load_maps(int qmap, fa_lowp_maps 
 template <int KIND, int FLAGS>
 static __device__ __forceinline__ void fa_lowp_q8_block(
     const typename fa_opt<KIND, float>::Kc *k, const fa_lowp_params *p, const fa_lowp_maps *maps,
-    const fa_lowp_tensor *e, const void *gbase, fa_i64 gorigin, int gfmt, fa_i64 begin, int len)
+    const fa_lowp_tensor *e, fa_u32 key, const void *gbase, fa_i64 gorigin, int gfmt,
+    fa_i64 begin, int len)
 {
     const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
     const fa_i64 qb = begin / p->block;
@@ -485,7 +493,7 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
         float x = fa_lowp_load_x(p, e, i);
         const float g = fa_lowp_load(gbase, gfmt, i - gorigin);
         fa_opt<KIND, float>::apply(k, FLAGS, g, &x, &st[0], &st[1], &st[2]);
-        fa_lowp_store_x(p, e, i, x);
+        fa_lowp_store_x(p, e, key, i, x);
         for (int s = 0; s < nslots; s++) {
             const fa_u32 a = fa_f32_bits(st[s]) & 0x7fffffffu;
             y[q][s] = st[s];
@@ -531,14 +539,16 @@ __global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_dense(const unsigned 
     const fa_i64 begin = ((fa_i64)blockIdx.x - e->block0) * p->span;
     const fa_i64 end = begin + p->span < e->n ? begin + p->span : e->n;
     const typename fa_opt<KIND, float>::Kc k = fa_opt<KIND, float>::prepare(table);
+    const fa_u32 key = fa_lowp_key(p, e);
     if (SF == FA_FMT_Q8) {
         __shared__ fa_lowp_maps maps;
         fa_lowp_load_maps(p->qmap, &maps);
         for (fa_i64 at = begin; at < end; at += p->block)
-            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, (const void *)e->g, 0, p->grad_fmt,
-                                          at, (int)(end - at < p->block ? end - at : p->block));
+            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, key, (const void *)e->g, 0,
+                                          p->grad_fmt, at,
+                                          (int)(end - at < p->block ? end - at : p->block));
     } else {
-        fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, (const void *)e->g, 0, p->grad_fmt,
+        fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, key, (const void *)e->g, 0, p->grad_fmt,
                                              begin, end);
     }
 }
@@ -551,20 +561,22 @@ __global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_rows(const unsigned c
     const fa_lowp_tensor *e = fa_lowp_find(table, 1, 0);
     const fa_i64 parts = SF == FA_FMT_Q8 ? row_size / p->block : 1;
     const typename fa_opt<KIND, float>::Kc k = fa_opt<KIND, float>::prepare(table);
+    const fa_u32 key = fa_lowp_key(p, e);
     if (SF == FA_FMT_Q8) {
         __shared__ fa_lowp_maps maps;
         fa_lowp_load_maps(p->qmap, &maps);
         for (fa_i64 b = blockIdx.x; b < nrows * parts; b += gridDim.x) {
             const fa_i64 ri = b / parts, origin = rows[ri] * row_size;
-            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, (const float *)e->g + ri * row_size,
-                                          origin, FA_FMT_F32, origin + (b % parts) * p->block,
-                                          p->block);
+            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, key,
+                                          (const float *)e->g + ri * row_size, origin,
+                                          FA_FMT_F32, origin + (b % parts) * p->block, p->block);
         }
     } else {
         for (fa_i64 ri = blockIdx.x; ri < nrows; ri += gridDim.x) {
             const fa_i64 origin = rows[ri] * row_size;
-            fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, (const float *)e->g + ri * row_size,
-                                                 origin, FA_FMT_F32, origin, origin + row_size);
+            fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, key,
+                                                 (const float *)e->g + ri * row_size, origin,
+                                                 FA_FMT_F32, origin, origin + row_size);
         }
     }
 }
