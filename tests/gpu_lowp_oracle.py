@@ -1,34 +1,25 @@
 """An oracle of the low-precision optimizer step (issue 24's definitions), written from the
 definitions with NumPy and the float32 CPU step, for the GPU kernels' tests
-(test_gpu_emulation_lowp.py on the host emulation, test_gpu_lowp.py on a GPU).
+(test_gpu_emulation_lowp.py on the host emulation, test_gpu_lowp.py on a GPU).  The element
+oracles (maps, codes, bfloat16 rounding, the rounding hash and key) are tests/lowp_reference.py's.
 
 The low-precision step is elementwise in float32 between its conversions, so it equals: decode
 the states and parameters to float32 (bf16 bits << 16; map[code] * scale), run the float32 step
 of the CPU (``fastadam.optim.prepare_step``: the optimizer's formula header, the same float32
-arithmetic), and encode the results: bfloat16 by ``ml_dtypes`` (round to nearest even) or by
-stochastic rounding with the lowbias32 hash written here in NumPy; 8-bit codes by the
-definition (scale = max |y|, q = y * (1 / scale) in float32, code = the number of float64
-midpoints of the map below q).  Nothing here calls the code under test.
+arithmetic), and encode the results: bfloat16 to nearest even or stochastically with the
+lowbias32 bits; 8-bit codes by the definition (scale = max |y|, q = y * (1 / scale) in float32,
+code = the number of float64 midpoints of the map below q).  Nothing here calls the code under
+test.
 """
 import numpy as np
 
 import fastadam
 from fastadam._core._registry import spec as registry_spec
-from lowp_tables import dynamic_map, linear_map
-
-ml_dtypes = None
-try:
-    import ml_dtypes
-except ImportError:  # the tests that need it skip
-    pass
+from lowp_reference import (NONNEGATIVE, bf16_nearest, bf16_stochastic, bf16_to_f32, dequantize,
+                            quant_map, quantize, sr_bits, sr_key)
 
 F32, BF16, Q8 = 0, 1, 2
 NEAREST, STOCHASTIC = 0, 1
-U32 = np.uint32
-
-# the slots that never go negative take the unsigned map (kernel slot names per optimizer)
-NONNEGATIVE = {"adam": {"v", "v_max"}, "adagrad": {"h"}, "rmsprop": {"square_avg"},
-               "momentum": set(), "lion": set()}
 
 # (optimizer, hyper-parameters): every optimizer, and the flag sets that change the slots used
 CASES = [
@@ -50,67 +41,16 @@ def case_id(case):
 
 
 def qmap(kind, signed):
-    return (dynamic_map if kind == 0 else linear_map)(signed)
-
-
-def hash32(x):
-    x = np.asarray(x, dtype=U32).copy()
-    x ^= x >> U32(16)
-    x *= U32(0x7FEB352D)
-    x ^= x >> U32(15)
-    x *= U32(0x846CA68B)
-    x ^= x >> U32(16)
-    return x
-
-
-def sr_key(seed, t, index):
-    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    k = int(hash32(lo ^ 0x9E3779B9))
-    k = int(hash32(k ^ hi ^ (t & 0xFFFFFFFF)))
-    return int(hash32(k ^ (index & 0xFFFFFFFF)))
+    return quant_map(kind, signed)
 
 
 def bf16_value(bits):
-    return (np.asarray(bits, np.uint16).astype(U32) << U32(16)).view(np.float32)
+    return bf16_to_f32(bits)
 
 
-def bf16_nearest(a):
-    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
-
-
-def bf16_stochastic(a, key, j):
-    """(u + r) >> 16 with r = hash32(key + j) >> 16, j the flat element indices; NaN: quiet."""
-    u = np.asarray(a, np.float32).view(U32)
-    r = hash32((np.asarray(j, np.uint64) + key) & 0xFFFFFFFF) >> U32(16)
-    out = ((u.astype(np.uint64) + r) >> 16).astype(np.uint16)
-    nan = (u & U32(0x7FFFFFFF)) > U32(0x7F800000)
-    out[nan] = ((u[nan] >> U32(16)) | U32(0x40)).astype(np.uint16)
-    return out
-
-
-def quantize(y, block, values):
-    """(codes uint8, scales float32) of the flat float32 values y, by the definition."""
-    y = np.asarray(y, np.float32).ravel()
-    m = values.astype(np.float64)
-    mids = (m[:-1] + m[1:]) / 2
-    codes = np.empty(y.size, np.uint8)
-    scales = np.empty(-(-y.size // block), np.float32)
-    for b in range(scales.size):
-        part = y[b * block:(b + 1) * block]
-        scale = np.max(np.abs(part)) if part.size else np.float32(0)
-        inv = np.float32(0) if scale == 0 else np.float32(1) / scale
-        q = (part * inv).astype(np.float32)
-        code = np.searchsorted(mids, q.astype(np.float64), side="left")
-        code[np.isnan(q)] = 0  # lowp.h: every comparison with NaN is false
-        codes[b * block:b * block + part.size] = code
-        scales[b] = scale
-    return codes, scales
-
-
-def dequantize(codes, scales, block, values):
-    flat = codes.ravel()
-    per = np.repeat(scales, block)[:flat.size]
-    return (values[flat] * per).astype(np.float32).reshape(codes.shape)
+def stochastic(x32, key, j):
+    """x32 (float32) to bfloat16 bits by stochastic rounding, element indices j."""
+    return bf16_stochastic(x32, sr_bits(key, j))
 
 
 def slot_names(name, coeffs):
@@ -180,8 +120,8 @@ class State:
             elif self.state_fmt == BF16:
                 st32.append([bf16_value(a).reshape(a.shape) for a in self.states[s]])
             else:
-                st32.append([dequantize(c, sc, self.block, qmap(self.qkind, signed))
-                             for c, sc in zip(self.states[s], self.scales[s])])
+                st32.append([dequantize(c, sc, self.block, qmap(self.qkind, signed)).reshape(
+                    c.shape) for c, sc in zip(self.states[s], self.scales[s])])
         step = fastadam.optim.prepare_step(self.name, xs32, dict(zip(self.slots, st32)))
         step.step(gs32, self.t, **self.hyper)
         states, scales = [], []
@@ -201,9 +141,8 @@ class State:
         elif self.masters or rounding == NEAREST:
             xs = [bf16_nearest(x) for x in xs32]
         else:
-            xs = [bf16_stochastic(x.ravel(), sr_key(seed, self.t, i),
-                                  np.arange(x.size)).reshape(x.shape)
-                  for i, x in enumerate(xs32)]
+            xs = [stochastic(x.ravel(), sr_key(seed, self.t, i), np.arange(x.size)).reshape(
+                x.shape) for i, x in enumerate(xs32)]
         return xs, states, scales, masters
 
     def expected_rows(self, rows, values, rounding=NEAREST, seed=0):
@@ -227,8 +166,7 @@ class State:
         if self.param_fmt == BF16 and not self.masters and rounding == STOCHASTIC:
             x32 = sub._updated32
             j = (rows[:, None] * D + np.arange(D)[None, :]).ravel()
-            x_out[rows] = bf16_stochastic(x32.ravel(), sr_key(seed, self.t, 0), j).reshape(
-                x32.shape)
+            x_out[rows] = stochastic(x32.ravel(), sr_key(seed, self.t, 0), j).reshape(x32.shape)
         else:
             x_out[rows] = new_x[0]
         states = []

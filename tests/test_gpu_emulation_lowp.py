@@ -5,7 +5,7 @@ the oracle of tests/gpu_lowp_oracle.py (the definitions, and the float32 CPU ste
 the CPU driver (fastadam._core._lowp): the same bits for every optimizer x parameter format x
 gradient format x state format, stochastic rounding included (same seed, same bits), and the
 8-bit block's absmax reduction over threads.
-Not a GPU run: see test_gpu_lowp.py for that.  Skips without g++ or ml_dtypes.
+Not a GPU run: see test_gpu_lowp.py for that.  Skips without g++.
 """
 import ctypes
 import os
@@ -23,7 +23,6 @@ from fastadam.gpu import _layout, _source
 from gpu_emulation_build import BuildError, build
 from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
 
-pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
 
 HERE = Path(__file__).resolve().parent
 PARAMS = {"f32": (F32, NEAREST, False), "bf16": (BF16, NEAREST, False),

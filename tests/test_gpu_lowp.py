@@ -19,7 +19,6 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
 if not fastadam.gpu.available():
     pytest.skip("no CUDA device visible to CuPy", allow_module_level=True)
-pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
 
 PARAMS = {"f32": (F32, NEAREST, False), "bf16": (BF16, NEAREST, False),
           "bf16-sr": (BF16, STOCHASTIC, False), "bf16-master": (BF16, NEAREST, True)}
