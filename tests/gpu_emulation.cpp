@@ -7,8 +7,8 @@
 // per block (the non-finite reduction is launched with blockDim 1 here) and (b) a block of
 // fa_sparse_rows handles one segment (grid >= nseg): thread 0 then writes the block's shared
 // `idle` before the other threads read it.  The low-precision kernels (fa_lowp_*) hold real
-// barriers (the 8-bit block's absmax is reduced in shared memory between two phases), so they are
-// launched on fibers instead (launch_fibers: one ucontext per thread of the block, switched at
+// barriers and warp shuffles (the 8-bit block's absmax is reduced between two phases), so they
+// are launched on fibers instead (launch_fibers: one ucontext per thread of the block, switched at
 // every __syncthreads, round-robin; each round takes every thread to its next barrier, as a
 // barrier does).  What it cannot show: races, the real launch limits, NVRTC itself
 // (test_gpu_compile.py compiles the same source with NVRTC).
@@ -39,6 +39,18 @@ static unsigned emu_current = 0;
 static inline void __syncthreads()
 {
     if (emu_on_fibers) swapcontext(&emu_fiber[emu_current], &emu_scheduler);
+}
+// A warp shuffle on fibers: every thread of the block calls it at the same point (the kernels
+// only shuffle where all threads do), so two barriers around an exchange array are faithful.
+static unsigned emu_exchange[1024];
+static inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask)
+{
+    (void)mask;
+    emu_exchange[emu_current] = v;
+    __syncthreads();
+    const unsigned other = emu_exchange[emu_current ^ (unsigned)lane_mask];
+    __syncthreads();
+    return other;
 }
 static inline int __syncthreads_or(int p) { return p; }  // one thread per block only
 static inline int atomicOr(int *a, int v) { const int old = *a; *a |= v; return old; }

@@ -316,8 +316,8 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
  *       of the quantization block (about FA_CUDA_CHUNK elements, so that the maps are copied to
  *       shared memory once per span) and the thread block does its quantization blocks one
  *       after another (dequantize, update, keep the new states in registers, reduce the block's
- *       absmax in shared memory, requantize); otherwise span = FA_CUDA_CHUNK.
- *       blockDim.x <= FA_LOWP_THREADS, and for
+ *       absmax by warp shuffles and shared memory, requantize); otherwise span = FA_CUDA_CHUNK.
+ *       blockDim.x is a multiple of 32, <= FA_LOWP_THREADS, and for
  *       FA_FMT_Q8 blockDim.x * FA_Q8_PER_THREAD >= the quantization block.  If check_skip and
  *       *skip != 0, nothing is written.
  *   fa_lowp_rows<SF, KIND, FLAGS>(table, rows, nrows, row_size)
@@ -465,6 +465,16 @@ static __device__ __forceinline__ void fa_lowp_load_maps(int qmap, fa_lowp_maps 
     __syncthreads();
 }
 
+/* The largest v of the 32 lanes of a warp, in every lane (all lanes call it). */
+static __device__ __forceinline__ fa_u32 fa_lowp_warp_max(fa_u32 v)
+{
+    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
+        const fa_u32 other = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
 /* One quantization block [begin, begin + len) of tensor e with 8-bit states; the gradient of
  * element i is gbase[i - gorigin].  Every thread of the block calls it (it holds barriers). */
 template <int KIND, int FLAGS>
@@ -476,7 +486,7 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
     const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
     const fa_i64 qb = begin / p->block;
     const int tid = threadIdx.x, nt = blockDim.x;
-    __shared__ fa_u32 peak_of[FA_MAX_SLOTS][FA_LOWP_THREADS];
+    __shared__ fa_u32 warp_peak[FA_MAX_SLOTS][FA_LOWP_THREADS / 32];
     float scale[FA_MAX_SLOTS];
     fa_u32 peak[FA_MAX_SLOTS] = {0u, 0u, 0u};
     for (int s = 0; s < nslots; s++) scale[s] = ((const float *)e->scale[s])[qb];
@@ -500,23 +510,20 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
             peak[s] = a > peak[s] ? a : peak[s];
         }
     }
-    /* the block's absmax of each slot: a tree over the threads' partial maxima */
-    for (int s = 0; s < nslots; s++) peak_of[s][tid] = peak[s];
-    __syncthreads();
-    for (int half = 1; half < nt; half <<= 1) {
-        if ((tid & (2 * half - 1)) == 0 && tid + half < nt)
-            for (int s = 0; s < nslots; s++) {
-                const fa_u32 other = peak_of[s][tid + half];
-                if (other > peak_of[s][tid]) peak_of[s][tid] = other;
-            }
-        __syncthreads();
+    /* the block's absmax of each slot: within each warp by shuffles, then every warp reduces
+     * the warps' maxima the same way (all threads take part: no divergent shuffle) */
+    const int lane = tid & 31, nwarps = nt >> 5;
+    for (int s = 0; s < nslots; s++) {
+        const fa_u32 w = fa_lowp_warp_max(peak[s]);
+        if (lane == 0) warp_peak[s][tid >> 5] = w;
     }
+    __syncthreads();
     float inv[FA_MAX_SLOTS];
     for (int s = 0; s < nslots; s++) {
-        scale[s] = fa_bits_f32(peak_of[s][0]);
+        scale[s] = fa_bits_f32(fa_lowp_warp_max(lane < nwarps ? warp_peak[s][lane] : 0u));
         inv[s] = fa_lowp_inverse(scale[s]);
     }
-    __syncthreads(); /* peak_of is rewritten by the next quantization block of this thread block */
+    __syncthreads(); /* warp_peak is rewritten by the next quantization block */
 #pragma unroll
     for (int q = 0; q < FA_Q8_PER_THREAD; q++) {
         const int at = q * nt + tid;
