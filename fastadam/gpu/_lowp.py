@@ -8,9 +8,10 @@ CuPy has no bfloat16 dtype: a bfloat16 array on the GPU is a ``uint16`` array of
 scale per block of ``block`` elements, as on the CPU.
 
 One launch per step: the table (_layout.lowp_host_table) holds the coefficient struct, the
-formats, both quantization maps and one entry per tensor, uploaded once.  With 8-bit states a
-thread block updates one quantization block (dequantize, update, absmax reduced in shared
-memory, requantize); otherwise FA_CUDA_CHUNK elements.  Everything is checked before the
+formats and options (the maps are lowp.h's device tables) and one entry per tensor, uploaded
+once.  With 8-bit states a thread block updates whole quantization blocks, about CHUNK
+elements, one after another (dequantize, update, absmax by warp shuffles, requantize);
+otherwise CHUNK elements.  Everything is checked before the
 first launch; ``skip_nonfinite`` is one reduction into a device flag that the step reads.
 """
 import cupy
