@@ -271,3 +271,50 @@ def test_slots_for_the_flags_in_use(rng):
     xs, gs, states, scales, masters = device(st.arrays())
     with pytest.raises(ValueError, match=r"^slots: expected 3 arrays, got 2"):
         _call(st, (xs, gs, states[:2], scales, masters))
+
+
+# ------------------------------------------------------------------------------------------
+# Reached from the public steps: bfloat16 (uint16 bits) and 8-bit device arrays
+# ------------------------------------------------------------------------------------------
+
+class DeviceQuantized:
+    """An 8-bit state slot on the device, with fastadam.optim.QuantizedState's fields."""
+
+    def __init__(self, codes, scales, block_size, quant_map, signed):
+        self.codes, self.scales = codes, scales
+        self.block_size, self.quant_map, self.signed = block_size, quant_map, signed
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_step_inplace_takes_low_precision_device_arrays(rng, state):
+    st = State(rng, "adam", CASES[0][1], [(300,), (5,)], BF16, F32, STATES[state], block=64)
+    xs, gs, states, scales, _ = device(st.arrays())
+    if st.state_fmt == Q8:
+        m, v = ([DeviceQuantized(c, sc, 64, "dynamic", sg) for c, sc in zip(states[s], scales[s])]
+                for s, sg in enumerate(st.signed))
+    else:
+        m, v = states
+    assert fastadam.step_inplace(xs, gs, m, v, st.t, **st.hyper) is True
+    wx, wstates, wscales, _ = st.expected()
+    check((host(xs), host(states), host(scales), []), (wx, wstates, wscales, []))
+
+
+def test_prepare_step_takes_bfloat16_device_states(rng):
+    name, hyper = CASES[3]  # Adagrad
+    st = State(rng, name, hyper, [(40, 3)], F32, BF16, BF16)
+    xs, gs, states, _, _ = device(st.arrays())
+    step = fastadam.optim.prepare_step(name, xs, {"h": states[0]})
+    assert step.step(gs, st.t, **hyper) is True
+    wx, wstates, _, _ = st.expected()
+    check((host(xs), host(states), [], []), (wx, wstates, [], []))
+
+
+def test_public_step_refuses_mixed_state_formats(rng):
+    st = State(rng, "adam", CASES[0][1], [(30,)], F32, F32, BF16)
+    xs, gs, states, _, _ = device(st.arrays())
+    before = host(xs)
+    with pytest.raises(TypeError, match=r"^v: every state of a low-precision step has one "
+                                        r"format, got float32 beside bfloat16"):
+        fastadam.step_inplace(xs[0], gs[0], states[0][0], cp.zeros(30, np.float32), st.t,
+                              **st.hyper)
+    assert_same_bits(host(xs), before, "x")

@@ -273,3 +273,93 @@ def lowp_rows_step(coeffs, x, rows, values, slots, scales, master, param_fmt, st
         step((grid,), (threads,),
              (table, rows, np.int64(k), np.int64(row_size)))
         return None
+
+
+# ------------------------------------------------------------------------------------------
+# The public dense steps on low-precision device arrays.  fastadam.step_inplace and the other
+# functional steps, and prepare_step, hand CuPy arrays to fastadam.gpu.dense_step; when one of
+# them is a low-precision array (bfloat16 bits: uint16; an 8-bit slot: an object with codes,
+# scales, block_size, quant_map and signed, as fastadam.optim.QuantizedState), the step runs
+# here, rounding parameters to nearest (no master, no stochastic rounding: those options are
+# the low-precision driver's).
+
+_QUANT_MAPS = {"dynamic": 0, "linear": 1}
+
+
+def _is_quantized(obj):
+    return all(hasattr(obj, f) for f in ("codes", "scales", "block_size", "quant_map", "signed"))
+
+
+def _first(obj):
+    return obj[0] if isinstance(obj, (list, tuple)) and obj else obj
+
+
+def is_lowp_call(x, g, slots):
+    """True when the first array of x, g or a slot is bfloat16 bits or an 8-bit slot."""
+    for obj in [x, g] + [a for _, a in slots]:
+        a = _first(obj)
+        if _is_quantized(a) or (isinstance(a, cupy.ndarray) and _is_bf16(a.dtype)):
+            return True
+    return False
+
+
+def _as_list(obj, name):
+    if isinstance(obj, (list, tuple)):
+        return list(obj), False
+    return [obj], True
+
+
+def _array_format(a, name):
+    if isinstance(a, cupy.ndarray):
+        if a.dtype == np.float32:
+            return F32
+        if _is_bf16(a.dtype):
+            return BF16
+    raise TypeError(f"{name}: a low-precision step takes float32 or bfloat16 (uint16 bits) "
+                    f"cupy arrays, got {getattr(a, 'dtype', type(a).__name__)}")
+
+
+def dense_step_public(coeffs, x, g, slots, skip_nonfinite):
+    """The functional steps' dense step (``fastadam.gpu.dense_step``) when is_lowp_call: the
+    formats are read from the arrays (one format per argument), then lowp_dense_step."""
+    xs, single = _as_list(x, "x")
+    gs, _ = _as_list(g, "g")
+    name = (lambda base, i: base if single else f"{base}[{i}]")
+    param_fmt = _array_format(xs[0], name("x", 0)) if xs else F32
+    grad_fmt = _array_format(gs[0], name("g", 0)) if gs else F32
+    slot_lists = [(n, _as_list(obj, n)[0]) for n, obj in slots]
+    state_fmt, block, qmap, signed = None, 256, 0, []
+    for n, lst in slot_lists:
+        if not lst:
+            continue
+        fmt = Q8 if _is_quantized(lst[0]) else _array_format(lst[0], name(n, 0))
+        if state_fmt is not None and fmt != state_fmt:
+            raise TypeError(f"{n}: every state of a low-precision step has one format, got "
+                            f"{FORMAT_NAMES[fmt]} beside {FORMAT_NAMES[state_fmt]}")
+        state_fmt = fmt
+    state_fmt = F32 if state_fmt is None else state_fmt
+    codes, scales = [], []
+    for n, lst in slot_lists:
+        if state_fmt != Q8:
+            codes.append(lst)
+            signed.append(True)
+            continue
+        for i, q in enumerate(lst):
+            if not _is_quantized(q):
+                raise TypeError(f"{name(n, i)}: expected an 8-bit state (QuantizedState) like "
+                                f"the other states, got {type(q).__name__}")
+        first = lst[0]
+        block, qmap = int(first.block_size), _QUANT_MAPS.get(first.quant_map)
+        if qmap is None:
+            raise ValueError(f"{name(n, 0)}: quant_map {first.quant_map!r} is not one of "
+                             f"{tuple(_QUANT_MAPS)}")
+        for i, q in enumerate(lst):
+            if int(q.block_size) != block or q.quant_map != first.quant_map:
+                raise ValueError(f"{name(n, i)}: block_size {q.block_size} and quant_map "
+                                 f"{q.quant_map!r} differ from {name(n, 0)}'s ({block}, "
+                                 f"{first.quant_map!r})")
+        codes.append([q.codes for q in lst])
+        scales.append([q.scales for q in lst])
+        signed.append(bool(first.signed))
+    return lowp_dense_step(coeffs, xs, gs, codes, scales, [], param_fmt, grad_fmt, state_fmt,
+                           block, qmap, tuple(signed), 0, 0, 0, skip_nonfinite)
