@@ -318,3 +318,12 @@ def test_public_step_refuses_mixed_state_formats(rng):
         fastadam.step_inplace(xs[0], gs[0], states[0][0], cp.zeros(30, np.float32), st.t,
                               **st.hyper)
     assert_same_bits(host(xs), before, "x")
+
+
+def test_public_step_refuses_a_numpy_state_beside_device_bfloat16(rng):
+    st = State(rng, "adam", CASES[0][1], [(30,)], BF16, F32, BF16)
+    xs, gs, states, _, _ = device(st.arrays())
+    before = host(xs)
+    with pytest.raises(TypeError, match=r"^v: a numpy.ndarray in a call on cupy.ndarray"):
+        fastadam.step_inplace(xs[0], gs[0], states[0][0], st.states[1][0], st.t, **st.hyper)
+    assert_same_bits(host(xs), before, "x")

@@ -303,13 +303,14 @@ def is_lowp_call(x, g, slots):
     return False
 
 
-def _as_list(obj, name):
+def _as_list(obj):
     if isinstance(obj, (list, tuple)):
         return list(obj), False
     return [obj], True
 
 
 def _array_format(a, name):
+    check_device_array(cupy, a, name, None)  # a NumPy array here: the mix error
     if isinstance(a, cupy.ndarray):
         if a.dtype == np.float32:
             return F32
@@ -322,12 +323,12 @@ def _array_format(a, name):
 def dense_step_public(coeffs, x, g, slots, skip_nonfinite):
     """The functional steps' dense step (``fastadam.gpu.dense_step``) when is_lowp_call: the
     formats are read from the arrays (one format per argument), then lowp_dense_step."""
-    xs, single = _as_list(x, "x")
-    gs, _ = _as_list(g, "g")
+    xs, single = _as_list(x)
+    gs, _ = _as_list(g)
     name = (lambda base, i: base if single else f"{base}[{i}]")
     param_fmt = _array_format(xs[0], name("x", 0)) if xs else F32
     grad_fmt = _array_format(gs[0], name("g", 0)) if gs else F32
-    slot_lists = [(n, _as_list(obj, n)[0]) for n, obj in slots]
+    slot_lists = [(n, _as_list(obj)[0]) for n, obj in slots]
     state_fmt, block, qmap, signed = None, 256, 0, []
     for n, lst in slot_lists:
         if not lst:
