@@ -327,3 +327,37 @@ def test_public_step_refuses_a_numpy_state_beside_device_bfloat16(rng):
     with pytest.raises(TypeError, match=r"^v: a numpy.ndarray in a call on cupy.ndarray"):
         fastadam.step_inplace(xs[0], gs[0], states[0][0], st.states[1][0], st.t, **st.hyper)
     assert_same_bits(host(xs), before, "x")
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_sparse_step_takes_low_precision_device_arrays(rng, state):
+    from reference import segment_sum_reference
+
+    st = State(rng, "adam", dict(lr=0.01, convention="torch"), [(30, 64)], BF16, F32,
+               STATES[state], block=32)
+    indices = np.array([4, 1, 4, 29, 0, 1], np.int64)
+    values = rng.standard_normal((len(indices), 64)).astype(np.float32)
+    rows, sums = segment_sum_reference(indices, values, dtype=np.float32)
+    xs, _, states, scales, _ = device(st.arrays())
+    if st.state_fmt == Q8:
+        m, v = (DeviceQuantized(states[s][0], scales[s][0], 32, "dynamic", sg)
+                for s, sg in enumerate(st.signed))
+    else:
+        m, v = states[0][0], states[1][0]
+    fastadam.sparse_step_inplace(xs[0], (cp.asarray(indices), cp.asarray(values)), m, v, st.t,
+                                 mode="lazy", **st.hyper)
+    check((host(xs), host(states), host(scales), []),
+          st.expected_rows(rows.astype(np.int64), sums.astype(np.float32)))
+
+
+def test_sparse_low_precision_is_lazy_only(rng):
+    st = State(rng, "adam", dict(lr=0.01, convention="torch"), [(30, 64)], BF16, F32, BF16)
+    xs, _, states, _, _ = device(st.arrays())
+    before = host(xs)
+    with pytest.raises(ValueError, match=r"^mode: low-precision sparse steps are lazy only, "
+                                         r"got 'dense'"):
+        fastadam.sparse_step_inplace(xs[0], (cp.asarray(np.array([1])),
+                                             cp.zeros((1, 64), np.float32)),
+                                     states[0][0], states[1][0], st.t, mode="dense",
+                                     **st.hyper)
+    assert_same_bits(host(xs), before, "x")

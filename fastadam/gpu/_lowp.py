@@ -329,7 +329,15 @@ def dense_step_public(coeffs, x, g, slots, skip_nonfinite):
     param_fmt = _array_format(xs[0], name("x", 0)) if xs else F32
     grad_fmt = _array_format(gs[0], name("g", 0)) if gs else F32
     slot_lists = [(n, _as_list(obj)[0]) for n, obj in slots]
-    state_fmt, block, qmap, signed = None, 256, 0, []
+    state_fmt, codes, scales, block, qmap, signed = _slot_formats(slot_lists, name)
+    return lowp_dense_step(coeffs, xs, gs, codes, scales, [], param_fmt, grad_fmt, state_fmt,
+                           block, qmap, signed, 0, 0, 0, skip_nonfinite)
+
+
+def _slot_formats(slot_lists, name):
+    """(state_fmt, codes lists, scales lists, block, qmap, signed) of the public steps' slots
+    (name, [arrays or 8-bit slots]): one format for all."""
+    state_fmt, block, qmap = None, 256, 0
     for n, lst in slot_lists:
         if not lst:
             continue
@@ -339,7 +347,7 @@ def dense_step_public(coeffs, x, g, slots, skip_nonfinite):
                             f"{FORMAT_NAMES[fmt]} beside {FORMAT_NAMES[state_fmt]}")
         state_fmt = fmt
     state_fmt = F32 if state_fmt is None else state_fmt
-    codes, scales = [], []
+    codes, scales, signed = [], [], []
     for n, lst in slot_lists:
         if state_fmt != Q8:
             codes.append(lst)
@@ -362,5 +370,4 @@ def dense_step_public(coeffs, x, g, slots, skip_nonfinite):
         codes.append([q.codes for q in lst])
         scales.append([q.scales for q in lst])
         signed.append(bool(first.signed))
-    return lowp_dense_step(coeffs, xs, gs, codes, scales, [], param_fmt, grad_fmt, state_fmt,
-                           block, qmap, tuple(signed), 0, 0, 0, skip_nonfinite)
+    return state_fmt, codes, scales, block, qmap, tuple(signed)
