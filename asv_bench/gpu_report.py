@@ -4,7 +4,8 @@ Times the closures of asv_bench/benchmarks/bench_gpu.py in one process, interlea
 wall-clock time per step (host overhead included: ``steps`` calls, then one synchronize), and
 prints the table of the issue: fastadam vs the read-4/write-3 stream kernel (fraction of its
 bandwidth) vs ``torch.optim.Adam(fused=True)``; 1000 tensors in one call; the sparse lazy step vs
-``torch.optim.SparseAdam``.  Needs CuPy and a CUDA device (and CUDA torch for its columns).
+``torch.optim.SparseAdam``; Adam with bfloat16 and 8-bit states (issue 24) against the float32
+step and the ratio of the bytes each moves.  Needs CuPy and a CUDA device (and CUDA torch for its columns).
 NOT YET RUN ON A GPU: no numbers from it exist yet.
 """
 import statistics
@@ -74,6 +75,18 @@ def main():
             fns[f"torch {mode}"] = fn
     for name, sec in per_step_seconds(fns, steps=20).items():
         print(f"  {name:>14}: {sec * 1e6:10.1f} us/step")
+
+    print("\nLow-precision Adam states, 1e7 elements (speed-up over the float32 step; the limit"
+          " is the ratio of bytes moved)")
+    fns = {"float32": bench_gpu.build_fastadam([10**7])}
+    fns.update({fmt: bench_gpu.build_lowp(10**7, fmt) for fmt in bench_gpu.LOWP_FORMATS})
+    t = per_step_seconds(fns, steps=50)
+    for fmt, sec in t.items():
+        limit = bench_gpu.LOWP_BYTES["float32"] / bench_gpu.LOWP_BYTES[fmt]
+        print(f"  {fmt:>14}: {sec * 1e6:10.1f} us/step  {t['float32'] / sec:5.2f}x "
+              f"(limit {limit:.2f}x)")
+    del fns
+    cupy.get_default_memory_pool().free_all_blocks()
 
     print("\nSparse lazy step, 1e6 x 64 table, batch 4096 Zipf indices")
     fns = {"fastadam": bench_gpu.build_sparse_fastadam()}

@@ -6,23 +6,52 @@
 // a faithful schedule for these kernels when (a) __syncthreads_or is only used with one thread
 // per block (the non-finite reduction is launched with blockDim 1 here) and (b) a block of
 // fa_sparse_rows handles one segment (grid >= nseg): thread 0 then writes the block's shared
-// `idle` before the other threads read it.  What it cannot show: races, the real launch limits,
-// NVRTC itself (test_gpu_compile.py compiles the same source with NVRTC).
+// `idle` before the other threads read it.  The low-precision kernels (fa_lowp_*) hold real
+// barriers and warp shuffles (the 8-bit block's absmax is reduced between two phases), so they
+// are launched on fibers instead (launch_fibers: one ucontext per thread of the block, switched at
+// every __syncthreads, round-robin; each round takes every thread to its next barrier, as a
+// barrier does).  What it cannot show: races, the real launch limits, NVRTC itself
+// (test_gpu_compile.py compiles the same source with NVRTC).
 //
 // Built by the test with: g++ -std=c++17 -O1 -ffp-contract=off -shared -fPIC -I include
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <ucontext.h>
 #include <utility>
+#include <vector>
 
 #define FA_CUDA_HOST_EMULATION 1
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(threads)
 
 struct fa_emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 static fa_emu_dim3 blockIdx, threadIdx, blockDim, gridDim;
-static inline void __syncthreads() {}
+// Fibers of launch_fibers: while they run, __syncthreads switches back to the scheduler.
+static bool emu_on_fibers = false;
+static ucontext_t emu_scheduler;
+static std::vector<ucontext_t> emu_fiber;
+static std::vector<int> emu_finished;
+static unsigned emu_current = 0;
+static inline void __syncthreads()
+{
+    if (emu_on_fibers) swapcontext(&emu_fiber[emu_current], &emu_scheduler);
+}
+// A warp shuffle on fibers: every thread of the block calls it at the same point (the kernels
+// only shuffle where all threads do), so two barriers around an exchange array are faithful.
+static unsigned emu_exchange[1024];
+static inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask)
+{
+    (void)mask;
+    emu_exchange[emu_current] = v;
+    __syncthreads();
+    const unsigned other = emu_exchange[emu_current ^ (unsigned)lane_mask];
+    __syncthreads();
+    return other;
+}
 static inline int __syncthreads_or(int p) { return p; }  // one thread per block only
 static inline int atomicOr(int *a, int v) { const int old = *a; *a |= v; return old; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -41,6 +70,51 @@ template <typename F> static void launch(long long grid, unsigned block, F body)
             body();
         }
     }
+}
+
+// One launch whose threads meet at barriers: each block's threads are fibers with their own
+// stacks, run round-robin, each up to its next __syncthreads (or its end).
+static const std::function<void()> *emu_body = nullptr;
+static void emu_fiber_entry()
+{
+    (*emu_body)();
+    emu_finished[emu_current] = 1;  // then uc_link resumes the scheduler
+}
+
+template <typename F> static void launch_fibers(long long grid, unsigned block, F body)
+{
+    static std::vector<char> stacks;
+    const size_t stack = 64 * 1024;  // up to FA_LOWP_THREADS (1024) fibers
+    const std::function<void()> fn = body;
+    emu_body = &fn;
+    if (stacks.size() < block * stack) stacks.resize(block * stack);
+    emu_fiber.resize(block);
+    emu_finished.assign(block, 0);
+    gridDim.x = (unsigned)grid;
+    blockDim.x = block;
+    emu_on_fibers = true;
+    for (long long b = 0; b < grid; b++) {
+        blockIdx.x = (unsigned)b;
+        for (unsigned t = 0; t < block; t++) {
+            getcontext(&emu_fiber[t]);
+            emu_fiber[t].uc_stack.ss_sp = stacks.data() + t * stack;
+            emu_fiber[t].uc_stack.ss_size = stack;
+            emu_fiber[t].uc_link = &emu_scheduler;
+            makecontext(&emu_fiber[t], emu_fiber_entry, 0);
+            emu_finished[t] = 0;
+        }
+        for (bool running = true; running;) {
+            running = false;
+            for (unsigned t = 0; t < block; t++) {
+                if (emu_finished[t]) continue;
+                emu_current = t;
+                threadIdx.x = t;
+                swapcontext(&emu_scheduler, &emu_fiber[t]);
+                running = running || !emu_finished[t];
+            }
+        }
+    }
+    emu_on_fibers = false;
 }
 
 // The arguments of one launch, so that the dispatch below stays short.
@@ -123,7 +197,81 @@ template <typename S> static void sparse_kind(int kind, int flags, const SparseA
 #undef FA_OPTIMIZER
 }
 
+// The low-precision kernels: runtime (state format, kind, flags) -> instantiation, only the
+// flag sets of the kind's mask (DENSE_MASK or SPARSE_MASK of optimizers.def).
+struct LowpArgs {
+    const unsigned char *table;
+    int n;
+    long long grid;
+    const int *skip;
+    int check;
+    const long long *rows;
+    long long nrows, row_size;
+    unsigned threads;
+};
+
+template <int SF, int KIND, int MASK, int ROWS, int... F>
+static void lowp_flags(int flags, std::integer_sequence<int, F...>, const LowpArgs &a)
+{
+    auto one = [&](auto fc) {
+        constexpr int FL = decltype(fc)::value;
+        if constexpr ((FL & ~MASK) == 0) {
+            if (flags != FL) return;
+            if (ROWS)
+                launch_fibers(a.grid, a.threads, [&] {
+                    fa_lowp_rows<SF, KIND, FL>(a.table, a.rows, a.nrows, a.row_size);
+                });
+            else
+                launch_fibers(a.grid, a.threads, [&] {
+                    fa_lowp_dense<SF, KIND, FL>(a.table, a.n, a.skip, a.check);
+                });
+        }
+    };
+    (one(std::integral_constant<int, F>()), ...);
+}
+
+template <int SF, int ROWS> static void lowp_kind(int kind, int flags, const LowpArgs &a)
+{
+    const auto all = std::make_integer_sequence<int, 16>();
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    if (kind == FA_OPT_##K)                                                                    \
+        lowp_flags<SF, FA_OPT_##K, ROWS ? (SPARSE_MASK) : (DENSE_MASK), ROWS>(flags, all, a);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+}
+
+template <int ROWS> static void lowp_state(int state, int kind, int flags, const LowpArgs &a)
+{
+    if (state == FA_FMT_F32) lowp_kind<FA_FMT_F32, ROWS>(kind, flags, a);
+    if (state == FA_FMT_BF16) lowp_kind<FA_FMT_BF16, ROWS>(kind, flags, a);
+    if (state == FA_FMT_Q8) lowp_kind<FA_FMT_Q8, ROWS>(kind, flags, a);
+}
+
 extern "C" {
+
+void emu_lowp_dense(int state, int kind, int flags, const unsigned char *table, int n,
+                    long long nblocks, const int *skip, int check, unsigned threads)
+{
+    const LowpArgs a = {table, n, nblocks, skip, check, nullptr, 0, 0, threads};
+    lowp_state<0>(state, kind, flags, a);
+}
+
+void emu_lowp_rows(int state, int kind, int flags, const unsigned char *table,
+                   const long long *rows, long long nrows, long long row_size, long long grid,
+                   unsigned threads)
+{
+    const LowpArgs a = {table, 1, grid, nullptr, 0, rows, nrows, row_size, threads};
+    lowp_state<1>(state, kind, flags, a);
+}
+
+void emu_lowp_nonfinite(int grad, const unsigned char *table, int n, long long nblocks,
+                        double gscale, int *flag)
+{
+    if (grad == FA_FMT_F32)
+        launch(nblocks, 1, [&] { fa_lowp_nonfinite<FA_FMT_F32>(table, n, gscale, flag); });
+    if (grad == FA_FMT_BF16)
+        launch(nblocks, 1, [&] { fa_lowp_nonfinite<FA_FMT_BF16>(table, n, gscale, flag); });
+}
 
 // storage: 0 float16, 1 float32, 2 float64 (as fastadam/gpu/_source.STORAGE's order)
 void emu_dense_step(int storage, int kind, int flags, const unsigned char *table, int n,

@@ -185,3 +185,79 @@ def test_show_config_reports_the_gpu_path():
         assert line.startswith("not available (CuPy not installed")
     else:
         assert line.startswith("CuPy ") or line.startswith("not available (CuPy is installed")
+
+
+def test_lowp_constants_match_the_cuda_source():
+    text = _source.source()
+    defines = dict(re.findall(r"#define (FA_LOWP_\w+|FA_Q8_\w+) (\d+)", text))
+    assert int(defines["FA_LOWP_PARAMS"]) == _layout.LOWP_PARAMS_BYTES
+    assert int(defines["FA_LOWP_TABLE"]) == _layout.LOWP_TABLE
+    assert int(defines["FA_LOWP_THREADS"]) == _layout.LOWP_THREADS
+    assert int(defines["FA_Q8_PER_THREAD"]) == _layout.Q8_PER_THREAD
+    params = re.search(r"typedef struct \{([^{}]*)\} fa_lowp_params;", text).group(1)
+    params = re.sub(r"/\*.*?\*/", "", params, flags=re.S)
+    names = [n.strip() for decl in re.findall(r"(?:int|fa_u32)\s+([\w\s,\[\]0-9]+);", params)
+             for n in decl.split(",")]
+    assert [n for n in names if "[" not in n] == list(_layout.LOWP_PARAM_FIELDS)
+    padding = int(re.search(r"unused\[(\d+)\]", params).group(1))
+    assert 4 * (len(_layout.LOWP_PARAM_FIELDS) + padding) == _layout.LOWP_PARAMS_BYTES
+    entry = re.search(r"typedef struct \{([^{}]*)\} fa_lowp_tensor;", text).group(1)
+    entry = re.sub(r"/\*.*?\*/", "", entry, flags=re.S)
+    words = 0
+    columns = []
+    for decl in re.findall(r"fa_i64 ([\w\s,\[\]]+);", entry):
+        for name in decl.split(","):
+            name = name.strip()
+            size = re.search(r"\[(\w+)\]", name)
+            count = {"FA_MAX_SLOTS": 3}.get(size.group(1), None) if size else 1
+            count = int(size.group(1)) if size and count is None else count
+            words += count
+            base = name.split("[")[0]
+            columns += [base] if count == 1 else [f"{base}{i}" for i in range(count)]
+    assert words == _layout.LOWP_ENTRY_WORDS
+    # the address columns in the order _layout writes them, then n, block0, index
+    assert columns[:9] == ["x", "g", "master", "s0", "s1", "s2", "scale0", "scale1", "scale2"]
+    assert columns[9:12] == ["n", "block0", "index"]
+    assert len(_layout.LOWP_COLUMNS) == 9
+
+
+def test_lowp_host_table_layout():
+    coeffs = adam_coefficients(3, 1e-3, 0.9, 0.999, 1e-8, "torch")
+    head = _layout.lowp_header(coeffs, dict(
+        param_fmt=1, grad_fmt=0, rounding=1, has_master=0, signed_mask=1, block=64, span=64,
+        qmap=1, seed_lo=2 ** 64 - 1, seed_hi=(2 ** 64 - 1) >> 32, t=7))
+    fields = head[_layout.HEADER_BYTES:_layout.LOWP_TABLE].view(np.uint32)
+    assert list(fields[:11]) == [1, 0, 1, 0, 1, 64, 64, 1, 0xFFFFFFFF, 0xFFFFFFFF, 7]
+    assert not fields[11:].any()
+    sizes = [100, 0, 64, 1]
+    cols = {"x": [11, 12, 13, 14], "g": [21, 22, 23, 24], "s1": [31, 32, 33, 34]}
+    host, n, nblocks = _layout.lowp_host_table(head, sizes, cols, 64)
+    assert n == 3 and nblocks == 2 + 1 + 1
+    np.testing.assert_array_equal(host[:_layout.LOWP_TABLE], head)
+    tab = host[_layout.LOWP_TABLE:].view(np.int64).reshape(n, _layout.LOWP_ENTRY_WORDS)
+    np.testing.assert_array_equal(tab[:, 0], [11, 13, 14])
+    np.testing.assert_array_equal(tab[:, 1], [21, 23, 24])
+    np.testing.assert_array_equal(tab[:, 4], [31, 33, 34])  # s1
+    np.testing.assert_array_equal(tab[:, [2, 3, 5, 6, 7, 8]], 0)  # columns not given
+    np.testing.assert_array_equal(tab[:, 9], [100, 64, 1])
+    np.testing.assert_array_equal(tab[:, 10], [0, 2, 3])
+    np.testing.assert_array_equal(tab[:, 11], [0, 2, 3])  # positions in the list: SR keys
+
+
+@pytest.mark.parametrize("block,threads", [(8, 32), (64, 32), (256, 64), (1000, 256),
+                                           (4096, 1024)])
+def test_lowp_threads_cover_a_quantization_block(block, threads):
+    assert _layout.lowp_threads(True, block) == threads
+    assert threads * _layout.Q8_PER_THREAD >= block and threads <= _layout.LOWP_THREADS
+
+
+def test_lowp_entry_points_without_cupy_say_cupy_is_missing():
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: the 'not installed' error cannot happen")
+    with pytest.raises(TypeError, match=r"^xs: a CUDA array was passed but CuPy is not "
+                                        r"installed"):
+        fastadam.gpu.lowp_dense_step(None, [FakeDeviceArray()], [], [], [], [], 0, 0, 1, 256, 0,
+                                     (), 0, 0, 1, False)
+    with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not"):
+        fastadam.gpu.lowp_rows_step(None, FakeDeviceArray(), None, None, [], [], None, 0, 1,
+                                    256, 0, (), 0, 0, 1)

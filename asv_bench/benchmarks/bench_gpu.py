@@ -111,6 +111,38 @@ def build_sparse_torch(rows=10**6, dim=64, batch=4096, seed=0):
     return step
 
 
+# Low-precision formats (issue 24): name -> (param_fmt, grad_fmt, state_fmt, rounding) of
+# fastadam.gpu.lowp_dense_step, and the bytes an Adam step must move per element
+LOWP_FORMATS = {"bfloat16": (0, 0, 1, 0), "int8": (0, 0, 2, 0), "int8_bf16_sr": (1, 1, 2, 1)}
+LOWP_BYTES = {"float32": 28, "bfloat16": 20, "int8": 16, "int8_bf16_sr": 10}
+
+
+def build_lowp(size, fmt, block=256, seed=0):
+    """One Adam step of ``size`` elements in a low-precision format of LOWP_FORMATS through
+    fastadam.gpu.lowp_dense_step (bfloat16 as uint16 bits, 8-bit states as codes + scales)."""
+    import fastadam
+
+    cupy = need_gpu()
+    param_fmt, grad_fmt, state_fmt, rounding = LOWP_FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+
+    def array(fmt_code):
+        a = rng.standard_normal(size).astype(np.float32)
+        return cupy.asarray(a if fmt_code == 0 else (a.view(np.uint32) >> 16).astype(np.uint16))
+
+    x, g = array(param_fmt), array(grad_fmt)
+    state_type = np.uint16 if state_fmt == 1 else np.uint8
+    slots = [[cupy.zeros(size, state_type)], [cupy.zeros(size, state_type)]]
+    scales = ([[cupy.zeros(-(-size // block), np.float32)] for _ in range(2)]
+              if state_fmt == 2 else [])
+    one = np.zeros(1, np.float32)
+    coeffs = fastadam.optim.prepare_step("adam", one, {"m": one.copy(), "v": one.copy()}).check(
+        10, convention="torch")
+    return lambda: fastadam.gpu.lowp_dense_step(coeffs, [x], [g], slots, scales, [], param_fmt,
+                                                grad_fmt, state_fmt, block, 0, (True, False),
+                                                rounding, 0, 10, False)
+
+
 def many_sizes(count=1000, seed=0):
     return [int(n) for n in np.random.default_rng(seed).integers(10**3, 10**4, count)]
 
@@ -159,4 +191,18 @@ class GpuSparseLazy(_Timed):
         self.fn = build_sparse_fastadam() if impl == "fastadam" else build_sparse_torch()
 
     def time_step(self, impl):
+        self.fn()
+
+
+class GpuLowpDense(_Timed):
+    """Adam with low-precision states on the GPU beside the float32 step (issue 24's formats)."""
+    params = (_api.smoke_grid([10**6, 10**7], [10**6]),
+              ["float32"] + list(LOWP_FORMATS))
+    param_names = ["size", "format"]
+    timeout = 300
+
+    def setup(self, size, fmt):
+        self.fn = build_fastadam([size]) if fmt == "float32" else build_lowp(size, fmt)
+
+    def time_step(self, size, fmt):
         self.fn()

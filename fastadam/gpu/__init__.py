@@ -24,6 +24,11 @@ naming the argument, raised before anything is written).
 - Sparse: CuPy's stable argsort of the indices, segment boundaries, then one kernel that sums
   each segment in original order (deterministic, as on the CPU) and applies the optimizer row by
   row (lazy, catch-up) or over every row (dense mode).  float16 is computed in float32 (dense).
+- Low precision (issue 24): ``lowp_dense_step`` and ``lowp_rows_step`` take the CPU driver's
+  arguments (``fastadam._core._lowp``: bfloat16 or 8-bit block-quantized states, bfloat16
+  parameters with nearest/stochastic rounding or a float32 master, bfloat16 gradients) on CuPy
+  arrays, bfloat16 held as uint16 bits; their kernels use ``include/fastadam/lowp.h``'s element
+  functions and give the driver's bits (see _lowp.py).
 
 ``import fastadam`` never imports CuPy: this package's ``__init__`` only tells device arrays
 apart by their type; the modules that use CuPy are imported when a CuPy array is passed.
@@ -31,7 +36,7 @@ apart by their type; the modules that use CuPy are imported when a CuPy array is
 from ._validation import explain_mix, import_cupy, is_device_array  # NumPy only: no CuPy
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
-           "dense_step", "sparse_step", "segment_sum"]
+           "dense_step", "sparse_step", "segment_sum", "lowp_dense_step", "lowp_rows_step"]
 
 
 def holds_device_array(obj):
@@ -96,3 +101,24 @@ def segment_sum(indices, values):
     import_cupy("indices" if is_device_array(indices) else "values")
     from ._sparse import segment_sum as run
     return run(indices, values)
+
+
+def lowp_dense_step(coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt, state_fmt,
+                    block, qmap, signed_slots, rounding, seed, t, skip_nonfinite,
+                    num_threads=0):
+    """The low-precision dense step (bfloat16 / 8-bit states, bfloat16 parameters) on device
+    arrays, with the arguments of the CPU driver's ``dense_step`` (see _lowp.py)."""
+    import_cupy("xs")
+    from ._lowp import lowp_dense_step as run
+    return run(coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt, state_fmt, block,
+               qmap, signed_slots, rounding, seed, t, skip_nonfinite, num_threads)
+
+
+def lowp_rows_step(coeffs, x, rows, values, slots, scales, master, param_fmt, state_fmt, block,
+                   qmap, signed_slots, rounding, seed, t, num_threads=0):
+    """The low-precision lazy sparse step on device arrays, with the arguments of the CPU
+    driver's ``rows_step`` (see _lowp.py)."""
+    import_cupy("x")
+    from ._lowp import lowp_rows_step as run
+    return run(coeffs, x, rows, values, slots, scales, master, param_fmt, state_fmt, block,
+               qmap, signed_slots, rounding, seed, t, num_threads)

@@ -8,7 +8,7 @@ whose block range holds b, so a list of a thousand small tensors is one launch.
 import cupy
 import numpy as np
 
-from . import _kernels, _layout, _source
+from . import _kernels, _layout, _lowp, _source
 from ._validation import check_step_arrays
 
 
@@ -21,7 +21,10 @@ def build_table(coeffs, xs, gs, slot_lists):
 
 def dense_step(coeffs, x, g, slots, skip_nonfinite):
     """Validate (all before any launch) and run one dense step on the GPU; returns the bool of
-    the CPU path (False: skipped by ``skip_nonfinite``)."""
+    the CPU path (False: skipped by ``skip_nonfinite``).  bfloat16 (uint16 bits) or 8-bit
+    arrays go to the low-precision kernels (_lowp.py)."""
+    if _lowp.is_lowp_call(x, g, slots):
+        return _lowp.dense_step_public(coeffs, x, g, slots, skip_nonfinite)
     xs, gs, slot_lists, dtype, device = check_step_arrays(x, g, slots)
     if dtype != np.float64:
         coeffs.check_float32()  # float32 and float16 compute in float32

@@ -20,7 +20,9 @@ _functions = {}  # (device, name expression) -> kernel
 
 
 def dtype_name(dtype):
-    return np.dtype(dtype).name
+    """A dtype's name; a str is a name already (the low-precision formats: "bfloat16" needs no
+    ml_dtypes here)."""
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
 
 
 def function(family, dtype, kind, name):

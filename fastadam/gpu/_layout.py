@@ -87,3 +87,68 @@ def sort_segments(xp, indices):
     starts = xp.flatnonzero(new).astype(np.int64)
     offsets = xp.concatenate([starts, xp.array([k], dtype=np.int64)])
     return perm, ordered[starts], offsets
+
+
+# ------------------------------------------------------------------------------------------
+# The low-precision kernels' table (kernels.cu, fa_lowp_dense / fa_lowp_rows): the coefficient
+# struct in its first HEADER_BYTES bytes, then fa_lowp_params (LOWP_PARAM_FIELDS, int32, padded
+# to LOWP_PARAMS_BYTES), then one LOWP_ENTRY_WORDS-word entry per non-empty tensor: the
+# addresses of LOWP_COLUMNS, then element count, first block, and position in the step's list.
+
+LOWP_PARAMS_BYTES = 64    # FA_LOWP_PARAMS
+LOWP_TABLE = HEADER_BYTES + LOWP_PARAMS_BYTES  # FA_LOWP_TABLE
+LOWP_ENTRY_WORDS = 16     # int64 words per fa_lowp_tensor
+LOWP_THREADS = 1024       # FA_LOWP_THREADS
+Q8_PER_THREAD = 4         # FA_Q8_PER_THREAD
+LOWP_PARAM_FIELDS = ("param_fmt", "grad_fmt", "rounding", "has_master", "signed_mask", "block",
+                     "span", "qmap", "seed_lo", "seed_hi", "t")
+LOWP_COLUMNS = ("x", "g", "master", "s0", "s1", "s2", "scale0", "scale1", "scale2")
+
+
+def lowp_threads(state_is_q8, block, row_size=None):
+    """Threads per block of the low-precision kernels, a multiple of 32: for 8-bit states the
+    fewest with which a thread holds at most Q8_PER_THREAD elements of a quantization block
+    (64 for the default block of 256); else 256 (fewer for short rows)."""
+    if state_is_q8:
+        n = -(-block // Q8_PER_THREAD)
+    else:
+        n = 256 if row_size is None else min(256, row_size)
+    return int(min(LOWP_THREADS, max(32, -(-n // 32) * 32)))
+
+
+def lowp_span(state_is_q8, block):
+    """Elements per thread block of fa_lowp_dense: CHUNK, or for 8-bit states the whole
+    quantization blocks that fit in CHUNK (at least one)."""
+    return block * max(1, CHUNK // block) if state_is_q8 else CHUNK
+
+
+def lowp_header(coeffs, params):
+    """The table's fixed part: the coefficient struct and the params (a dict with every name of
+    LOWP_PARAM_FIELDS; seed_lo, seed_hi and t are taken mod 2**32)."""
+    host = np.zeros(LOWP_TABLE, dtype=np.uint8)
+    coefficient_bytes(coeffs, host)
+    fields = host[HEADER_BYTES:LOWP_TABLE].view(np.uint32)
+    for i, name in enumerate(LOWP_PARAM_FIELDS):
+        fields[i] = int(params[name]) & 0xFFFFFFFF
+    return host
+
+
+def lowp_host_table(header, sizes, pointers, span):
+    """(uint8 table, number of entries, number of blocks) of a low-precision step: ``header``
+    from lowp_header, ``sizes`` the tensors' element counts, ``pointers`` a dict column name
+    (LOWP_COLUMNS) -> one address per tensor (a missing column is 0), ``span`` the elements
+    per thread block.  Empty tensors get no entry; each entry keeps its tensor's position."""
+    keep = [i for i, n in enumerate(sizes) if n]
+    n = len(keep)
+    host = np.zeros(LOWP_TABLE + 8 * LOWP_ENTRY_WORDS * n, dtype=np.uint8)
+    host[:LOWP_TABLE] = header
+    tab = host[LOWP_TABLE:].view(np.int64).reshape(n, LOWP_ENTRY_WORDS)
+    for col, name in enumerate(LOWP_COLUMNS):
+        if name in pointers:
+            tab[:, col] = [pointers[name][i] for i in keep]
+    kept = np.array([sizes[i] for i in keep], dtype=np.int64)
+    blocks = (kept + span - 1) // span
+    tab[:, 9] = kept
+    tab[:, 10] = np.cumsum(blocks) - blocks
+    tab[:, 11] = keep
+    return host, n, int(blocks.sum())

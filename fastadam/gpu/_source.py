@@ -33,6 +33,12 @@ DENSE_FLAGS = {kind: dense_flags(kind) for kind in KINDS.values()}
 SPARSE_FLAGS = {kind: sparse_flags(kind) for kind in KINDS.values()}
 
 
+# The state formats of the low-precision kernels (fa_lowp_*; FA_FMT_* of fastadam/lowp.h), and
+# the gradient formats of their non-finite check.
+LOWP_STATES = {"float32": 0, "bfloat16": 1, "int8": 2}
+LOWP_GRADS = {"float32": 0, "bfloat16": 1}
+
+
 def include_dir():
     """The directory that holds ``fastadam/formulas.h`` and ``fastadam/cuda/kernels.cu``."""
     here = Path(__file__).resolve().parent
@@ -69,10 +75,28 @@ def sparse_dense_name(storage, kind, flags):
     return f"fa_sparse_dense<{STORAGE[storage]}, {kind}, {flags}>"
 
 
+def lowp_dense_name(state, kind, flags):
+    return f"fa_lowp_dense<{LOWP_STATES[state]}, {kind}, {flags}>"
+
+
+def lowp_rows_name(state, kind, flags):
+    return f"fa_lowp_rows<{LOWP_STATES[state]}, {kind}, {flags}>"
+
+
+def lowp_nonfinite_name(grad):
+    return f"fa_lowp_nonfinite<{LOWP_GRADS[grad]}>"
+
+
 def module_names(family, storage, kind=None):
     """The name expressions of one compiled module.  Families: "dense" (a kind's multi-tensor
     steps for every flag combination, and the non-finite reduction), "sparse" (a kind's lazy,
-    catch-up and dense-mode sparse steps) and "segment" (the segment sum)."""
+    catch-up and dense-mode sparse steps), "segment" (the segment sum) and "lowp" (a kind's
+    low-precision dense and lazy-rows steps for the state format ``storage``, every flag
+    combination, and the non-finite reductions of both gradient formats)."""
+    if family == "lowp":
+        return ([lowp_dense_name(storage, kind, f) for f in DENSE_FLAGS[kind]]
+                + [lowp_rows_name(storage, kind, f) for f in SPARSE_FLAGS[kind]]
+                + [lowp_nonfinite_name(g) for g in LOWP_GRADS])
     if family == "dense":
         return [dense_name(storage, kind, f) for f in DENSE_FLAGS[kind]] + [nonfinite_name(storage)]
     if family == "sparse":
@@ -83,7 +107,8 @@ def module_names(family, storage, kind=None):
         return names
     if family == "segment":
         return [segment_sum_name(storage)]
-    raise ValueError(f"family: expected 'dense', 'sparse' or 'segment', got {family!r}")
+    raise ValueError(f"family: expected 'dense', 'sparse', 'segment' or 'lowp', got "
+                     f"{family!r}")
 
 
 def all_modules():
@@ -96,6 +121,9 @@ def all_modules():
                 mods.append(("sparse", storage, kind))
         if storage != "float16":
             mods.append(("segment", storage, None))
+    for state in LOWP_STATES:
+        for kind in KINDS.values():
+            mods.append(("lowp", state, kind))
     return mods
 
 

@@ -10,7 +10,7 @@ are those of fastadam/optim/_sparse_functional.py; everything is checked before 
 import cupy
 import numpy as np
 
-from . import _kernels, _layout, _source
+from . import _kernels, _layout, _lowp, _source
 from ..drivers import INDEX_TYPES, ROW_TYPES, check_rows
 from ._validation import check_array, check_disjoint, check_device_array, import_cupy
 
@@ -90,8 +90,11 @@ def _gradient_rows(x, grad):
 
 
 def sparse_step(coeffs, x, grad, slots, t, mode, last_step):
-    """One sparse step on the GPU (mode and t already checked by the caller)."""
+    """One sparse step on the GPU (mode and t already checked by the caller); bfloat16
+    (uint16) or 8-bit arrays go to the low-precision lazy rows step (_lowp.py)."""
     import_cupy("x")
+    if _lowp.is_lowp_call(x, None, slots):
+        return lowp_sparse_step(coeffs, x, grad, slots, t, mode, last_step)
     x = check_array(cupy, x, "x")
     device = x.device.id
     if x.ndim < 1:
@@ -161,3 +164,39 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step):
                (coeff_dev, x, st0, st1, np.int64(row_size), values, perm, offsets, rows,
                 np.int64(nseg), last_step if catchup else perm, np.int64(t)))
         return None
+
+
+def lowp_sparse_step(coeffs, x, grad, slots, t, mode, last_step):
+    """sparse_step when _lowp.is_lowp_call (bfloat16 or 8-bit arrays): lazy mode only;
+    duplicate indices are summed (deterministically, as segment_sum), then
+    _lowp.lowp_rows_step on the table seen as (rows, row size)."""
+    if mode != "lazy":
+        raise ValueError(f"mode: low-precision sparse steps are lazy only, got {mode!r}")
+    if last_step is not None:
+        raise ValueError("last_step: only used in catchup mode")
+    param_fmt = _lowp._array_format(x, "x")
+    if x.ndim < 2:
+        raise ValueError(f"x: a low-precision sparse step updates rows of a table of 2 or more "
+                         f"dimensions, got shape {x.shape}")
+    n_rows = x.shape[0]
+    row_size = x.size // n_rows if n_rows else 0
+    state_fmt, codes, scales, block, qmap, signed = _lowp._slot_formats(
+        [(n, [a]) for n, a in slots], lambda base, i: base)
+    caller_indices, values = _gradient_rows(x, grad)
+    indices = check_indices(caller_indices, "indices", n_rows, x.device.id)
+    values = check_values(values, "values", indices.shape[0], x.shape[1:],
+                          np.dtype(np.float32), x.device.id)
+    # the arrays as (rows, row size) views: checked C-contiguous first (a reshaped copy
+    # would take the update instead of them)
+    _lowp._check_typed(x, "x", param_fmt, None, None)
+    for (n, _), (a,) in zip(slots, codes):
+        label = n if state_fmt != _lowp.Q8 else f"{n}.codes"
+        _lowp._check_typed(a, label, state_fmt, x.shape, x.device.id)
+    tables = [a.reshape(n_rows, row_size) for (a,) in codes]
+    with cupy.cuda.Device(x.device.id):
+        rows, sums = segment_sum(indices, values)
+        _lowp.lowp_rows_step(coeffs, x.reshape(n_rows, row_size), rows,
+                             sums.reshape(rows.shape[0], row_size), tables,
+                             [lst[0] for lst in scales], None, param_fmt, state_fmt, block,
+                             qmap, signed, 0, 0, t)
+    return None

@@ -298,3 +298,307 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
         }
     }
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Low-precision formats (issue 24).  The formats, conversions, stochastic-rounding bits, maps
+ * and code search are fastadam/lowp.h's (shared with the CPU kernels, lowp.c); the update is the
+ * optimizer's fa_<name>_math_f32.  Every element is computed in float32, so the bits equal the
+ * CPU driver's (fastadam/_core/_lowp.pyx): bfloat16 or 8-bit block-quantized state slots,
+ * float32 or bfloat16 parameters (nearest or stochastic rounding, or a float32 master copy that
+ * is the x updated, its nearest bfloat16 written beside it), float32 or bfloat16 gradients.
+ *
+ *   fa_lowp_dense<SF, KIND, FLAGS>(table, ntensors, skip, check_skip)
+ *       The dense step of a list of tensors with state format SF (FA_FMT_F32, _BF16, _Q8), one
+ *       launch.  `table` (laid out by fastadam/gpu/_layout.py): the coefficient struct in its
+ *       first FA_CUDA_HEADER bytes, then an fa_lowp_params (FA_LOWP_PARAMS bytes), then
+ *       `ntensors` fa_lowp_tensor entries (increasing block0).  Block b updates elements
+ *       [(b - block0) * span, +span) of its tensor: with SF == FA_FMT_Q8, span is a multiple
+ *       of the quantization block (about FA_CUDA_CHUNK elements, so that the maps are copied to
+ *       shared memory once per span) and the thread block does its quantization blocks one
+ *       after another (dequantize, update, keep the new states in registers, reduce the block's
+ *       absmax by warp shuffles and shared memory, requantize); otherwise span = FA_CUDA_CHUNK.
+ *       blockDim.x is a multiple of 32, <= FA_LOWP_THREADS, and for
+ *       FA_FMT_Q8 blockDim.x * FA_Q8_PER_THREAD >= the quantization block.  If check_skip and
+ *       *skip != 0, nothing is written.
+ *   fa_lowp_rows<SF, KIND, FLAGS>(table, rows, nrows, row_size)
+ *       The lazy sparse step: the table's one entry is the (R, row_size) parameter table, its g
+ *       the (nrows, row_size) coalesced float32 gradient rows of the sorted distinct `rows`.
+ *       Block b (looping by gridDim) updates part b % parts of row rows[b / parts], where
+ *       parts = row_size / block for FA_FMT_Q8 (the block divides row_size), else 1.
+ *   fa_lowp_nonfinite<GF>(table, ntensors, grad_scale, flag)
+ *       fa_nonfinite over the low-precision table: gradients in format GF (float32 or bfloat16),
+ *       converted to float32 and divided by (float)grad_scale, as the CPU driver checks them.
+ * Stochastic rounding: element j (flat index in its tensor; row * row_size + column for the
+ * rows step) of the tensor at position `index` rounds with fa_sr_bits(K, j), K = fa_sr_key(seed,
+ * t, index): nothing else enters.
+ * The 8-bit scale of a block is the largest |y| taken as an integer max of the bits without
+ * the sign (exact and independent of the reduction's order; a NaN wins, as in lowp.c).
+ * ------------------------------------------------------------------------------------------ */
+#include "fastadam/lowp.h"
+
+#define FA_LOWP_PARAMS 64   /* bytes of fa_lowp_params after the coefficient struct */
+#define FA_LOWP_TABLE 192   /* FA_CUDA_HEADER + FA_LOWP_PARAMS: the first tensor entry */
+#define FA_LOWP_THREADS 1024 /* the most threads per block of the low-precision kernels */
+#define FA_Q8_PER_THREAD 4   /* the most elements of one quantization block per thread */
+/* The kernels below are compiled with __launch_bounds__(FA_LOWP_THREADS), so that a launch with
+ * that many threads (8-bit blocks of 4096) never asks for more registers than a block has. */
+
+typedef struct {
+    int param_fmt;   /* FA_FMT_F32 or FA_FMT_BF16 */
+    int grad_fmt;    /* FA_FMT_F32 or FA_FMT_BF16 */
+    int rounding;    /* FA_ROUND_NEAREST or FA_ROUND_STOCHASTIC (bf16 parameters, no master) */
+    int has_master;  /* bf16 parameters with a float32 master copy */
+    int signed_mask; /* bit s: slot s takes the signed map (FA_FMT_Q8) */
+    int block;       /* quantization block (FA_FMT_Q8) */
+    int span;        /* elements per thread block of fa_lowp_dense */
+    int qmap;        /* FA_MAP_DYNAMIC or FA_MAP_LINEAR */
+    fa_u32 seed_lo, seed_hi, t; /* stochastic rounding: the seed's halves, the step (mod 2^32) */
+    int unused[5];
+} fa_lowp_params;
+
+/* One tensor of a low-precision table (16 words). */
+typedef struct {
+    fa_i64 x, g, master;        /* device addresses; master 0 when none */
+    fa_i64 s[FA_MAX_SLOTS];     /* state slots (uint8 codes for FA_FMT_Q8); unused ones 0 */
+    fa_i64 scale[FA_MAX_SLOTS]; /* float32 scale per quantization block (FA_FMT_Q8) */
+    fa_i64 n;                   /* elements, >= 1 */
+    fa_i64 block0;              /* first thread block of this tensor (fa_lowp_dense) */
+    fa_i64 index;               /* the tensor's position in the step's list (0: rows step) */
+    fa_i64 unused[4];
+} fa_lowp_tensor;
+
+static __device__ __forceinline__ const fa_lowp_params *fa_lowp_params_of(const unsigned char *t)
+{
+    return (const fa_lowp_params *)(t + FA_CUDA_HEADER);
+}
+
+static __device__ __forceinline__ const fa_lowp_tensor *fa_lowp_find(const unsigned char *table,
+                                                                     int ntensors, fa_i64 b)
+{
+    const fa_lowp_tensor *tab = (const fa_lowp_tensor *)(table + FA_LOWP_TABLE);
+    int lo = 0, hi = ntensors - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        if (tab[mid].block0 <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return tab + lo;
+}
+
+/* Element i of a float32 or bfloat16 array, as float32. */
+static __device__ __forceinline__ float fa_lowp_load(const void *p, int fmt, fa_i64 i)
+{
+    if (fmt == FA_FMT_BF16) return fa_bf16_to_f32(((const fa_u16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* The parameter of element i as the formula reads it: the master when there is one. */
+static __device__ __forceinline__ float fa_lowp_load_x(const fa_lowp_params *p,
+                                                       const fa_lowp_tensor *e, fa_i64 i)
+{
+    if (p->has_master) return ((const float *)e->master)[i];
+    return fa_lowp_load((const void *)e->x, p->param_fmt, i);
+}
+
+/* Write the new parameter of element i: float32; bf16 nearest or stochastic (with the tensor's
+ * rounding key, fa_lowp_key); or the master and its nearest bf16 copy. */
+static __device__ __forceinline__ void fa_lowp_store_x(const fa_lowp_params *p,
+                                                       const fa_lowp_tensor *e, fa_u32 key,
+                                                       fa_i64 i, float x)
+{
+    if (p->param_fmt == FA_FMT_F32) {
+        ((float *)e->x)[i] = x;
+        return;
+    }
+    fa_u16 *xb = (fa_u16 *)e->x;
+    if (p->has_master) {
+        ((float *)e->master)[i] = x;
+        xb[i] = fa_bf16_nearest(x);
+    } else if (p->rounding == FA_ROUND_STOCHASTIC) {
+        xb[i] = fa_bf16_stochastic(x, fa_sr_bits(key, (fa_u32)i));
+    } else {
+        xb[i] = fa_bf16_nearest(x);
+    }
+}
+
+/* The stochastic-rounding key of tensor e in this step (once per thread block). */
+static __device__ __forceinline__ fa_u32 fa_lowp_key(const fa_lowp_params *p,
+                                                     const fa_lowp_tensor *e)
+{
+    return fa_sr_key(p->seed_lo, p->seed_hi, p->t, (fa_u32)e->index);
+}
+
+/* Elements [begin, end) of tensor e with float32 or bfloat16 states (SF); the gradient of
+ * element i is gbase[i - gorigin], in format gfmt. */
+template <int SF, int KIND, int FLAGS>
+static __device__ __forceinline__ void fa_lowp_elementwise(
+    const typename fa_opt<KIND, float>::Kc *k, const fa_lowp_params *p, const fa_lowp_tensor *e,
+    fa_u32 key, const void *gbase, fa_i64 gorigin, int gfmt, fa_i64 begin, fa_i64 end)
+{
+    const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
+    for (fa_i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        float st[FA_MAX_SLOTS] = {0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < nslots; s++) st[s] = fa_lowp_load((const void *)e->s[s], SF, i);
+        float x = fa_lowp_load_x(p, e, i);
+        const float g = fa_lowp_load(gbase, gfmt, i - gorigin);
+        fa_opt<KIND, float>::apply(k, FLAGS, g, &x, &st[0], &st[1], &st[2]);
+        for (int s = 0; s < nslots; s++) {
+            if (SF == FA_FMT_BF16) ((fa_u16 *)e->s[s])[i] = fa_bf16_nearest(st[s]);
+            else ((float *)e->s[s])[i] = st[s];
+        }
+        fa_lowp_store_x(p, e, key, i, x);
+    }
+}
+
+/* The maps and thresholds of both signs, copied to shared memory by the whole block. */
+typedef struct {
+    float map[2][256]; /* [0] unsigned, [1] signed */
+    float thr[2][256];
+} fa_lowp_maps;
+
+static __device__ __forceinline__ void fa_lowp_load_maps(int qmap, fa_lowp_maps *to)
+{
+    for (int i = threadIdx.x; i < 2 * 256; i += blockDim.x) {
+        to->map[i >> 8][i & 255] = fa_lowp_map(qmap, i >> 8)[i & 255];
+        to->thr[i >> 8][i & 255] = fa_lowp_thresholds(qmap, i >> 8)[i & 255];
+    }
+    __syncthreads();
+}
+
+/* The largest v of the 32 lanes of a warp, in every lane (all lanes call it). */
+static __device__ __forceinline__ fa_u32 fa_lowp_warp_max(fa_u32 v)
+{
+    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
+        const fa_u32 other = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+/* One quantization block [begin, begin + len) of tensor e with 8-bit states; the gradient of
+ * element i is gbase[i - gorigin].  Every thread of the block calls it (it holds barriers). */
+template <int KIND, int FLAGS>
+static __device__ __forceinline__ void fa_lowp_q8_block(
+    const typename fa_opt<KIND, float>::Kc *k, const fa_lowp_params *p, const fa_lowp_maps *maps,
+    const fa_lowp_tensor *e, fa_u32 key, const void *gbase, fa_i64 gorigin, int gfmt,
+    fa_i64 begin, int len)
+{
+    const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
+    const fa_i64 qb = begin / p->block;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    __shared__ fa_u32 warp_peak[FA_MAX_SLOTS][FA_LOWP_THREADS / 32];
+    float scale[FA_MAX_SLOTS];
+    fa_u32 peak[FA_MAX_SLOTS] = {0u, 0u, 0u};
+    for (int s = 0; s < nslots; s++) scale[s] = ((const float *)e->scale[s])[qb];
+    float y[FA_Q8_PER_THREAD][FA_MAX_SLOTS];
+#pragma unroll
+    for (int q = 0; q < FA_Q8_PER_THREAD; q++) {
+        const int at = q * nt + tid;
+        if (at >= len) break;
+        const fa_i64 i = begin + at;
+        float st[FA_MAX_SLOTS] = {0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < nslots; s++)
+            st[s] = fa_lowp_dequantize(((const fa_u8 *)e->s[s])[i], scale[s],
+                                       maps->map[(p->signed_mask >> s) & 1]);
+        float x = fa_lowp_load_x(p, e, i);
+        const float g = fa_lowp_load(gbase, gfmt, i - gorigin);
+        fa_opt<KIND, float>::apply(k, FLAGS, g, &x, &st[0], &st[1], &st[2]);
+        fa_lowp_store_x(p, e, key, i, x);
+        for (int s = 0; s < nslots; s++) {
+            const fa_u32 a = fa_f32_bits(st[s]) & 0x7fffffffu;
+            y[q][s] = st[s];
+            peak[s] = a > peak[s] ? a : peak[s];
+        }
+    }
+    /* the block's absmax of each slot: within each warp by shuffles, then every warp reduces
+     * the warps' maxima the same way (all threads take part: no divergent shuffle) */
+    const int lane = tid & 31, nwarps = nt >> 5;
+    for (int s = 0; s < nslots; s++) {
+        const fa_u32 w = fa_lowp_warp_max(peak[s]);
+        if (lane == 0) warp_peak[s][tid >> 5] = w;
+    }
+    __syncthreads();
+    float inv[FA_MAX_SLOTS];
+    for (int s = 0; s < nslots; s++) {
+        scale[s] = fa_bits_f32(fa_lowp_warp_max(lane < nwarps ? warp_peak[s][lane] : 0u));
+        inv[s] = fa_lowp_inverse(scale[s]);
+    }
+    __syncthreads(); /* warp_peak is rewritten by the next quantization block */
+#pragma unroll
+    for (int q = 0; q < FA_Q8_PER_THREAD; q++) {
+        const int at = q * nt + tid;
+        if (at >= len) break;
+        for (int s = 0; s < nslots; s++)
+            ((fa_u8 *)e->s[s])[begin + at] =
+                fa_lowp_quantize(y[q][s], inv[s], maps->thr[(p->signed_mask >> s) & 1]);
+    }
+    if (tid == 0)
+        for (int s = 0; s < nslots; s++) ((float *)e->scale[s])[qb] = scale[s];
+}
+
+template <int SF, int KIND, int FLAGS>
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_dense(const unsigned char *table, int ntensors, const int *skip,
+                              int check_skip)
+{
+    if (check_skip && *skip) return;
+    const fa_lowp_params *p = fa_lowp_params_of(table);
+    const fa_lowp_tensor *e = fa_lowp_find(table, ntensors, (fa_i64)blockIdx.x);
+    const fa_i64 begin = ((fa_i64)blockIdx.x - e->block0) * p->span;
+    const fa_i64 end = begin + p->span < e->n ? begin + p->span : e->n;
+    const typename fa_opt<KIND, float>::Kc k = fa_opt<KIND, float>::prepare(table);
+    const fa_u32 key = fa_lowp_key(p, e);
+    if (SF == FA_FMT_Q8) {
+        __shared__ fa_lowp_maps maps;
+        fa_lowp_load_maps(p->qmap, &maps);
+        for (fa_i64 at = begin; at < end; at += p->block)
+            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, key, (const void *)e->g, 0,
+                                          p->grad_fmt, at,
+                                          (int)(end - at < p->block ? end - at : p->block));
+    } else {
+        fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, key, (const void *)e->g, 0, p->grad_fmt,
+                                             begin, end);
+    }
+}
+
+template <int SF, int KIND, int FLAGS>
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_rows(const unsigned char *table, const fa_i64 *rows, fa_i64 nrows,
+                             fa_i64 row_size)
+{
+    const fa_lowp_params *p = fa_lowp_params_of(table);
+    const fa_lowp_tensor *e = fa_lowp_find(table, 1, 0);
+    const fa_i64 parts = SF == FA_FMT_Q8 ? row_size / p->block : 1;
+    const typename fa_opt<KIND, float>::Kc k = fa_opt<KIND, float>::prepare(table);
+    const fa_u32 key = fa_lowp_key(p, e);
+    if (SF == FA_FMT_Q8) {
+        __shared__ fa_lowp_maps maps;
+        fa_lowp_load_maps(p->qmap, &maps);
+        for (fa_i64 b = blockIdx.x; b < nrows * parts; b += gridDim.x) {
+            const fa_i64 ri = b / parts, origin = rows[ri] * row_size;
+            fa_lowp_q8_block<KIND, FLAGS>(&k, p, &maps, e, key,
+                                          (const float *)e->g + ri * row_size, origin,
+                                          FA_FMT_F32, origin + (b % parts) * p->block, p->block);
+        }
+    } else {
+        for (fa_i64 ri = blockIdx.x; ri < nrows; ri += gridDim.x) {
+            const fa_i64 origin = rows[ri] * row_size;
+            fa_lowp_elementwise<SF, KIND, FLAGS>(&k, p, e, key,
+                                                 (const float *)e->g + ri * row_size, origin,
+                                                 FA_FMT_F32, origin, origin + row_size);
+        }
+    }
+}
+
+template <int GF>
+__global__ void __launch_bounds__(FA_LOWP_THREADS) fa_lowp_nonfinite(const unsigned char *table, int ntensors, double grad_scale,
+                                  int *flag)
+{
+    const fa_lowp_params *p = fa_lowp_params_of(table);
+    const fa_lowp_tensor *e = fa_lowp_find(table, ntensors, (fa_i64)blockIdx.x);
+    const fa_i64 begin = ((fa_i64)blockIdx.x - e->block0) * p->span;
+    const fa_i64 end = begin + p->span < e->n ? begin + p->span : e->n;
+    const float s = (float)grad_scale;
+    int bad = 0;
+    for (fa_i64 i = begin + threadIdx.x; i < end; i += blockDim.x)
+        bad |= !fa_is_finite(fa_lowp_load((const void *)e->g, GF, i) / s);
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(flag, 1);
+}

@@ -181,6 +181,9 @@ class _Kernel:
         m = re.fullmatch(r"(\w+)<(.*)>", name)
         self.base = m.group(1)
         params = [p.strip() for p in m.group(2).split(",")]
+        if self.base.startswith("fa_lowp_"):  # every template argument is an int
+            self.storage, self.template = None, [int(p) for p in params]
+            return
         self.storage = _STORAGE[params[0]]
         self.template = [int(p) for p in params[1:]]
 
@@ -210,6 +213,15 @@ class _Kernel:
             lib.emu_sparse(s, tp[0], tp[1], 1, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                            a[8], a[9], ctypes.c_longlong(0), ctypes.c_void_p(0),
                            ctypes.c_longlong(0), threads)
+        elif self.base == "fa_lowp_dense":
+            assert len(a) == 4
+            lib.emu_lowp_dense(tp[0], tp[1], tp[2], a[0], a[1], nblocks, a[2], a[3], threads)
+        elif self.base == "fa_lowp_rows":
+            assert len(a) == 4
+            lib.emu_lowp_rows(tp[0], tp[1], tp[2], a[0], a[1], a[2], a[3], nblocks, threads)
+        elif self.base == "fa_lowp_nonfinite":
+            assert len(a) == 4
+            lib.emu_lowp_nonfinite(tp[0], a[0], a[1], nblocks, a[2], a[3])
         else:
             raise NotImplementedError(self.base)
 
