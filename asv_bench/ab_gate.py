@@ -53,6 +53,7 @@ CASES = {
     "step_inplace/list100x1000": 40,
     "sparse/lazy/zipf/row64": 20,
     "segment_sum/zipf": 20,
+    "onnx/session_step/mlp64x64x10/b64": 50,
 }
 # FASTADAM_AB_SLOWDOWN="case=1.3" makes a candidate worker run 1.3x the calls of that case
 # and report them as one batch: a slowdown the gate's own test injects.
