@@ -39,7 +39,7 @@ static int fa_build_bins(const float *thr, fa_u32 *bins)
     for (fa_u32 s = 0; s < 2; s++) {
         for (fa_u32 eb = 0; eb < FA_BIN_EXPS; eb++) {
             for (fa_u32 m7 = 0; m7 < 128; m7++) {
-                fa_u32 *entry = &bins[((s * FA_BIN_EXPS + eb) << 7) | m7];
+                fa_u32 *entry = &bins[(eb << 8) | (s << 7) | m7];
                 fa_u32 lo, hi;
                 if (eb == 0) { /* every float below 2^-24 in magnitude, zero included */
                     lo = s << 31;
@@ -86,12 +86,13 @@ int fa_lowp_init(void)
 static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins, float q)
 {
     const fa_u32 u = fa_f32_bits(q);
-    const int s = (int)(u >> 31);
     int e = (int)((u >> 23) & 0xffu) - FA_BIN_EXP0;
     e = e < 0 ? 0 : e;
     e = e > FA_BIN_EXPS - 1 ? FA_BIN_EXPS - 1 : e;
-    const fa_u32 entry = bins[((s * FA_BIN_EXPS + e) << 7) | (int)((u >> 16) & 0x7fu)];
-    const int low = (int)((u ^ (0u - (fa_u32)s)) & 0xffffu);
+    /* index: binade, sign, top 7 mantissa bits; the sign and mantissa bits are bits 7..0 of
+     * u >> 16 with the exponent's bits removed */
+    const fa_u32 entry = bins[(fa_u32)(e << 8) | ((u >> 24) & 0x80u) | ((u >> 16) & 0x7fu)];
+    const int low = (int)((u ^ (fa_u32)((int)u >> 31)) & 0xffffu);
     const int code = (int)(entry >> 16) + (low > (int)(entry & 0xffffu));
     return q == q ? code : 0;
 }
