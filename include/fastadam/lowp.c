@@ -97,6 +97,23 @@ static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins
     return q == q ? code : 0;
 }
 
+/* lowp.h's fa_bf16_nearest in fewer vector operations: a NaN (v != v: all-ones mask) adds
+ * nothing and gets the quiet bit (bit 22, which >> 16 makes 0x0040) before the shift. */
+static inline __attribute__((always_inline)) fa_u16 fa_nearest_bits(float v)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & (0x7fffu + ((u >> 16) & 1u)))) | (nan & 0x00400000u)) >> 16);
+}
+
+/* lowp.h's fa_bf16_stochastic likewise, with 16 random bits r. */
+static inline __attribute__((always_inline)) fa_u16 fa_stochastic_bits(float v, fa_u32 r)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & r)) | (nan & 0x00400000u)) >> 16);
+}
+
 /* ---- format loops (one tile) ------------------------------------------------------------- */
 
 FA_DISPATCH
@@ -112,9 +129,7 @@ static void fa_store_bf16(const float *restrict src, fa_u16 *restrict dst, ptrdi
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
+        dst[i] = fa_nearest_bits(src[i]);
     }
 }
 FA_CLONES(fa_store_bf16);
@@ -125,9 +140,7 @@ static void fa_store_bf16_sr(const float *restrict src, fa_u16 *restrict dst, pt
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = fa_hash32(key + j0 + (fa_u32)i) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : (u + r) >> 16);
+        dst[i] = fa_stochastic_bits(src[i], fa_hash32(key + j0 + (fa_u32)i) >> 16);
     }
 }
 FA_CLONES(fa_store_bf16_sr);
@@ -185,11 +198,7 @@ static inline __attribute__((always_inline)) void fa_slot_st(void *p, ptrdiff_t 
                                                              const int SB)
 {
     if (SB) {
-        /* lowp.h's nearest even: a NaN (v != v) adds nothing and gets the quiet bit */
-        const fa_u32 u = fa_f32_bits(v);
-        const int nan = v != v;
-        const fa_u32 t = u + (nan ? 0u : 0x7fffu + ((u >> 16) & 1u));
-        ((fa_u16 *)p)[i] = (fa_u16)((t >> 16) | (nan ? 0x0040u : 0u));
+        ((fa_u16 *)p)[i] = fa_nearest_bits(v);
     } else {
         ((float *)p)[i] = v;
     }
