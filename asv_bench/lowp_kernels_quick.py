@@ -20,7 +20,7 @@ import fastadam
 from fastadam._core import _lowp
 from fastadam._core._registry import spec
 
-BYTES = {"float32": 28, "bf16 states": 20, "int8 states": 16, "int8 + bf16 x, g + SR": 10,
+BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12, "int8 states": 16, "int8 + bf16 x, g + SR": 10,
          "int8 + bf16 x + f32 master": 18}
 
 
@@ -54,6 +54,8 @@ def main():
         cases[("float32", nt)] = lambda nt=nt: fastadam.step_inplace(
             x, g, m32, v32, 1, lr=1e-3, convention="torch", num_threads=nt)
         cases[("bf16 states", nt)] = lowp([x], [g], F32, F32, BF16, [[mb], [vb]], [], [], 0, nt)
+        cases[("bf16 x, g, states", nt)] = lowp([xb], [gb], BF16, BF16, BF16, [[mb], [vb]], [], [],
+                                                0, nt)
         cases[("int8 states", nt)] = lowp([x], [g], F32, F32, Q8, [[mq], [vq]], [[ms], [vs]], [],
                                           0, nt)
         cases[("int8 + bf16 x, g + SR", nt)] = lowp([xb], [gb], BF16, BF16, Q8, [[mq], [vq]],

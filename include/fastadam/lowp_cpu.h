@@ -27,7 +27,7 @@
 /* The most elements of one tile (the largest block size). */
 #define FA_LOWP_MAX_BLOCK 4096
 
-typedef void (*fa_lowp_elems_fn)(float *x, const float *g, void *s0, void *s1, void *s2,
+typedef void (*fa_lowp_elems_fn)(void *x, const void *g, void *s0, void *s1, void *s2,
                                  ptrdiff_t n, const void *k, int flags);
 
 /* One call's fixed facts.  Filled by fa_lowp_prepare. */
@@ -37,6 +37,7 @@ typedef struct {
     int block;                          /* FA_FMT_Q8: elements per scale */
     int rounding;                       /* FA_ROUND_*: bf16 x without a master */
     int has_master;                     /* x is BF16 and a float32 master is the x updated */
+    int direct;                         /* elems reads and writes the chunk's arrays (no staging) */
     const float *map[FA_MAX_SLOTS];     /* FA_FMT_Q8: each slot's map values */
     const fa_u32 *bins[FA_MAX_SLOTS];   /* FA_FMT_Q8: each slot's code bins */
     fa_lowp_elems_fn elems;             /* the optimizer's element loop at this CPU level */
