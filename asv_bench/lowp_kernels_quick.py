@@ -1,12 +1,15 @@
 """Low-precision state kernels (issue 24) beside the float32 step: one process, interleaved
 rounds, medians.  A quick check for the kernel author; the official report is lowbench's.
 
-    python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2]
+    python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2] [--cpu-time]
 
-Adam (torch convention), float32 gradients unless said, block 256, dynamic map.  Each round
+Adam (torch convention), float32 gradients unless said ("bf16 x, g, states": everything
+bfloat16, x rounded to nearest), block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
-per element of the float32 step over the bytes the case moves).
+per element of the float32 step over the bytes the case moves).  --cpu-time times each call by
+the process's CPU time instead of the wall clock: on a shared machine it leaves out the time the
+process waits for a core (with 2+ threads it is the threads' sum, so use it for 1 thread).
 """
 import argparse
 import statistics
@@ -18,8 +21,8 @@ import fastadam
 from fastadam._core import _lowp
 from fastadam._core._registry import spec
 
-BYTES = {"float32": 28, "bf16 states": 20, "int8 states": 16, "int8 + bf16 x, g + SR": 10,
-         "int8 + bf16 x + f32 master": 18}
+BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12, "int8 states": 16,
+         "int8 + bf16 x, g + SR": 10, "int8 + bf16 x + f32 master": 18}
 
 
 def main():
@@ -27,6 +30,7 @@ def main():
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--cpu-time", action="store_true")
     args = ap.parse_args()
     n, block = args.n, 256
     rng = np.random.default_rng(0)
@@ -51,21 +55,25 @@ def main():
         cases[("float32", nt)] = lambda nt=nt: fastadam.step_inplace(
             x, g, m32, v32, 1, lr=1e-3, convention="torch", num_threads=nt)
         cases[("bf16 states", nt)] = lowp([x], [g], F32, F32, BF16, [[mb], [vb]], [], [], 0, nt)
+        cases[("bf16 x, g, states", nt)] = lowp([xb], [gb], BF16, BF16, BF16, [[mb], [vb]], [], [],
+                                                0, nt)
         cases[("int8 states", nt)] = lowp([x], [g], F32, F32, Q8, [[mq], [vq]], [[ms], [vs]], [],
                                           0, nt)
         cases[("int8 + bf16 x, g + SR", nt)] = lowp([xb], [gb], BF16, BF16, Q8, [[mq], [vq]],
                                                     [[ms], [vs]], [], 1, nt)
         cases[("int8 + bf16 x + f32 master", nt)] = lowp([xb], [g], BF16, F32, Q8, [[mq], [vq]],
                                                          [[ms], [vs]], [master], 0, nt)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for f in cases.values():
         f()
     times = {k: [] for k in cases}
     for _ in range(args.rounds):
         for k, f in cases.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
-            times[k].append(time.perf_counter() - t0)
-    print(f"n = {n}, {args.rounds} rounds, CPU level {_lowp.simd_level_in_use()}")
+            times[k].append(clock() - t0)
+    print(f"n = {n}, {args.rounds} rounds, CPU level {_lowp.simd_level_in_use()}, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
     for nt in args.threads:
         base = statistics.median(times[("float32", nt)])
         for name in BYTES:

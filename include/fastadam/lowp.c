@@ -39,7 +39,7 @@ static int fa_build_bins(const float *thr, fa_u32 *bins)
     for (fa_u32 s = 0; s < 2; s++) {
         for (fa_u32 eb = 0; eb < FA_BIN_EXPS; eb++) {
             for (fa_u32 m7 = 0; m7 < 128; m7++) {
-                fa_u32 *entry = &bins[((s * FA_BIN_EXPS + eb) << 7) | m7];
+                fa_u32 *entry = &bins[(eb << 8) | (s << 7) | m7];
                 fa_u32 lo, hi;
                 if (eb == 0) { /* every float below 2^-24 in magnitude, zero included */
                     lo = s << 31;
@@ -86,14 +86,32 @@ int fa_lowp_init(void)
 static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins, float q)
 {
     const fa_u32 u = fa_f32_bits(q);
-    const int s = (int)(u >> 31);
     int e = (int)((u >> 23) & 0xffu) - FA_BIN_EXP0;
     e = e < 0 ? 0 : e;
     e = e > FA_BIN_EXPS - 1 ? FA_BIN_EXPS - 1 : e;
-    const fa_u32 entry = bins[((s * FA_BIN_EXPS + e) << 7) | (int)((u >> 16) & 0x7fu)];
-    const int low = (int)((u ^ (0u - (fa_u32)s)) & 0xffffu);
+    /* index: binade, sign, top 7 mantissa bits; the sign and mantissa bits are bits 7..0 of
+     * u >> 16 with the exponent's bits removed */
+    const fa_u32 entry = bins[(fa_u32)(e << 8) | ((u >> 24) & 0x80u) | ((u >> 16) & 0x7fu)];
+    const int low = (int)((u ^ (fa_u32)((int)u >> 31)) & 0xffffu);
     const int code = (int)(entry >> 16) + (low > (int)(entry & 0xffffu));
     return q == q ? code : 0;
+}
+
+/* lowp.h's fa_bf16_nearest in fewer vector operations: a NaN (v != v: all-ones mask) adds
+ * nothing and gets the quiet bit (bit 22, which >> 16 makes 0x0040) before the shift. */
+static inline __attribute__((always_inline)) fa_u16 fa_nearest_bits(float v)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & (0x7fffu + ((u >> 16) & 1u)))) | (nan & 0x00400000u)) >> 16);
+}
+
+/* lowp.h's fa_bf16_stochastic likewise, with 16 random bits r. */
+static inline __attribute__((always_inline)) fa_u16 fa_stochastic_bits(float v, fa_u32 r)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & r)) | (nan & 0x00400000u)) >> 16);
 }
 
 /* ---- format loops (one tile) ------------------------------------------------------------- */
@@ -111,9 +129,7 @@ static void fa_store_bf16(const float *restrict src, fa_u16 *restrict dst, ptrdi
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
+        dst[i] = fa_nearest_bits(src[i]);
     }
 }
 FA_CLONES(fa_store_bf16);
@@ -124,9 +140,7 @@ static void fa_store_bf16_sr(const float *restrict src, fa_u16 *restrict dst, pt
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = fa_hash32(key + j0 + (fa_u32)i) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : (u + r) >> 16);
+        dst[i] = fa_stochastic_bits(src[i], fa_hash32(key + j0 + (fa_u32)i) >> 16);
     }
 }
 FA_CLONES(fa_store_bf16_sr);
@@ -170,39 +184,84 @@ FA_CLONES(fa_store_q8);
 
 /* ---- element loops: one per optimizer and flag combination -------------------------------- */
 
+/* A state slot's element i in its format SB (0: float32, 1: bfloat16 bits), read and written
+ * inline so that one vector loop does the conversions (bf16 -> f32 is a shift, f32 -> bf16 the
+ * nearest-even rounding of lowp.h, bit for bit). */
+static inline __attribute__((always_inline)) float fa_slot_ld(const void *p, ptrdiff_t i,
+                                                              const int SB)
+{
+    if (SB) return fa_bits_f32((fa_u32)((const fa_u16 *)p)[i] << 16);
+    return ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) void fa_slot_st(void *p, ptrdiff_t i, float v,
+                                                             const int SB)
+{
+    if (SB) {
+        ((fa_u16 *)p)[i] = fa_nearest_bits(v);
+    } else {
+        ((float *)p)[i] = v;
+    }
+}
+
+/* XB: x and g are bfloat16 too (x rounded to nearest even), else float32. */
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     static inline __attribute__((always_inline)) void name##_lowp_loop(                        \
-        float *restrict x, const float *restrict g, float *restrict s0, float *restrict s1,    \
-        float *restrict s2, ptrdiff_t n, const fa_##name##_k_f32 *k, const int FLAGS)          \
+        void *restrict x, const void *restrict g, void *restrict s0, void *restrict s1,        \
+        void *restrict s2, ptrdiff_t n, const fa_##name##_k_f32 *k, const int FLAGS,           \
+        const int SB, const int XB)                                                            \
     {                                                                                          \
         const int nslots = fa_##name##_nslots(FLAGS);                                          \
         _Pragma("omp simd")                                                                    \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            float xi = x[i], a = s0[i], b = 0, c = 0;                                          \
-            if (nslots > 1) b = s1[i];                                                         \
-            if (nslots > 2) c = s2[i];                                                         \
-            fa_##name##_math_f32(k, FLAGS, g[i], &xi, &a, &b, &c);                             \
-            if (nslots > 2) s2[i] = c;                                                         \
-            if (nslots > 1) s1[i] = b;                                                         \
-            s0[i] = a;                                                                         \
-            x[i] = xi;                                                                         \
+            float xi = fa_slot_ld(x, i, XB), a = fa_slot_ld(s0, i, SB), b = 0, c = 0;          \
+            if (nslots > 1) b = fa_slot_ld(s1, i, SB);                                         \
+            if (nslots > 2) c = fa_slot_ld(s2, i, SB);                                         \
+            fa_##name##_math_f32(k, FLAGS, fa_slot_ld(g, i, XB), &xi, &a, &b, &c);             \
+            if (nslots > 2) fa_slot_st(s2, i, c, SB);                                          \
+            if (nslots > 1) fa_slot_st(s1, i, b, SB);                                          \
+            fa_slot_st(s0, i, a, SB);                                                          \
+            fa_slot_st(x, i, xi, XB);                                                          \
         }                                                                                      \
     }
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 
-#define FA_LOWP_CASE(F, name) name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F)
+/* Per optimizer three element loops: float32 slots (also the stage buffers of 8-bit states),
+ * bfloat16 slots converted inline, and everything bfloat16 (x, g and slots; x nearest). */
+#define FA_LOWP_CASE(F, name)                                                                  \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 0, 0)
+#define FA_LOWP_CASE_BF16(F, name)                                                             \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1, 0)
+#define FA_LOWP_CASE_ALL16(F, name)                                                            \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1, 1)
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     FA_DISPATCH                                                                                \
-    static void name##_lowp_elems(float *x, const float *g, float *s0, float *s1, float *s2,   \
+    static void name##_lowp_elems(void *x, const void *g, void *s0, void *s1, void *s2,        \
                                   ptrdiff_t n, const void *k, int flags)                       \
     {                                                                                          \
         FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE, name)                                  \
     }                                                                                          \
-    FA_CLONES(name##_lowp_elems);
+    FA_CLONES(name##_lowp_elems);                                                              \
+    FA_DISPATCH                                                                                \
+    static void name##_lowp_elems_bf16(void *x, const void *g, void *s0, void *s1, void *s2,   \
+                                       ptrdiff_t n, const void *k, int flags)                  \
+    {                                                                                          \
+        FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE_BF16, name)                             \
+    }                                                                                          \
+    FA_CLONES(name##_lowp_elems_bf16);                                                         \
+    FA_DISPATCH                                                                                \
+    static void name##_lowp_elems_all16(void *x, const void *g, void *s0, void *s1, void *s2,  \
+                                        ptrdiff_t n, const void *k, int flags)                 \
+    {                                                                                          \
+        FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE_ALL16, name)                            \
+    }                                                                                          \
+    FA_CLONES(name##_lowp_elems_all16);
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 #undef FA_LOWP_CASE
+#undef FA_LOWP_CASE_BF16
+#undef FA_LOWP_CASE_ALL16
 
 FA_DISPATCH_LEVEL_STATE
 
@@ -213,6 +272,12 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
                     int rounding, int has_master)
 {
     memset(plan, 0, sizeof *plan);
+    /* everything bfloat16, x rounded to nearest: one loop converts all of it */
+    const int all16 = state_fmt == FA_FMT_BF16 && param_fmt == FA_FMT_BF16
+                      && grad_fmt == FA_FMT_BF16 && rounding == FA_ROUND_NEAREST && !has_master;
+    /* the element loop reads and writes the arrays themselves, no staging */
+    plan->direct = all16 || (state_fmt != FA_FMT_Q8 && param_fmt == FA_FMT_F32
+                             && grad_fmt == FA_FMT_F32 && !has_master);
     switch (kind) {
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     case FA_OPT_##KIND: {                                                                      \
@@ -223,6 +288,8 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
         plan->flags = c->flags;                                                                \
         plan->nslots = fa_##name##_nslots(c->flags);                                           \
         plan->elems = FA_AT_LEVEL(name##_lowp_elems);                                          \
+        if (state_fmt == FA_FMT_BF16) plan->elems = FA_AT_LEVEL(name##_lowp_elems_bf16);       \
+        if (all16) plan->elems = FA_AT_LEVEL(name##_lowp_elems_all16);                         \
         break;                                                                                 \
     }
 #include "fastadam/optimizers.def"
@@ -252,13 +319,18 @@ static inline void fa_prefetch(const void *p, ptrdiff_t bytes)
 
 void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
 {
-    /* staging buffers for the formats that are not float32 (float32 arrays are updated in
-     * place); FA_LOWP_STRIDE floats apart, not a multiple of 4 KiB, so that they neither share
-     * L1 sets nor alias each other's store addresses */
+    /* staging buffers for x, g (bfloat16 without a master) and 8-bit states (float32 arrays
+     * and bfloat16 states are read and written in place by the element loop); FA_LOWP_STRIDE
+     * floats apart, not a multiple of 4 KiB, so that they neither share L1 sets nor alias each
+     * other's store addresses */
     float buf[(2 + FA_MAX_SLOTS) * FA_LOWP_STRIDE];
     const int q8 = p->state_fmt == FA_FMT_Q8;
     const int sbytes = p->state_fmt == FA_FMT_F32 ? 4 : p->state_fmt == FA_FMT_BF16 ? 2 : 1;
     const int xbytes = p->param_fmt == FA_FMT_F32 ? 4 : 2, gbytes = p->grad_fmt == FA_FMT_F32 ? 4 : 2;
+    if (p->direct) { /* one vector loop over the chunk, straight from memory */
+        p->elems(c->x, c->g, c->s[0], c->s[1], c->s[2], c->n, p->k, p->flags);
+        return;
+    }
     const ptrdiff_t tile = q8 ? (ptrdiff_t)p->block * (p->block < FA_LOWP_TILE ? FA_LOWP_TILE / p->block : 1)
                               : FA_LOWP_TILE;
     for (ptrdiff_t off = 0; off < c->n; off += tile) {
@@ -274,9 +346,10 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
             for (int q = 0; q < p->nslots; q++)
                 fa_prefetch((const char *)c->s[q] + next * sbytes, m * sbytes);
         }
-        /* load (float32: in place) */
-        float *xb, *gb, *sb[FA_MAX_SLOTS] = {buf + 2 * FA_LOWP_STRIDE, buf + 3 * FA_LOWP_STRIDE,
-                                             buf + 4 * FA_LOWP_STRIDE};
+        /* load (float32 and bfloat16 states: in place) */
+        float *xb, *gb;
+        void *sb[FA_MAX_SLOTS] = {buf + 2 * FA_LOWP_STRIDE, buf + 3 * FA_LOWP_STRIDE,
+                                  buf + 4 * FA_LOWP_STRIDE};
         if (p->has_master) {
             xb = c->master + off;
         } else if (p->param_fmt == FA_FMT_BF16) {
@@ -294,22 +367,16 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
         for (int q = 0; q < p->nslots; q++) {
             if (q8)
                 FA_AT_LEVEL(fa_load_q8)((const fa_u8 *)c->s[q] + off, c->scale[q] + first_block,
-                                        p->map[q], sb[q], n, p->block);
-            else if (p->state_fmt == FA_FMT_BF16)
-                FA_AT_LEVEL(fa_load_bf16)((const fa_u16 *)c->s[q] + off, sb[q], n);
+                                        p->map[q], (float *)sb[q], n, p->block);
             else
-                sb[q] = (float *)c->s[q] + off;
+                sb[q] = (char *)c->s[q] + off * sbytes;
         }
         /* update */
         p->elems(xb, gb, sb[0], sb[1], sb[2], n, p->k, p->flags);
         /* store */
-        for (int q = 0; q < p->nslots; q++) {
-            if (q8)
-                FA_AT_LEVEL(fa_store_q8)(sb[q], (fa_u8 *)c->s[q] + off, c->scale[q] + first_block,
-                                         p->bins[q], n, p->block);
-            else if (p->state_fmt == FA_FMT_BF16)
-                FA_AT_LEVEL(fa_store_bf16)(sb[q], (fa_u16 *)c->s[q] + off, n);
-        }
+        for (int q = 0; q < p->nslots && q8; q++)
+            FA_AT_LEVEL(fa_store_q8)((const float *)sb[q], (fa_u8 *)c->s[q] + off,
+                                     c->scale[q] + first_block, p->bins[q], n, p->block);
         if (p->has_master) {
             FA_AT_LEVEL(fa_store_bf16)(xb, (fa_u16 *)c->x + off, n);
         } else if (p->param_fmt == FA_FMT_BF16) {
