@@ -8,7 +8,7 @@
 Wall time on a shared 2-core machine moves by 20-50% with the load; the number of instructions
 a step executes does not (valgrind counts them exactly; PYTHONHASHSEED is fixed).  Each case is
 a small seeded workload (a dense step per optimizer, a list step, sparse steps, segment_sum,
-and one step of each front-end: the autodiff MLP, the ONNX training session, the scikit-learn
+the Adam object with bfloat16 and 8-bit states, and one step of each front-end: the autodiff MLP, the ONNX training session, the scikit-learn
 estimators' compiled epoch);
 all run in one process under ``valgrind --tool=callgrind``, which counts only the REPEATS calls
 of each case after WARMUP uncounted calls (see "measuring" below): the compiled kernel plus the
@@ -136,6 +136,19 @@ def _segment_sum_case(dist):
     return build
 
 
+def _lowp_case(state_dtype, n):
+    def build():
+        import numpy as np
+
+        import fastadam
+
+        # an Adam object with low-precision states (fastadam/_core/_lowp.pyx's kernels)
+        x, g = _dense_arrays(n)
+        opt = fastadam.Adam([x], lr=1e-3, num_threads=1, state_dtype=state_dtype)
+        return lambda: opt.step([g])
+    return build
+
+
 def _benchmark_module(name):
     """A module of asv_bench/benchmarks/ (they run as top-level modules there too)."""
     import importlib
@@ -192,6 +205,9 @@ def cases():
     table["sparse/dense/zipf/row64"] = _sparse_case("dense", "zipf")
     for dist in ("zipf", "uniform"):
         table[f"segment_sum/{dist}"] = _segment_sum_case(dist)
+    for state_dtype in ("bfloat16", "int8"):
+        if state_dtype != "bfloat16" or _have("ml_dtypes"):
+            table[f"lowp/Adam/{state_dtype}/100000"] = _lowp_case(state_dtype, 100_000)
     table["autodiff/mlp64x64x10/b64"] = _autodiff_case()
     if _have("onnx"):
         table["onnx/session_step/mlp64x64x10/b64"] = _onnx_case()
