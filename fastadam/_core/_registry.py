@@ -45,6 +45,10 @@ class OptimizerSpec:
     defaults : dict
         Keyword values the fold needs when a caller gives none (Adam's fold has no
         defaults of its own; its functional step's are these).
+    nonnegative_slots : tuple of str
+        The functional slot names whose values never go negative (Adam ``v`` and ``v_max``,
+        Adagrad ``h``, RMSprop ``square_avg``): 8-bit states store them with the unsigned
+        quantization map, every other slot with the signed one.
     onnx_op, torch_name : str or None
         The operator (``ai.onnx.preview.training``) and ``torch.optim`` class
         that compute the same update, or None.
@@ -60,6 +64,13 @@ class OptimizerSpec:
     onnx_op: Optional[str] = None
     torch_name: Optional[str] = None
     defaults: Dict[str, object] = field(default_factory=dict)
+    nonnegative_slots: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = [n for n in self.nonnegative_slots if n not in self.slots]
+        if unknown:
+            raise ValueError(f"{self.name}: nonnegative_slots names {unknown[0]!r}, which is "
+                             f"not one of its slots {self.slots}")
 
     @property
     def kind(self) -> int:

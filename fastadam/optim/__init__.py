@@ -40,12 +40,13 @@ from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
 from ._prepared import PreparedStep, prepare_step
+from .._core._lowp_state import QuantizedState
 from .._core._registry import OptimizerSpec, spec as optimizer_spec
 
 __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step_inplace",
            "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
             "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
-            "prepare_step"]
+            "prepare_step", "QuantizedState"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "SparseAdam",
             "clip_grad_norm", "global_norm", "schedules"]

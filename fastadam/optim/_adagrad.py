@@ -55,12 +55,17 @@ class Adagrad(Optimizer):
                  weight_decay: float = 0.0, initial_accumulator_value: Optional[float] = None,
                  eps: Optional[float] = None, convention: str = "torch", maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
             initial_accumulator_value=initial_accumulator_value, eps=eps, convention=convention,
             maximize=maximize, sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm,
-            num_threads=num_threads))
+            num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -87,6 +92,12 @@ class Adagrad(Optimizer):
     @staticmethod
     def _step_number(t: int, h: Dict[str, Any]) -> int:
         return t if h["convention"] == "onnx" else t + 1
+
+    spec_name = "adagrad"
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return adagrad_coefficients(self._step_number(t, h), **self._scalars(h, lr),
+                                    grad_scale=grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("sum", hyper["initial_accumulator_value"])]

@@ -62,6 +62,7 @@ class Adam(Optimizer):
     group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",
                   "post_decay", "nesterov", "maximize", "sparse_mode")
     structural_options = ("amsgrad",)
+    spec_name = "adam"
     _decoupled: Optional[bool] = None  # None: per group; AdamW: always
 
     def __init__(self, params: ParamsLike, lr: LR = 1e-3,
@@ -70,12 +71,17 @@ class Adam(Optimizer):
                  decoupled_weight_decay: bool = False, post_decay: float = 0.0,
                  amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             decoupled_weight_decay=decoupled_weight_decay, post_decay=post_decay,
             amsgrad=amsgrad, nesterov=nesterov, maximize=maximize, sparse_mode=sparse_mode,
-            clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -100,6 +106,12 @@ class Adam(Optimizer):
                           h["betas"][1], h["eps"], h["convention"], h["weight_decay"], False,
                           h["post_decay"])
         return h
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return adam_coefficients(t + 1, lr, h["betas"][0], h["betas"][1], h["eps"],
+                                 h["convention"], h["weight_decay"], self._decoupled_of(h),
+                                 h["post_decay"], self._options["amsgrad"], h["nesterov"],
+                                 h["maximize"], grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("m", 0.0), ("v", 0.0)] + ([("v_max", 0.0)] if self._options["amsgrad"] else [])
@@ -170,11 +182,16 @@ class AdamW(Adam):
                  convention: str = "torch", weight_decay: float = 1e-2, post_decay: float = 0.0,
                  amsgrad: bool = False, nesterov: bool = False, maximize: bool = False,
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         Optimizer.__init__(self, params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov, maximize=maximize,
-            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
 
 class SparseAdam(Adam):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import types
 import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -28,7 +29,8 @@ from .._stacklevel import caller_stacklevel
 from .._core._validation import plain_gradients
 from ..gpu import is_device_array
 from ..sparse import IndexedSlices
-from . import _checkpoint
+from . import _checkpoint, _lowp_objects
+from .._core._lowp_state import is_bfloat16
 from ._guard import guarded_step, locked, new_lock
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
@@ -102,6 +104,9 @@ class Optimizer:
     group_keys: Tuple[str, ...] = ()
     structural_options: Tuple[str, ...] = ()  # options that decide the slots (e.g. amsgrad)
 
+    #: the optimizer's registry name (fastadam/_core/_registry.py): its slots and formats
+    spec_name: Optional[str] = None
+
     #: False for an optimizer of sparse gradients only (SparseAdam): a dense one is refused
     dense_gradients = True
 
@@ -110,6 +115,10 @@ class Optimizer:
         self.defaults: Dict[str, Any] = dict(defaults)
         self._options: Dict[str, Any] = {}
         self._clip = check_clip(defaults.get("clip_grad_norm"))
+        # low-precision states (_lowp_objects.py): None keeps the float32 path untouched
+        self._lowp = None
+        self._lowp_options, self._lowp_wanted = _lowp_objects.check_options(defaults)
+        self._master_list: List[Optional[np.ndarray]] = []
         self.num_threads = defaults.get("num_threads")
         if self.num_threads is not None:
             resolve_num_threads(self.num_threads)  # a bad count fails here, not at a step
@@ -151,6 +160,12 @@ class Optimizer:
     def sparse_step(self, x, grad, slots, t, hyper, lr) -> None:
         raise NotImplementedError
 
+    def coefficients(self, t: int, hyper: Dict[str, Any], lr: float,
+                     grad_scale: Optional[float]) -> Any:
+        """The coefficient object of the step after ``t`` steps (the low-precision steps call
+        the driver with it, _lowp_objects.py)."""
+        raise NotImplementedError(f"{type(self).__name__} has no low-precision states")
+
     def check_precision(self, hyper: Dict[str, Any], arrays: List[Any]) -> None:
         """The checks that depend on the parameters' dtypes (a value the compute precision
         cannot hold: ``eps=1e-50`` rounds to 0 in float32): the functional step's own, run on
@@ -188,6 +203,17 @@ class Optimizer:
         single = single and not isinstance(params, list)
         labels = ["params" if single else f"params[{start + j}]" for j in range(len(plist))]
         arrays = [param_array(p, label) for p, label in zip(plist, labels)]
+        if self._lowp is None and (self._lowp_wanted
+                                   or any(is_bfloat16(a.dtype) for a in arrays)):
+            if self._arrays:
+                raise TypeError(f"{where or 'params'}: bfloat16 parameters join an optimizer "
+                                f"built with bfloat16 parameters or a low-precision "
+                                f"state_dtype; this one keeps float32 states")
+            _lowp_objects.check_params(self._lowp_options, self._arrays + arrays,
+                                       self._labels + labels)
+            self._enable_lowp()
+        elif self._lowp is not None:
+            _lowp_objects.check_params(self._lowp, self._arrays + arrays, self._labels + labels)
         try:
             self.check_precision(hyper, arrays)
         except (TypeError, ValueError) as exc:
@@ -196,16 +222,53 @@ class Optimizer:
             raise type(exc)(f"{where}: {exc}") from None
         check_no_shared_memory(self._arrays + arrays, self._labels + labels)
         specs = self.slot_specs(hyper)
-        new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
+        masters: List[Optional[np.ndarray]] = [None] * len(arrays)
+        if self._lowp is None:
+            new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
+        else:
+            spec = _lowp_objects._spec(self.spec_name)
+            new_slots = {name: [_lowp_objects.new_slot(self._lowp, spec, name, a, fill)
+                                for a in arrays] for name, fill in specs}
+            if self._lowp.master_weights:
+                masters = [a.astype(np.float32) if is_bfloat16(a.dtype) else None
+                           for a in arrays]
         # every check passed: commit
         for name, arrs in new_slots.items():
             self._slots.setdefault(name, [None] * start).extend(arrs)
+        self._master_list += masters
         self._params += plist
         self._arrays += arrays
         self._labels += labels
         self._groups.append(hyper)
         self._group_params.append(list(range(start, start + len(plist))))
         self._rebuild_buckets()
+
+    def _enable_lowp(self) -> None:
+        """Route this optimizer's steps through the low-precision driver (_lowp_objects.py)."""
+        self._lowp = self._lowp_options
+        self.dense_step = types.MethodType(_lowp_objects.dense_step, self)
+        self.sparse_step = types.MethodType(_lowp_objects.sparse_step, self)
+
+    @property
+    def _masters(self) -> Dict[int, np.ndarray]:
+        """The float32 master of each bfloat16 parameter (by the parameter array's id)."""
+        return {id(a): m for a, m in zip(self._arrays, self._master_list) if m is not None}
+
+    @property
+    def state_dtype(self) -> str:
+        """The format of the optimizer state: "float32", "bfloat16" or "int8"."""
+        return self._lowp_options.state_dtype
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state: every slot (8-bit ones: codes and scales) and the float32
+        masters of bfloat16 parameters (``master_weights=True``)."""
+        return _lowp_objects.state_bytes(self)
+
+    def state_bytes_per_param(self) -> float:
+        """:meth:`state_bytes` per parameter element (float32 Adam 8.0, bfloat16 Adam 4.0,
+        8-bit Adam with block 256: 2 + 8/256 = 2.03125)."""
+        n = sum(int(a.size) for a in self._arrays)
+        return self.state_bytes() / n if n else 0.0
 
     @locked
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -364,6 +427,8 @@ class Optimizer:
             why = self.sparse_unsupported(self._groups[self._group_of[i]])
             if why:
                 raise ValueError(f"grads[{i}]: a sparse gradient cannot be used with {why}")
+            if self._lowp is not None:
+                _lowp_objects.check_sparse(self, i)
         lrs = [self._lr(gi) for gi in range(len(self._groups))]
         dense_calls = []
         for b, (gi, idx) in enumerate(self._buckets):
@@ -500,11 +565,15 @@ class Optimizer:
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         del state["_lock"]  # a lock is not pickled; a copy gets its own
+        state.pop("dense_step", None)  # the low-precision steps are bound again on load
+        state.pop("sparse_step", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = new_lock()
+        if self.__dict__.get("_lowp") is not None:
+            self._enable_lowp()
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(t={self.t}, clip_grad_norm={self._clip}, "

@@ -7,6 +7,13 @@ accepts exactly that schema -- an unknown or missing key, a wrong type (the stri
 for a flag, a float ``t``), another group layout or parameter count raises TypeError/ValueError
 naming the key -- and only then writes, so a failed load changes nothing.
 
+Low-precision states (issue 24) add the key ``state_format`` (state_dtype, block_size,
+quant_map, param_rounding, master_weights, seed), which must equal the optimizer's; their
+arrays are stored as they live: bfloat16 slots as they are (in files as their uint16 bits),
+8-bit slots as ``{slot}`` (uint8 codes) and ``{slot}_scales`` (float32), float32 masters of
+bfloat16 parameters as ``master`` (one per bfloat16 parameter, in parameter order).  A state
+of another format, block size or length is refused before anything is written.
+
 File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.npy`` (the
 metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
 writes through :func:`fastadam.io.atomic_write` (a temporary file beside the target, flushed
@@ -28,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from numpy.lib import format as npy_format
 
+from .._core._lowp_state import QuantizedState, is_bfloat16
 from ..io import atomic_write
 from . import schedules
 from ._checks import check_bool, check_clip
@@ -40,6 +48,27 @@ META_KEYS = ("format", "optimizer", "t", "options", "param_groups")
 
 
 # ---- state dicts -----------------------------------------------------------------------------
+def entry_lists(opt) -> Dict[str, List[np.ndarray]]:
+    """The arrays the state is stored in, by state-dict key (each list in parameter order)."""
+    if opt._lowp is None:
+        return dict(opt._slots)
+    out: Dict[str, List[np.ndarray]] = {}
+    for name, arrays in opt._slots.items():
+        if arrays and isinstance(arrays[0], QuantizedState):
+            out[name] = [q.codes for q in arrays]
+            out[f"{name}_scales"] = [q.scales for q in arrays]
+        else:
+            out[name] = list(arrays)
+    if opt._lowp.master_weights:
+        out["master"] = [m for m in opt._master_list if m is not None]
+    return out
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """A bfloat16 array as its uint16 bits (what .npy files hold); others as they are."""
+    return a.view(np.uint16) if is_bfloat16(a.dtype) else a
+
+
 def _encode_lr(lr: Any) -> Any:
     if isinstance(lr, Schedule):
         return lr.to_dict()
@@ -56,15 +85,45 @@ def metadata(opt) -> Dict[str, Any]:
             value = _encode_lr(value) if key == "lr" else value
             group[key] = list(value) if isinstance(value, tuple) else value
         groups.append(group)
-    return {"format": FORMAT, "optimizer": type(opt).__name__, "t": opt.t,
+    meta = {"format": FORMAT, "optimizer": type(opt).__name__, "t": opt.t,
             "options": {"clip_grad_norm": opt._clip, **opt._options}, "param_groups": groups}
+    if opt._lowp is not None:
+        meta["state_format"] = opt._lowp.as_dict()
+    return meta
 
 
 def state_dict(opt) -> Dict[str, Any]:
     state = metadata(opt)
-    for name, arrays in opt._slots.items():
+    for name, arrays in entry_lists(opt).items():
         state[name] = [a.copy() for a in arrays]
     return state
+
+
+def _check_state_format(opt, state: Dict[str, Any], where: str) -> Tuple[str, ...]:
+    """The format of a low-precision state equals the optimizer's; returns the extra key."""
+    have = "state_format" in state if isinstance(state, dict) else False
+    if opt._lowp is None:
+        if have:
+            got = state["state_format"]
+            sd = got.get("state_dtype") if isinstance(got, dict) else got
+            raise ValueError(f"{where}['state_format']: the state holds {sd!r} optimizer "
+                             f"states; this optimizer keeps float32 states (build it with "
+                             f"the same state_dtype, block_size, quant_map)")
+        return ()
+    if not have:
+        if isinstance(state, dict):
+            raise ValueError(f"{where}: the state holds float32 optimizer states (no "
+                             f"'state_format'); this optimizer keeps "
+                             f"{opt._lowp.state_dtype!r} ones")
+        return ()
+    got = state["state_format"]
+    expected = opt._lowp.as_dict()
+    _check_keys(got, tuple(expected), f"{where}['state_format']")
+    for key, value in expected.items():
+        if type(got[key]) is not type(value) or got[key] != value:
+            raise ValueError(f"{where}['state_format']['{key}']: the state was saved with "
+                             f"{key}={got[key]!r}, this optimizer has {key}={value!r}")
+    return ("state_format",)
 
 
 def _check_keys(obj: Any, expected: Tuple[str, ...], where: str) -> None:
@@ -96,6 +155,7 @@ def _decode_lr(value: Any, current: Any, where: str) -> Any:
 def check_metadata(opt, state: Dict[str, Any], where: str,
                    extra_keys: Tuple[str, ...] = ()) -> Tuple[int, Optional[float], List[Dict]]:
     """Validate everything but the arrays; returns (t, clip_grad_norm, groups)."""
+    extra_keys = extra_keys + _check_state_format(opt, state, where)
     _check_keys(state, META_KEYS + extra_keys, where)
     if state["format"] != FORMAT:
         raise ValueError(f"{where}['format']: expected {FORMAT!r}, got {state['format']!r}")
@@ -161,29 +221,31 @@ def _check_arrays(arrays: Any, expected: List[np.ndarray], where: str) -> List[n
 def _commit(opt, t, clip, groups, slots: Dict[str, List[np.ndarray]],
             params: Optional[List[np.ndarray]] = None) -> None:
     """Write a fully checked state (no check may fail past this point)."""
+    targets = entry_lists(opt)
     for name, arrays in slots.items():
-        for src, dst in zip(arrays, opt._slots[name]):
-            np.copyto(dst, src)
+        for src, dst in zip(arrays, targets[name]):
+            np.copyto(_raw(dst), _raw(src))
     if params is not None:
         for src, dst in zip(params, opt._arrays):
-            np.copyto(dst, src)
+            np.copyto(_raw(dst), _raw(src))
     opt._groups = groups
     opt._clip = clip
     opt.t = t
 
 
 def load_state_dict(opt, state: Dict[str, Any]) -> None:
-    t, clip, groups = check_metadata(opt, state, "state", tuple(opt._slots))
-    slots = {name: _check_arrays(state[name], opt._slots[name], f"state[{name!r}]")
-             for name in opt._slots}
+    entries = entry_lists(opt)
+    t, clip, groups = check_metadata(opt, state, "state", tuple(entries))
+    slots = {name: _check_arrays(state[name], entries[name], f"state[{name!r}]")
+             for name in entries}
     _commit(opt, t, clip, groups, slots)
 
 
 # ---- files -------------------------------------------------------------------------------------
 def _entries(opt) -> List[Tuple[str, np.ndarray]]:
-    names = [(f"param_{i}", a) for i, a in enumerate(opt._arrays)]
-    for slot, arrays in opt._slots.items():
-        names += [(f"{slot}_{i}", a) for i, a in enumerate(arrays)]
+    names = [(f"param_{i}", _raw(a)) for i, a in enumerate(opt._arrays)]
+    for slot, arrays in entry_lists(opt).items():
+        names += [(f"{slot}_{i}", _raw(a)) for i, a in enumerate(arrays)]
     return names
 
 
@@ -252,7 +314,8 @@ def _read_checkpoint(opt, zf: zipfile.ZipFile, not_ours: str, params: bool):
     unknown = sorted(set(by_name) - {f"{k}.npy" for k in expected} - {"meta.npy"})
     if unknown:
         raise ValueError(f"path: unknown entry {unknown[0]!r} (this optimizer has "
-                         f"{len(opt._arrays)} parameters and slots {list(opt._slots)})")
+                         f"{len(opt._arrays)} parameters and slots "
+                         f"{list(entry_lists(opt))})")
     missing = [k for k in expected if f"{k}.npy" not in by_name]
     if missing:
         raise ValueError(f"path: missing entry '{missing[0]}.npy'")
@@ -280,6 +343,7 @@ def load(opt, path: Any, *, params: bool = True) -> None:
         except zipfile.BadZipFile as exc:  # a CRC mismatch: corrupted data
             raise ValueError(f"path: corrupted entry ({exc})") from None
     n = len(opt._arrays)
-    slots = {slot: [read[f"{slot}_{i}"] for i in range(n)] for slot in opt._slots}
+    slots = {slot: [read[f"{slot}_{i}"] for i in range(len(arrays))]
+             for slot, arrays in entry_lists(opt).items()}
     saved_params = [read[f"param_{i}"] for i in range(n)] if params else None
     _commit(opt, t, clip, groups, slots, saved_params)

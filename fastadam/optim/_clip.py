@@ -61,7 +61,10 @@ def sum_of_squares(grad: Any) -> float:
         return _dense_sum_of_squares(np.ascontiguousarray(grad.values))
     if is_scipy_sparse(grad):
         return _dense_sum_of_squares(np.ascontiguousarray(grad.data))
-    return _dense_sum_of_squares(np.asarray(grad))
+    grad = np.asarray(grad)
+    if grad.dtype.kind != "f":  # bfloat16 (ml_dtypes): summed in float32
+        grad = grad.astype(np.float32)
+    return _dense_sum_of_squares(grad)
 
 
 def total_sum_of_squares(grads: Sequence[Any]) -> float:
@@ -70,7 +73,7 @@ def total_sum_of_squares(grads: Sequence[Any]) -> float:
     to tell an overflow of the squares from a NaN or infinity)."""
     total = 0.0
     for g in grads:
-        if type(g) is np.ndarray and g.dtype != _HALF:
+        if type(g) is np.ndarray and g.dtype.kind == "f" and g.dtype != _HALF:
             total += float(np.vdot(g, g))
         else:
             total += sum_of_squares(g)

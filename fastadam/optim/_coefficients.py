@@ -228,13 +228,14 @@ register(OptimizerSpec(
             "decay_mul", "post_mul"),
     slots=("m", "v", "v_max"), object_slots=("m", "v", "v_max"),
     flags={"amsgrad": FLAG_AMSGRAD, "nesterov": FLAG_NESTEROV},
-    onnx_op="Adam", torch_name="Adam",
+    onnx_op="Adam", torch_name="Adam", nonnegative_slots=("v", "v_max"),
     defaults=dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, convention="tf")))
 register(OptimizerSpec(
     name="adagrad", fold=adagrad_coefficients,
     fields=("lr", "eps", "sign", "grad_scale", "l2"),
     slots=("h",), object_slots=("sum",), flags={"eps_inside": FLAG_EPS_INSIDE},
-    onnx_op="Adagrad", torch_name="Adagrad", defaults=dict(lr=1e-2)))
+    onnx_op="Adagrad", torch_name="Adagrad", defaults=dict(lr=1e-2),
+    nonnegative_slots=("h",)))
 register(OptimizerSpec(
     name="momentum", fold=momentum_coefficients,
     fields=("lr", "a", "b", "an", "idle_rate", "sign", "grad_scale", "l2"),

@@ -47,7 +47,7 @@ def lion_coefficients(t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.0, ma
 
 SPEC = register(OptimizerSpec(
     name="lion", fold=lion_coefficients, fields=FIELDS, slots=("m",), object_slots=("exp_avg",),
-    onnx_op=None, torch_name=None))
+    onnx_op=None, torch_name=None, nonnegative_slots=()))  # m takes both signs
 
 
 def lion_step_inplace(x: Arrays, g: Arrays, m: Arrays, t: int, *, lr: float = 1e-4,
@@ -140,10 +140,16 @@ class Lion(Optimizer):
     def __init__(self, params: ParamsLike, lr: Any = 1e-4,
                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
                  maximize: bool = False, sparse_mode: str = "lazy",
-                 clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None):
+                 clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None,
+                 state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
-            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -163,6 +169,11 @@ class Lion(Optimizer):
     def _scalars(h: Dict[str, Any], lr: float) -> Dict[str, Any]:
         return dict(lr=lr, beta1=h["betas"][0], beta2=h["betas"][1],
                     weight_decay=h["weight_decay"], maximize=h["maximize"])
+
+    spec_name = "lion"
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return lion_coefficients(t + 1, **self._scalars(h, lr), grad_scale=grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("exp_avg", 0.0)]

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..gpu import is_device_array
 from ..gpu._validation import address
+from .._core._lowp_state import is_bfloat16
 from ..sparse import IndexedSlices
 from ._clip import is_scipy_sparse
 
@@ -41,8 +42,9 @@ def param_array(p: Any, name: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray or a fastadam.autodiff.Tensor, "
                         f"got {type(p).__name__}")
-    if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
-        raise TypeError(f"{name}: expected float16, float32 or float64, got {a.dtype}")
+    if (a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8)) and not is_bfloat16(a.dtype):
+        raise TypeError(f"{name}: expected float16, float32 or float64, got {a.dtype} "
+                        f"(or ml_dtypes.bfloat16 for low-precision steps)")
     if not a.dtype.isnative or not a.flags.aligned:
         raise ValueError(f"{name}: expected an aligned array in native byte order")
     if not a.flags.c_contiguous:
@@ -80,17 +82,18 @@ def check_gradient(g: Any, x: np.ndarray, name: str, pname: str) -> Tuple[str, A
         from ..gpu._validation import check_device_gradient
         return "dense", check_device_gradient(g, x, name, pname)
     if isinstance(g, np.ndarray):
-        if g.dtype != x.dtype:
-            raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of {pname}), "
+        if g.dtype != x.dtype and not (g.dtype == np.float32 and is_bfloat16(x.dtype)):
+            also = " or float32" if is_bfloat16(x.dtype) else ""
+            raise TypeError(f"{name}: expected dtype {x.dtype}{also} (the dtype of {pname}), "
                             f"got {g.dtype}")
         if g.shape != x.shape:
             raise ValueError(f"{name}: expected shape {x.shape} (the shape of {pname}), "
                              f"got {g.shape}")
         return "dense", np.ascontiguousarray(g)
     if isinstance(g, IndexedSlices) or is_scipy_sparse(g):
-        if x.dtype not in SPARSE_DTYPES:
+        if x.dtype not in SPARSE_DTYPES and not is_bfloat16(x.dtype):
             raise TypeError(f"{name}: sparse gradients need a float32 or float64 parameter, "
-                            f"{pname} is {x.dtype}")
+                            f"{pname} is {x.dtype} (or a bfloat16 one, with float32 values)")
         if isinstance(g, IndexedSlices):
             _check_indexed_slices(g, x, name, pname)
         else:
@@ -104,8 +107,10 @@ def _check_indexed_slices(g: IndexedSlices, x: np.ndarray, name: str, pname: str
     if tuple(g.dense_shape) != x.shape:
         raise ValueError(f"{name}: dense_shape {tuple(g.dense_shape)} does not match the shape "
                          f"{x.shape} of {pname}")
-    if g.values.dtype != x.dtype:
-        raise TypeError(f"{name}: expected values of dtype {x.dtype} (the dtype of {pname}), "
+    want = np.dtype(np.float32) if is_bfloat16(x.dtype) else x.dtype  # bfloat16: float32 values
+    if g.values.dtype != want:
+        raise TypeError(f"{name}: expected values of dtype {want} (the dtype of {pname}"
+                        f"{', which is bfloat16' if want != x.dtype else ''}), "
                         f"got {g.values.dtype}")
     if g.indices.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise TypeError(f"{name}: expected int32 or int64 indices, got {g.indices.dtype}")
@@ -126,8 +131,10 @@ def _check_csr(g: Any, x: np.ndarray, name: str, pname: str) -> None:
     if tuple(g.shape) != x.shape:
         raise ValueError(f"{name}: CSR shape {tuple(g.shape)} does not match the shape "
                          f"{x.shape} of {pname}")
-    if g.dtype != x.dtype:
-        raise TypeError(f"{name}: expected data of dtype {x.dtype} (the dtype of {pname}), "
+    want = np.dtype(np.float32) if is_bfloat16(x.dtype) else x.dtype  # bfloat16: float32 data
+    if g.dtype != want:
+        raise TypeError(f"{name}: expected data of dtype {want} (the dtype of {pname}"
+                        f"{', which is bfloat16' if want != x.dtype else ''}), "
                         f"got {g.dtype}")
     try:
         g.check_format(full_check=True)

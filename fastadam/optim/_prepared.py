@@ -9,6 +9,12 @@ object (the checks of the functional steps, in float64, and those of the arrays'
 without writing anything.  ``step(grads, t, **hyper)`` folds, checks only the gradients
 (dtype, shape, and that none overlaps a written array), and makes the one driver call.  There
 is no dry run and no exception-driven choice of path.
+
+Low-precision steps (issue 24): when a parameter is ``ml_dtypes.bfloat16``, a state is
+bfloat16 or a :class:`~fastadam.optim.QuantizedState`, or a float32 ``master`` is given, the
+arrays are checked by ``fastadam/_core/_lowp_validation.py`` and each step is one call of the
+low-precision driver (``_lowp.dense_step``); everything float32/float64/float16 keeps the
+float driver above, unchanged.
 """
 from __future__ import annotations
 
@@ -21,6 +27,9 @@ from .._core import _dense
 from .._core._registry import spec as _spec
 from .._core._threads import adaptive_threads, resolve_num_threads
 from .._core._validation import as_array_list, check_array, check_disjoint
+from .._core._lowp_state import check_block_size, check_quant_map
+from .._core._lowp_validation import (check_lowp_grads, check_lowp_step, check_rounding,
+                                      check_seed, is_lowp_input)
 from ._functional import KIND_DENSE, check_compute_dtype
 
 __all__ = ["PreparedStep", "prepare_step"]
@@ -49,7 +58,9 @@ class PreparedStep:
     """
 
     def __init__(self, optimizer: str, params: Any, slots: Dict[str, Any],
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, *, master: Any = None,
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", seed: int = 0):
         self._spec = _spec(optimizer)
         self.optimizer = optimizer
         if not isinstance(slots, dict):
@@ -64,6 +75,23 @@ class PreparedStep:
         self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
         self._params_arg, self._slots_arg = params, dict(slots)
         self._names_by_flags = {}
+        self._lowp = None
+        if self.device == "cpu" and (is_lowp_input(params, slots, master)
+                                     or param_rounding != "nearest"):
+            self._lowp = check_lowp_step(self._spec, params, slots, master=master,
+                                         block_size=block_size, quant_map=quant_map,
+                                         param_rounding=param_rounding, seed=seed)
+            self._xs, self._single = self._lowp.xs, self._lowp.single
+            self._slot_lists = self._lowp.slot_lists
+            self.slot_names = self._lowp.slot_names
+            self._typenum = np.dtype(np.float32).num  # computed in float32
+            return
+        check_block_size(block_size)  # the options of the low-precision path, checked anyway
+        check_quant_map(quant_map)
+        check_rounding(param_rounding)
+        check_seed(seed)
+        if master is not None:
+            raise ValueError("master: a float32 master copy is for bfloat16 params")
         if self.device == "gpu":  # the GPU path checks its arrays in fastadam.gpu
             self.slot_names = tuple(n for n in self._spec.slots if n in slots)
             return
@@ -123,6 +151,8 @@ class PreparedStep:
         a NaN or an infinity (nothing written), else True."""
         coeffs = self._fold(t, hyper)
         names = self._slots_for(coeffs)
+        if self._lowp is not None:
+            return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
         if self.device == "gpu":
             return _gpu.dense_step(coeffs, self._params_arg, grads,
                                    [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
@@ -144,6 +174,18 @@ class PreparedStep:
                                         sum([x.size for x in self._xs]), KIND_DENSE)
         return done
 
+    def _lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
+        from .._core import _lowp
+        plan = self._lowp
+        gs, grad_fmt = check_lowp_grads(plan, grads)
+        coeffs.check_float32()
+        slots, scales, signed = plan.driver_lists(names)
+        nt = self._nt or resolve_num_threads(None)
+        return bool(_lowp.dense_step(coeffs, plan.xs, gs, slots, scales, plan.masters,
+                                     plan.param_fmt, grad_fmt, plan.state_fmt, plan.block,
+                                     plan.qmap, signed, plan.rounding, plan.seed, int(t),
+                                     bool(skip_nonfinite), nt))
+
     def __repr__(self) -> str:
         n = len(self._xs) if self.device == "cpu" else "?"
         return (f"PreparedStep({self.optimizer!r}, {n} tensors, slots {self.slot_names}, "
@@ -151,7 +193,9 @@ class PreparedStep:
 
 
 def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
-                 num_threads: Optional[int] = None) -> PreparedStep:
+                 num_threads: Optional[int] = None, master: Any = None, block_size: int = 256,
+                 quant_map: str = "dynamic", param_rounding: str = "nearest",
+                 seed: int = 0) -> PreparedStep:
     """Prepare a dense step of ``optimizer`` over ``params`` and its state ``slots``.
 
     The arrays are checked once here: C-contiguous, writable, one float dtype, each slot like
@@ -176,6 +220,24 @@ def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
         (``momentum_buffer``, ``grad_avg``); Lion ``m``.  Each like ``params``.
     num_threads : int, optional
         As in the functional steps.
+    master : ndarray or list of ndarray, optional
+        Float32 master copies of bfloat16 ``params`` (DeepSpeed's mixed-precision layout): the
+        step reads and writes the master and writes the params as its nearest bfloat16.
+    block_size, quant_map
+        What every :class:`~fastadam.optim.QuantizedState` slot must have been built with
+        (8-bit states; default 256, ``"dynamic"``).
+    param_rounding : {"nearest", "stochastic"}
+        How bfloat16 params (without a master) are rounded: to nearest even, or
+        stochastically with random bits from (``seed``, ``t``, tensor, element), so results
+        do not depend on the thread count.
+    seed : int
+        In [0, 2**64).
+
+    Low precision: ``params`` may be float32 or ``ml_dtypes.bfloat16``, the slots float32,
+    bfloat16 or :class:`~fastadam.optim.QuantizedState` (all in one format; 8-bit slots use
+    the unsigned map for the spec's ``nonnegative_slots``), gradients float32 or bfloat16
+    (one dtype per step); the update is computed in float32.  See the guide page "Low-precision
+    optimizer states".
 
     Examples
     --------
@@ -187,4 +249,6 @@ def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
     >>> x
     array([0.9, 0.9, 0.9])
     """
-    return PreparedStep(optimizer, params, slots, num_threads)
+    return PreparedStep(optimizer, params, slots, num_threads, master=master,
+                        block_size=block_size, quant_map=quant_map,
+                        param_rounding=param_rounding, seed=seed)

@@ -78,7 +78,7 @@ SPEC = register(OptimizerSpec(
     slots=("square_avg", "momentum_buffer", "grad_avg"),
     object_slots=("square_avg", "momentum_buffer", "grad_avg"),
     flags={"centered": FLAG_CENTERED, "momentum": FLAG_RMS_MOMENTUM}, slots_of=_slots_of,
-    onnx_op=None, torch_name="RMSprop"))
+    onnx_op=None, torch_name="RMSprop", nonnegative_slots=("square_avg",)))
 
 
 def _state(coeffs, square_avg, momentum_buffer, grad_avg):
@@ -213,11 +213,16 @@ class RMSprop(Optimizer):
                  eps: Optional[float] = None, weight_decay: float = 0.0, momentum: float = 0.0,
                  centered: bool = False, maximize: bool = False, convention: str = "torch",
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
             centered=centered, maximize=maximize, convention=convention,
-            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -237,6 +242,11 @@ class RMSprop(Optimizer):
         return dict(lr=lr, alpha=h["alpha"], eps=h["eps"], weight_decay=h["weight_decay"],
                     momentum=h["momentum"], centered=self._options["centered"],
                     maximize=h["maximize"], convention=h["convention"])
+
+    spec_name = "rmsprop"
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return rmsprop_coefficients(t + 1, **self._scalars(h, lr), grad_scale=grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("square_avg", 0.0), ("momentum_buffer", 0.0)] + (

@@ -51,11 +51,17 @@ class SGD(Optimizer):
     def __init__(self, params: ParamsLike, lr: Any = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
                  maximize: bool = False, convention: str = "torch", sparse_mode: str = "lazy",
-                 clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None):
+                 clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None,
+                 state_dtype: str = "float32",
+                 block_size: int = 256, quant_map: str = "dynamic",
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
         super().__init__(params, dict(
             lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
             weight_decay=weight_decay, maximize=maximize, convention=convention,
-            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads))
+            sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
+            state_dtype=state_dtype, block_size=block_size,
+            quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
+            seed=seed))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -80,6 +86,12 @@ class SGD(Optimizer):
     @staticmethod
     def _step_number(t: int, h: Dict[str, Any]) -> int:
         return t if h["convention"] == "onnx" else t + 1
+
+    spec_name = "momentum"
+
+    def coefficients(self, t, h, lr, grad_scale):
+        return momentum_coefficients(self._step_number(t, h), **self._scalars(h, lr),
+                                     grad_scale=grad_scale)
 
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("momentum_buffer", 0.0)]

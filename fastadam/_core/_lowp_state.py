@@ -1,0 +1,238 @@
+"""Low-precision optimizer state on the Python side: bfloat16 arrays and 8-bit block-quantized
+states (issue 24; the formats are defined once, in the driver's design note, _lowp.pyx).
+
+- bfloat16 arrays are ``ml_dtypes.bfloat16`` NumPy arrays (itemsize 2, the top half of a
+  float32).  ``ml_dtypes`` is an optional dependency (``pip install fastadam[bfloat16]``):
+  :func:`is_bfloat16` never imports it (no bfloat16 array can exist without it), and
+  :func:`bfloat16` imports it only when a caller asks for the dtype, with an install hint.
+- :class:`QuantizedState` holds one 8-bit state slot: ``codes`` (uint8, the parameter's shape,
+  C-contiguous) indexing a 256-entry quantization map, and ``scales`` (float32, one per block of
+  ``block_size`` flat elements); value = ``map[code] * scales[block]``.  Its quantize and
+  dequantize are the driver's (``_lowp.quantize`` / ``_lowp.dequantize``): one implementation.
+
+The checks of the arrays a low-precision step writes live in ``_lowp_validation.py``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from typing import Any, Tuple
+
+import numpy as np
+
+__all__ = ["QuantizedState", "bfloat16", "is_bfloat16", "STATE_DTYPES", "QUANT_MAPS",
+           "BLOCK_MIN", "BLOCK_MAX", "FMT_F32", "FMT_BF16", "FMT_Q8", "MAP_CODES"]
+
+STATE_DTYPES = ("float32", "bfloat16", "int8")
+FMT_F32, FMT_BF16, FMT_Q8 = 0, 1, 2
+QUANT_MAPS = ("dynamic", "linear")
+MAP_CODES = {"dynamic": 0, "linear": 1}
+BLOCK_MIN, BLOCK_MAX = 8, 4096
+DEFAULT_BLOCK = 256
+
+_FLOAT32 = np.dtype(np.float32)
+_UINT8 = np.dtype(np.uint8)
+
+
+def bfloat16() -> np.dtype:
+    """The ``ml_dtypes.bfloat16`` NumPy dtype; ImportError with the install hint without it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError("bfloat16 arrays are ml_dtypes.bfloat16 NumPy arrays: install "
+                          "ml_dtypes (pip install 'fastadam[bfloat16]' or pip install "
+                          "ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """True if ``dtype`` is ``ml_dtypes.bfloat16`` (without importing ml_dtypes)."""
+    module = sys.modules.get("ml_dtypes")
+    return module is not None and dtype == module.bfloat16
+
+
+def check_block_size(block_size: Any, name: str = "block_size") -> int:
+    """An int in [8, 4096]."""
+    if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(f"{name}: expected an int in [{BLOCK_MIN}, {BLOCK_MAX}], got "
+                        f"{type(block_size).__name__}")
+    block_size = int(block_size)
+    if not BLOCK_MIN <= block_size <= BLOCK_MAX:
+        raise ValueError(f"{name}: expected an int in [{BLOCK_MIN}, {BLOCK_MAX}], got "
+                         f"{block_size}")
+    return block_size
+
+
+def check_quant_map(quant_map: Any, name: str = "quant_map") -> str:
+    if not isinstance(quant_map, str) or quant_map not in QUANT_MAPS:
+        raise ValueError(f"{name}: expected one of {QUANT_MAPS}, got {quant_map!r}")
+    return quant_map
+
+
+def check_state_dtype(state_dtype: Any, name: str = "state_dtype") -> str:
+    if not isinstance(state_dtype, str) or state_dtype not in STATE_DTYPES:
+        raise ValueError(f"{name}: expected one of {STATE_DTYPES}, got {state_dtype!r}")
+    return state_dtype
+
+
+def n_blocks(size: int, block_size: int) -> int:
+    return -(-size // block_size)
+
+
+def _shape(shape: Any) -> Tuple[int, ...]:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shape: expected an int or a tuple of ints, got {shape!r}") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape: expected non-negative sizes, got {shape}")
+    return shape
+
+
+class QuantizedState:
+    """One optimizer state slot stored as 8-bit block-quantized codes.
+
+    Element ``j`` (flat, C order) has the value ``map[codes.flat[j]] * scales[j // block_size]``,
+    with ``map`` the 256 float32 values of ``quant_map`` (``"dynamic"``: the dynamic tree map of
+    Dettmers et al. 2021, ``"linear"``: evenly spaced), signed or unsigned.  A step updates
+    ``codes`` and ``scales`` in place.
+
+    Parameters
+    ----------
+    codes : ndarray of uint8
+        C-contiguous, writable; its shape is the parameter's.
+    scales : ndarray of float32
+        1-D, C-contiguous, writable, of length ``ceil(codes.size / block_size)``.
+    block_size : int
+        Elements per scale, in [8, 4096] (default 256).
+    quant_map : {"dynamic", "linear"}
+    signed : bool
+        True for a slot that takes both signs (Adam's ``m``), False for a non-negative one
+        (Adam's ``v``): the unsigned map spends every code on values >= 0.
+
+    Build one with :meth:`zeros` or :meth:`from_array`; read it with :meth:`to_array`.
+    """
+
+    __slots__ = ("codes", "scales", "block_size", "quant_map", "signed")
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, block_size: int = DEFAULT_BLOCK,
+                 quant_map: str = "dynamic", signed: bool = True):
+        block_size = check_block_size(block_size)
+        quant_map = check_quant_map(quant_map)
+        if not isinstance(signed, (bool, np.bool_)):
+            raise TypeError(f"signed: expected a bool, got {type(signed).__name__}")
+        if not isinstance(codes, np.ndarray) or codes.dtype != _UINT8:
+            got = codes.dtype if isinstance(codes, np.ndarray) else type(codes).__name__
+            raise TypeError(f"codes: expected a numpy.ndarray of uint8, got {got}")
+        if not codes.flags.c_contiguous or not codes.flags.writeable:
+            raise ValueError("codes: expected a C-contiguous, writable array")
+        if not isinstance(scales, np.ndarray) or scales.dtype != _FLOAT32:
+            got = scales.dtype if isinstance(scales, np.ndarray) else type(scales).__name__
+            raise TypeError(f"scales: expected a numpy.ndarray of float32, got {got}")
+        if (scales.ndim != 1 or not scales.flags.c_contiguous or not scales.flags.writeable
+                or not scales.dtype.isnative or not scales.flags.aligned):
+            raise ValueError(f"scales: expected a 1-D, C-contiguous, writable, aligned array "
+                             f"in native byte order, got shape {scales.shape}")
+        expected = n_blocks(codes.size, block_size)
+        if scales.shape[0] != expected:
+            raise ValueError(f"scales: expected {expected} scales (ceil({codes.size} / "
+                             f"block_size {block_size})), got {scales.shape[0]}")
+        self.codes = codes
+        self.scales = scales
+        self.block_size = block_size
+        self.quant_map = quant_map
+        self.signed = bool(signed)
+
+    # ---- construction and reading ------------------------------------------------------------
+    @classmethod
+    def zeros(cls, shape: Any, block_size: int = DEFAULT_BLOCK, quant_map: str = "dynamic",
+              signed: bool = True) -> "QuantizedState":
+        """A state of zeros: every scale 0 (then every code reads as 0)."""
+        shape = _shape(shape)
+        block_size = check_block_size(block_size)
+        size = math.prod(shape)
+        codes = np.zeros(shape, _UINT8)
+        state = cls(codes, np.zeros(n_blocks(size, block_size), _FLOAT32), block_size,
+                    quant_map, signed)
+        state.codes[...] = state._zero_code()
+        return state
+
+    @classmethod
+    def from_array(cls, a: Any, block_size: int = DEFAULT_BLOCK, quant_map: str = "dynamic",
+                   signed: bool = True) -> "QuantizedState":
+        """Quantize ``a`` (any real array, read as float32): per block, scale = max |a| and
+        each code the nearest map value to ``a / scale``."""
+        from . import _lowp
+        block_size = check_block_size(block_size)
+        quant_map = check_quant_map(quant_map)
+        a = np.asarray(a)
+        if a.dtype.kind not in "fiu" and not is_bfloat16(a.dtype):
+            raise TypeError(f"a: expected a real array, got {a.dtype}")
+        if not signed and a.size and np.nanmin(a.astype(np.float32)) < 0:
+            raise ValueError("a: an unsigned (signed=False) state holds values >= 0 only")
+        flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+        codes, scales = _lowp.quantize(flat, block_size, bool(signed),
+                                       MAP_CODES[quant_map])
+        return cls(np.asarray(codes, _UINT8).reshape(a.shape), np.asarray(scales, _FLOAT32),
+                   block_size, quant_map, signed)
+
+    def to_array(self) -> np.ndarray:
+        """The float32 values (a new array of the codes' shape)."""
+        from . import _lowp
+        flat = _lowp.dequantize(self.codes.reshape(-1), self.scales, self.block_size,
+                                self.signed, MAP_CODES[self.quant_map])
+        return np.asarray(flat, _FLOAT32).reshape(self.codes.shape)
+
+    def quant_values(self) -> np.ndarray:
+        """The 256 float32 values of this state's map (ascending)."""
+        from . import _lowp
+        maker = _lowp.dynamic_map if self.quant_map == "dynamic" else _lowp.linear_map
+        return np.asarray(maker(self.signed), _FLOAT32)
+
+    def _zero_code(self) -> int:
+        """The code whose map value is 0.0 (where a zero block's codes point)."""
+        values = self.quant_values()
+        return int(np.flatnonzero(values == 0.0)[0])
+
+    def fill(self, value: float) -> None:
+        """Set every element to ``value`` (exact: the map holds 0 and 1.0, the scale is
+        ``|value|``)."""
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"value: expected a finite number, got {value}")
+        if value == 0.0:
+            self.codes[...] = self._zero_code()
+            self.scales[...] = 0.0
+            return
+        if value < 0.0 and not self.signed:
+            raise ValueError(f"value: an unsigned state holds values >= 0 only, got {value}")
+        values = self.quant_values()
+        target = 1.0 if value > 0 else -1.0
+        code = int(np.argmin(np.abs(values.astype(np.float64) - target)))
+        self.codes[...] = code
+        self.scales[...] = np.float32(abs(value))
+
+    def copy(self) -> "QuantizedState":
+        return QuantizedState(self.codes.copy(), self.scales.copy(), self.block_size,
+                              self.quant_map, self.signed)
+
+    # ---- facts --------------------------------------------------------------------------------
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.codes.shape
+
+    @property
+    def size(self) -> int:
+        return self.codes.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the codes (1 per element) and the scales (4 per block)."""
+        return self.codes.nbytes + self.scales.nbytes
+
+    def __repr__(self) -> str:
+        return (f"QuantizedState(shape={self.shape}, block_size={self.block_size}, "
+                f"quant_map={self.quant_map!r}, signed={self.signed})")

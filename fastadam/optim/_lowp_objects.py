@@ -1,0 +1,224 @@
+"""Low-precision states of the optimizer objects (issue 24): options, state allocation, the
+dense and lazy sparse steps through the low-precision driver, and memory accounting.
+
+Design.  An optimizer built with ``state_dtype="bfloat16"`` or ``"int8"``, with bfloat16
+parameters, ``master_weights=True`` or ``param_rounding="stochastic"`` keeps a
+:class:`LowpOptions` in ``opt._lowp``; otherwise ``opt._lowp`` is None and nothing here runs
+(the float32 path is today's, call for call).  With it, the optimizer's ``dense_step`` and
+``sparse_step`` are this module's (bound on the instance when the options are set), so the
+base class's step driver -- gradient checks, clipping, ``skip_nonfinite``, schedules, the
+all-or-nothing rule -- is the same for every format.  Each step folds the subclass's
+coefficient object (``opt.coefficients``) and makes one ``_lowp.dense_step`` call per
+(group, dtype), or one ``_lowp.rows_step`` per sparse gradient (coalesced first: sorted unique
+rows, summed values).  A bucket whose parameters, states and gradients are all float32 keeps
+the float driver.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
+                                 bfloat16, check_block_size, check_quant_map, check_state_dtype,
+                                 is_bfloat16)
+from .._core._lowp_validation import (ROUND_CODES, check_rounding, check_seed,
+                                      check_sparse_rows)
+from .._core._registry import spec as _spec
+from .._core._threads import resolve_num_threads
+from ..sparse import IndexedSlices
+from ._checks import check_bool
+from ._clip import coalesce, is_scipy_sparse
+
+LOWP_KEYS = ("state_dtype", "block_size", "quant_map", "param_rounding", "master_weights",
+             "seed")
+_FLOAT32 = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class LowpOptions:
+    state_dtype: str
+    block_size: int
+    quant_map: str
+    param_rounding: str
+    master_weights: bool
+    seed: int
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in LOWP_KEYS}
+
+
+def check_options(defaults: Dict[str, Any]) -> Tuple[LowpOptions, bool]:
+    """The checked options, and whether they ask for the low-precision path by themselves."""
+    opts = LowpOptions(
+        state_dtype=check_state_dtype(defaults.get("state_dtype", "float32")),
+        block_size=check_block_size(defaults.get("block_size", 256)),
+        quant_map=check_quant_map(defaults.get("quant_map", "dynamic")),
+        param_rounding=check_rounding(defaults.get("param_rounding", "nearest")),
+        master_weights=check_bool(defaults.get("master_weights", False), "master_weights"),
+        seed=check_seed(defaults.get("seed", 0)))
+    if opts.master_weights and opts.param_rounding == "stochastic":
+        raise ValueError("param_rounding: with master_weights=True the bfloat16 parameters are "
+                         "written rounded to nearest from the float32 master; got 'stochastic'")
+    if opts.state_dtype == "bfloat16":
+        bfloat16()  # the ImportError with its hint now, not at the first step
+    wanted = (opts.state_dtype != "float32" or opts.master_weights
+              or opts.param_rounding != "nearest")
+    return opts, wanted
+
+
+def check_params(opts: LowpOptions, arrays: List[np.ndarray], labels: List[str]) -> None:
+    """Low-precision steps take float32 and bfloat16 parameters only."""
+    for a, label in zip(arrays, labels):
+        if a.dtype != _FLOAT32 and not is_bfloat16(a.dtype):
+            raise TypeError(f"{label}: state_dtype={opts.state_dtype!r} (and bfloat16 "
+                            f"parameters) need float32 or bfloat16 parameters, got {a.dtype}")
+    if opts.param_rounding == "stochastic" and not any(is_bfloat16(a.dtype) for a in arrays):
+        raise ValueError("param_rounding: stochastic rounding is for bfloat16 parameters; "
+                         "these are float32")
+
+
+def new_slot(opts: LowpOptions, spec: Any, name: str, a: np.ndarray, fill: float) -> Any:
+    """One state slot (object name ``name``) of parameter ``a`` in the options' format."""
+    if opts.state_dtype == "float32":
+        return np.full(a.shape, fill, np.float32)
+    if opts.state_dtype == "bfloat16":
+        return np.full(a.shape, fill, np.float32).astype(bfloat16())
+    functional = spec.slots[spec.object_slots.index(name)]
+    state = QuantizedState.zeros(a.shape, opts.block_size, opts.quant_map,
+                                 functional not in spec.nonnegative_slots)
+    if fill:
+        state.fill(fill)
+    return state
+
+
+def _format(a: Any) -> int:
+    if isinstance(a, QuantizedState):
+        return FMT_Q8
+    return FMT_BF16 if is_bfloat16(a.dtype) else FMT_F32
+
+
+def _threads(opt) -> int:
+    return resolve_num_threads(opt.num_threads)
+
+
+def _slot_order(opt, coeffs) -> Tuple[List[str], Tuple[bool, ...]]:
+    spec = _spec(opt.spec_name)
+    idx = spec.slot_indices(coeffs.flags)
+    return ([spec.object_slots[i] for i in idx],
+            tuple(spec.slots[i] not in spec.nonnegative_slots for i in idx))
+
+
+def _driver_lists(slots_of_names: List[List[Any]], state_fmt: int):
+    if state_fmt == FMT_Q8:
+        return ([[q.codes for q in lst] for lst in slots_of_names],
+                [[q.scales for q in lst] for lst in slots_of_names])
+    return slots_of_names, []
+
+
+def dense_step(opt, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
+    """The objects' dense step with low-precision states or parameters (bound as
+    ``opt.dense_step``)."""
+    from .._core import _lowp
+    first = slots[next(iter(slots))][0] if slots and slots[next(iter(slots))] else None
+    state_fmt = FMT_F32 if first is None else _format(first)
+    param_fmt = _format(xs[0]) if xs else FMT_F32
+    if (param_fmt == FMT_F32 and state_fmt == FMT_F32
+            and all(g.dtype == _FLOAT32 for g in gs)):
+        return type(opt).dense_step(opt, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite)
+    coeffs = opt.coefficients(t, h, lr, grad_scale)
+    coeffs.check_float32()  # computed in float32
+    if not any(x.size for x in xs):  # the precision checks run on empty arrays: no call
+        return True
+    names, signed = _slot_order(opt, coeffs)
+    missing = [n for n in names if n not in slots]
+    if missing:
+        raise ValueError(f"{missing[0]}: these options need the state {missing[0]!r}")
+    grad_fmt = FMT_BF16 if all(is_bfloat16(g.dtype) for g in gs) else FMT_F32
+    if grad_fmt == FMT_F32:  # one gradient dtype per call: bfloat16 ones read as float32
+        gs = [g if g.dtype == _FLOAT32 else g.astype(np.float32) for g in gs]
+    masters = []
+    if param_fmt == FMT_BF16 and opt._lowp.master_weights:
+        masters = [opt._masters[id(x)] for x in xs]
+    codes, scales = _driver_lists([slots[n] for n in names], state_fmt)
+    o = opt._lowp
+    return bool(_lowp.dense_step(coeffs, list(xs), list(gs), codes, scales, masters,
+                                 param_fmt, grad_fmt, state_fmt, o.block_size,
+                                 MAP_CODES[o.quant_map], signed, ROUND_CODES[o.param_rounding],
+                                 o.seed, t + 1, bool(skip_nonfinite), _threads(opt)))
+
+
+def check_sparse(opt, i: int) -> None:
+    """Before any write: a sparse gradient of parameter ``i`` can take the lazy row step."""
+    x = opt._arrays[i]
+    first = opt._slots[next(iter(opt._slots))][i] if opt._slots else None
+    if first is None or (_format(first) == FMT_F32 and _format(x) == FMT_F32):
+        return  # the float driver's sparse step
+    h = opt._groups[opt._group_of[i]]
+    if h.get("sparse_mode", "lazy") != "lazy":
+        raise ValueError(f"sparse_mode: low-precision states step sparse gradients lazily "
+                         f"only (touched rows); got {h['sparse_mode']!r} for {opt._labels[i]}")
+    if _format(first) == FMT_Q8:
+        check_sparse_rows(x.shape, opt._lowp.block_size, opt._labels[i])
+
+
+def _rows_values(grad: Any, shape: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorted unique int64 rows and their summed float32 values (len(rows), D)."""
+    d = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    if isinstance(grad, tuple):  # (rows, values): already coalesced
+        rows, values = grad
+    elif isinstance(grad, IndexedSlices):
+        g = coalesce(grad)
+        rows, values = g.indices, g.values
+    elif is_scipy_sparse(grad):
+        g = coalesce(grad)
+        counts = np.diff(g.indptr)
+        rows = np.flatnonzero(counts)
+        values = g[rows].toarray() if rows.size else np.empty((0, d), np.float32)
+    else:
+        raise TypeError(f"grad: expected IndexedSlices or CSR, got {type(grad).__name__}")
+    rows = np.ascontiguousarray(rows, np.int64)
+    values = np.ascontiguousarray(np.asarray(values, np.float32).reshape(rows.size, d))
+    return rows, values
+
+
+def sparse_step(opt, x, grad, slots, t, h, lr) -> None:
+    """The lazy sparse step with low-precision states or parameters (``opt.sparse_step``)."""
+    from .._core import _lowp
+    first = slots[next(iter(slots))] if slots else None
+    state_fmt = FMT_F32 if first is None else _format(first)
+    param_fmt = _format(x)
+    if param_fmt == FMT_F32 and state_fmt == FMT_F32:
+        return type(opt).sparse_step(opt, x, grad, slots, t, h, lr)
+    coeffs = opt.coefficients(t, h, lr, None)
+    coeffs.check_float32()
+    rows, values = _rows_values(grad, x.shape)
+    if not rows.size or not x.size:
+        return None
+    names, signed = _slot_order(opt, coeffs)
+    r = x.shape[0]
+    x2 = x.reshape(r, -1)
+    lst = [slots[n] for n in names]
+    if state_fmt == FMT_Q8:
+        codes = [q.codes.reshape(r, -1) for q in lst]
+        scales = [q.scales for q in lst]
+    else:
+        codes, scales = [a.reshape(r, -1) for a in lst], []
+    master = None
+    if param_fmt == FMT_BF16 and opt._lowp.master_weights:
+        master = opt._masters[id(x)].reshape(r, -1)
+    o = opt._lowp
+    _lowp.rows_step(coeffs, x2, rows, values, codes, scales, master, param_fmt, state_fmt,
+                    o.block_size, MAP_CODES[o.quant_map], signed, ROUND_CODES[o.param_rounding],
+                    o.seed, t + 1, _threads(opt))
+    return None
+
+
+def state_bytes(opt) -> int:
+    """Bytes of optimizer state: every slot (codes and scales for 8-bit ones) and masters."""
+    total = 0
+    for arrays in opt._slots.values():
+        total += sum(int(a.nbytes) for a in arrays)
+    total += sum(int(m.nbytes) for m in opt.__dict__.get("_master_list", ()) if m is not None)
+    return total
