@@ -12,7 +12,8 @@ Sections (all by default):
            step beside the byte limit (28 bytes / its bytes per parameter, scales included),
            and as a fraction of its stream loop (stream time / step time).
   others   ``DeepSpeedCPUAdam`` (float32 states), ``bitsandbytes.optim.Adam8bit`` and torchao's
-           ``AdamW8bit`` on CPU tensors of the same size, each timed beside fastadam's step of the
+           ``AdamW8bit`` on CPU tensors of about the same size (a multiple of 256: torchao
+           keeps float32 states for other sizes), each timed beside fastadam's step of the
            same state format (a separate block per library: their OpenMP runtime is torch's);
            a library that is not installed or refuses CPU tensors is reported with its error.
   memory   ``state_bytes_per_param()`` of each object, and the resident memory of a lazy sparse
@@ -161,6 +162,9 @@ def torch_contenders():
 
 
 def others_section(size, threads_list, repeats):
+    # torchao quantizes a state only when its size is a multiple of its block (256), and keeps
+    # float32 otherwise: 1e7 is not, so every contender here gets the multiple below it
+    size -= size % BLOCK
     print(f"\n[others] other libraries' CPU Adam on one torch tensor of {size:.0e} float32 "
           f"elements, as a multiple of fastadam's float32 step and of its step with the same state "
           f"format")
