@@ -108,6 +108,7 @@ EXTENSIONS = {
     "fastadam._core._validation": ["fastadam/_core/_validation.pyx"],
     "fastadam._core._dense": ["fastadam/_core/_dense.pyx", "include/fastadam/dense.c"],
     "fastadam._core._sparse": ["fastadam/_core/_sparse.pyx", "include/fastadam/sparse.c"],
+    "fastadam._core._lowp": ["fastadam/_core/_lowp.pyx", "include/fastadam/lowp.c"],
     "fastadam._core._autodiff_kernels": ["fastadam/_core/_autodiff_kernels.pyx",
                                          "include/fastadam/autodiff_kernels.c"],
     # each package's own compiled module

@@ -98,7 +98,8 @@ class QuantizedState:
     Element ``j`` (flat, C order) has the value ``map[codes.flat[j]] * scales[j // block_size]``,
     with ``map`` the 256 float32 values of ``quant_map`` (``"dynamic"``: the dynamic tree map of
     Dettmers et al. 2021, ``"linear"``: evenly spaced), signed or unsigned.  A step updates
-    ``codes`` and ``scales`` in place.
+    ``codes`` and ``scales`` in place.  Build one with :meth:`zeros` or :meth:`from_array`;
+    read it with :meth:`to_array`.
 
     Parameters
     ----------
@@ -112,8 +113,6 @@ class QuantizedState:
     signed : bool
         True for a slot that takes both signs (Adam's ``m``), False for a non-negative one
         (Adam's ``v``): the unsigned map spends every code on values >= 0.
-
-    Build one with :meth:`zeros` or :meth:`from_array`; read it with :meth:`to_array`.
     """
 
     __slots__ = ("codes", "scales", "block_size", "quant_map", "signed")
@@ -163,8 +162,8 @@ class QuantizedState:
     @classmethod
     def from_array(cls, a: Any, block_size: int = DEFAULT_BLOCK, quant_map: str = "dynamic",
                    signed: bool = True) -> "QuantizedState":
-        """Quantize ``a`` (any real array, read as float32): per block, scale = max |a| and
-        each code the nearest map value to ``a / scale``."""
+        """Quantize ``a`` (any real array, read as float32): per block,
+        ``scale = max(abs(a))`` and each code the nearest map value to ``a / scale``."""
         from . import _lowp
         block_size = check_block_size(block_size)
         quant_map = check_quant_map(quant_map)
@@ -198,8 +197,8 @@ class QuantizedState:
         return int(np.flatnonzero(values == 0.0)[0])
 
     def fill(self, value: float) -> None:
-        """Set every element to ``value`` (exact: the map holds 0 and 1.0, the scale is
-        ``|value|``)."""
+        """Set every element to ``value`` (exact for ``value >= 0``: the map holds 0 and 1.0,
+        the scale is ``abs(value)``)."""
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"value: expected a finite number, got {value}")

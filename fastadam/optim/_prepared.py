@@ -205,6 +205,12 @@ def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
     compiled call -- what a training loop, an ONNX training operator or a distributed
     optimizer calls every step.
 
+    Low precision: ``params`` may be float32 or ``ml_dtypes.bfloat16``, the slots float32,
+    bfloat16 or :class:`~fastadam.optim.QuantizedState` (all in one format; 8-bit slots use
+    the unsigned map for the spec's ``nonnegative_slots``), gradients float32 or bfloat16
+    (one dtype per step); the update is computed in float32.  See the guide page "Low-precision
+    optimizer states".
+
     Parameters
     ----------
     optimizer : {"adam", "adagrad", "momentum", "rmsprop", "lion"}
@@ -232,12 +238,6 @@ def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
         do not depend on the thread count.
     seed : int
         In [0, 2**64).
-
-    Low precision: ``params`` may be float32 or ``ml_dtypes.bfloat16``, the slots float32,
-    bfloat16 or :class:`~fastadam.optim.QuantizedState` (all in one format; 8-bit slots use
-    the unsigned map for the spec's ``nonnegative_slots``), gradients float32 or bfloat16
-    (one dtype per step); the update is computed in float32.  See the guide page "Low-precision
-    optimizer states".
 
     Examples
     --------
