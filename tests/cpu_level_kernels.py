@@ -8,7 +8,9 @@ the C registration list), float32 and float64, at a size with a SIMD tail and wi
 checks (grad_scale, skip_nonfinite); the sparse step in lazy, catchup and dense modes at row
 widths 4 (a short-row loop), 64 and 67; segment_sum; the autodiff kernels (relu, sigmoid, their
 gradients, tanh's gradient, column sums, softmax cross-entropy) and the transformer's erf and
-GELU; the bandwidth yardstick.  Inputs come from fixed seeds.  Also saved: the level each
+GELU; the bandwidth yardstick; the low-precision steps (_lowp: every option set with bfloat16
+and 8-bit states, float32 and bfloat16 parameters with stochastic rounding or a master, a sparse
+rows step) and 8-bit quantization.  Inputs come from fixed seeds.  Also saved: the level each
 compiled module reports (``levels``, JSON) and ``fastadam.config()``'s three level facts.
 """
 import json
@@ -20,12 +22,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # optimizer_table, reference
 
 import fastadam  # noqa: E402
-from fastadam._core import _autodiff_kernels, _dense, _sparse  # noqa: E402
+from fastadam._core import _autodiff_kernels, _dense, _lowp, _sparse  # noqa: E402
+from fastadam._core._registry import spec  # noqa: E402
 from fastadam.autodiff import _transformer_kernels  # noqa: E402
 from fastadam.bench import _yardstick  # noqa: E402
-from optimizer_table import CASES, case_id  # noqa: E402
+from lowp_reference import NONNEGATIVE  # noqa: E402
+from optimizer_table import CASES, case_id, fold_options  # noqa: E402
 
-MODULES = {"_dense": _dense, "_sparse": _sparse, "_autodiff_kernels": _autodiff_kernels,
+MODULES = {"_dense": _dense, "_sparse": _sparse, "_lowp": _lowp, "_autodiff_kernels": _autodiff_kernels,
            "_transformer_kernels": _transformer_kernels, "_yardstick": _yardstick}
 SIZE = 1003  # above every vector width, with a tail at each
 
@@ -110,9 +114,63 @@ def autodiff_kernels(out):
     out["yardstick/stream_rw"] = np.concatenate([a, b, c])
 
 
+def lowp_steps(out):
+    block = 64
+    for case in CASES:
+        info, options = case
+        names = info.slots(options)
+        signed = tuple(n not in NONNEGATIVE[info.name] for n in names)
+        for state_fmt in (_lowp.FMT_BF16, _lowp.FMT_Q8):
+            for param in ("f32", "bf16-sr", "bf16-master"):
+                rng = np.random.default_rng(21)
+                x32 = rng.standard_normal(SIZE).astype(np.float32)
+                x = x32 if param == "f32" else _lowp.to_bf16_bits(x32)
+                masters = [x32.copy()] if param == "bf16-master" else []
+                init = [(0.01 * (np.abs(rng.standard_normal(SIZE)) + 0.5)) if not sg
+                        else 0.001 * rng.standard_normal(SIZE) for sg in signed]
+                if state_fmt == _lowp.FMT_Q8:
+                    pairs = [_lowp.quantize(v.astype(np.float32), block, sg, _lowp.MAP_DYNAMIC)
+                             for v, sg in zip(init, signed)]
+                    slots, scales = [[p[0]] for p in pairs], [[p[1]] for p in pairs]
+                else:
+                    slots, scales = [[_lowp.to_bf16_bits(v)] for v in init], []
+                for t in range(info.first_t, info.first_t + 2):
+                    g = rng.standard_normal(SIZE).astype(np.float32)
+                    coeffs = spec(info.name).fold(t, **fold_options(info.name, options))
+                    _lowp.dense_step(coeffs, [x], [g], slots, scales, masters,
+                                     _lowp.FMT_F32 if param == "f32" else _lowp.FMT_BF16,
+                                     _lowp.FMT_F32, state_fmt, block, _lowp.MAP_DYNAMIC, signed,
+                                     _lowp.ROUND_STOCHASTIC, 99, t, False, 1)
+                key = f"lowp/{case_id(case)}/{state_fmt}/{param}"
+                out[key + "/x"] = x
+                for q in range(len(names)):
+                    out[f"{key}/s{q}"] = slots[q][0]
+                    if scales:
+                        out[f"{key}/scale{q}"] = scales[q][0]
+                if masters:
+                    out[key + "/master"] = masters[0]
+    rng = np.random.default_rng(22)
+    table = rng.standard_normal((30, 64)).astype(np.float32)
+    m, ms = _lowp.quantize((0.01 * rng.standard_normal(30 * 64)).astype(np.float32), 32, True, 0)
+    v, vs = _lowp.quantize((0.01 * rng.random(30 * 64)).astype(np.float32), 32, False, 0)
+    rows = np.array([1, 2, 7, 29], np.int64)
+    coeffs = spec("adam").fold(1, **fold_options("adam", dict(lr=0.01, convention="torch")))
+    _lowp.rows_step(coeffs, table, rows, rng.standard_normal((4, 64)).astype(np.float32),
+                    [m.reshape(30, 64), v.reshape(30, 64)], [ms, vs], None, _lowp.FMT_F32,
+                    _lowp.FMT_Q8, 32, 0, (True, False), 0, 0, 1, 1)
+    out["lowp/rows"] = np.concatenate([table.ravel(), m.view(np.float32), v.view(np.float32),
+                                       ms, vs])
+    y = (rng.standard_normal(SIZE) * np.exp(rng.uniform(-10, 1, SIZE))).astype(np.float32)
+    for qmap in (_lowp.MAP_DYNAMIC, _lowp.MAP_LINEAR):
+        codes, scales = _lowp.quantize(y, 100, True, qmap)
+        out[f"lowp/quantize/{qmap}"] = codes
+        out[f"lowp/dequantize/{qmap}"] = _lowp.dequantize(codes, scales, 100, True, qmap)
+
+
 def main(path):
     out = {}
     dense_steps(out)
+    lowp_steps(out)
     sparse_steps(out)
     autodiff_kernels(out)
     cfg = fastadam.config()
