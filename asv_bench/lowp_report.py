@@ -277,6 +277,43 @@ def memory_section(rows, dim):
     return results
 
 
+def markdown_formats(results, threads_list):
+    """The formats section as a markdown table (ratios with the byte limits beside them)."""
+    head = ("| states (Adam, float32 gradients unless said) | bytes / param | byte limit | goal | "
+            + " | ".join(f"{nt} thread{'s' if nt > 1 else ''}" for nt in threads_list)
+            + f" | of its stream loop ({' / '.join(map(str, threads_list))} threads; goal "
+            f"{STREAM_GOAL}) |")
+    lines = [head, "|---" * (5 + len(threads_list)) + "|"]
+    for label, _, dtype, state_bytes, goal in FORMATS:
+        nbytes = format_bytes(dtype, state_bytes)
+        cells = []
+        for nt in threads_list:
+            r = results.get((label, nt))
+            cells.append("n/a" if r is None else f"{r['ratio']:.2f}x" + (
+                "" if goal is None or r["ratio"] >= goal else " **NOT met**"))
+        fractions = [results[(label, nt)]["fraction"] for nt in threads_list
+                     if (label, nt) in results]
+        frac = " / ".join(f"{f:.2f}" for f in fractions) + (
+            " **NOT met**" if any(f < STREAM_GOAL for f in fractions) else "")
+        lines.append(f"| {label} | {nbytes:g} | {BYTES_PER_ELEMENT_F32 / nbytes:.3g}x | "
+                     f"{f'{goal}x' if goal else ''} | " + " | ".join(cells) + f" | {frac} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_others(results, threads_list):
+    lines = ["| library, CPU tensors | " + " | ".join(
+        f"{nt} thread{'s' if nt > 1 else ''}" for nt in threads_list) + " |",
+        "|---" * (1 + len(threads_list)) + "|"]
+    for name in torch_contenders():
+        cells = []
+        for nt in threads_list:
+            r = results.get((name, nt))
+            cells.append("refused" if r is None else "; ".join(
+                f"{v:.2f}x {k}'s time" for k, v in r.items() if k != "ms"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=10**7)
@@ -286,6 +323,7 @@ def main(argv=None):
     parser.add_argument("--section", action="append", choices=["formats", "others", "memory"])
     parser.add_argument("--rows", type=int, default=TABLE_ROWS)
     parser.add_argument("--dim", type=int, default=TABLE_DIM)
+    parser.add_argument("--markdown", help="also write the formats and others tables here")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child is not None:
@@ -295,12 +333,18 @@ def main(argv=None):
     sections = args.section or ["formats", "others", "memory"]
     print(f"fastadam {fastadam.__version__}, simd {fastadam.config()['simd_level']}, "
           f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved rounds")
+    tables = []
     if "formats" in sections:
-        formats_section(args.size, threads, args.repeats)
+        tables.append(markdown_formats(formats_section(args.size, threads, args.repeats),
+                                       threads))
     if "others" in sections:
-        others_section(args.size, threads, args.repeats)
+        tables.append(markdown_others(others_section(args.size, threads, args.repeats),
+                                      threads))
     if "memory" in sections:
         memory_section(args.rows, args.dim)
+    if args.markdown and tables:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(tables))
 
 
 if __name__ == "__main__":
