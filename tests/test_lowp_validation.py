@@ -305,8 +305,9 @@ def test_load_refuses_float32_state_into_8bit_and_scales_of_the_wrong_length():
     _, f32 = _trained("float32")
     x, opt = _trained()
     before = snapshot(x, opt.state(0))
-    with pytest.raises(ValueError, match=r"^state: the state holds float32 optimizer states "
-                                         r"\(no 'state_format'\); this optimizer keeps 'int8'"):
+    with pytest.raises(ValueError, match=r"^state: the state has no 'state_format' \(an "
+                                         r"optimizer with float32 states and parameters\); this "
+                                         r"optimizer has \{'state_dtype': 'int8'"):
         opt.load_state_dict(f32.state_dict())
     state = opt.state_dict()
     state["m_scales"] = [state["m_scales"][0][:-1]]
@@ -318,3 +319,39 @@ def test_load_refuses_float32_state_into_8bit_and_scales_of_the_wrong_length():
     with pytest.raises(ValueError, match=r"^state\['v'\]\[0\]: expected uint8 of shape \(600,\)"):
         opt.load_state_dict(state)
     assert snapshot(x, opt.state(0)) == before
+
+
+# ---- the GPU path: prepare_step hands CuPy arrays to fastadam.gpu.lowp_dense_step ---------------
+class DeviceArray:
+    """A stand-in for a CuPy array (what fastadam.gpu recognises: __cuda_array_interface__)."""
+    __cuda_array_interface__ = {}
+
+    def __init__(self, a):
+        self.a, self.dtype, self.shape, self.ndim = a, a.dtype, a.shape, a.ndim
+        self.size, self.nbytes = a.size, a.nbytes
+
+
+def test_prepare_step_routes_low_precision_device_arrays_to_the_gpu_driver(monkeypatch):
+    import fastadam.gpu
+    calls = []
+    monkeypatch.setattr(fastadam.gpu, "lowp_dense_step",
+                        lambda *args: calls.append(args) or True, raising=False)
+    x = DeviceArray(np.ones(512, np.uint16))  # bfloat16 bits: CuPy has no bfloat16
+    m = QuantizedState(DeviceArray(np.zeros(512, np.uint8)),
+                       DeviceArray(np.zeros(2, np.float32)))
+    v = QuantizedState(DeviceArray(np.zeros(512, np.uint8)),
+                       DeviceArray(np.zeros(2, np.float32)), signed=False)
+    master = DeviceArray(np.ones(512, np.float32))
+    step = prepare_step("adam", x, {"m": m, "v": v}, master=master, seed=5)
+    g = DeviceArray(np.ones(512, np.float32))
+    assert step.step(g, 3, lr=0.1) is True
+    (coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt, state_fmt, block, qmap, signed,
+     rounding, seed, t, skip, _), = calls
+    assert (xs, gs, masters) == ([x], [g], [master])
+    assert slots == [[m.codes], [v.codes]] and scales == [[m.scales], [v.scales]]
+    assert (param_fmt, grad_fmt, state_fmt, block, qmap, signed, rounding, seed, t, skip) == (
+        1, 0, 2, 256, 0, (True, False), 0, 5, 3, False)
+    bad = QuantizedState(DeviceArray(np.zeros(512, np.uint8)),
+                         DeviceArray(np.zeros(2, np.float32)))
+    with pytest.raises(ValueError, match=r"^v: its block_size, quant_map or signed"):
+        prepare_step("adam", x, {"m": m, "v": bad})

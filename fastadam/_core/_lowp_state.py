@@ -76,6 +76,11 @@ def check_state_dtype(state_dtype: Any, name: str = "state_dtype") -> str:
     return state_dtype
 
 
+def _on_device(a: Any) -> bool:
+    """A GPU array (CuPy, or anything with ``__cuda_array_interface__``)."""
+    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+
+
 def n_blocks(size: int, block_size: int) -> int:
     return -(-size // block_size)
 
@@ -99,7 +104,8 @@ class QuantizedState:
     with ``map`` the 256 float32 values of ``quant_map`` (``"dynamic"``: the dynamic tree map of
     Dettmers et al. 2021, ``"linear"``: evenly spaced), signed or unsigned.  A step updates
     ``codes`` and ``scales`` in place.  Build one with :meth:`zeros` or :meth:`from_array`;
-    read it with :meth:`to_array`.
+    read it with :meth:`to_array`.  For the GPU path, ``codes`` and ``scales`` may be CuPy
+    arrays (``QuantizedState(cupy.asarray(q.codes), cupy.asarray(q.scales), ...)``).
 
     Parameters
     ----------
@@ -123,18 +129,25 @@ class QuantizedState:
         quant_map = check_quant_map(quant_map)
         if not isinstance(signed, (bool, np.bool_)):
             raise TypeError(f"signed: expected a bool, got {type(signed).__name__}")
-        if not isinstance(codes, np.ndarray) or codes.dtype != _UINT8:
-            got = codes.dtype if isinstance(codes, np.ndarray) else type(codes).__name__
-            raise TypeError(f"codes: expected a numpy.ndarray of uint8, got {got}")
-        if not codes.flags.c_contiguous or not codes.flags.writeable:
-            raise ValueError("codes: expected a C-contiguous, writable array")
-        if not isinstance(scales, np.ndarray) or scales.dtype != _FLOAT32:
-            got = scales.dtype if isinstance(scales, np.ndarray) else type(scales).__name__
-            raise TypeError(f"scales: expected a numpy.ndarray of float32, got {got}")
-        if (scales.ndim != 1 or not scales.flags.c_contiguous or not scales.flags.writeable
-                or not scales.dtype.isnative or not scales.flags.aligned):
-            raise ValueError(f"scales: expected a 1-D, C-contiguous, writable, aligned array "
-                             f"in native byte order, got shape {scales.shape}")
+        if _on_device(codes) or _on_device(scales):  # CuPy: fastadam.gpu checks them
+            if not (_on_device(codes) and _on_device(scales)):
+                raise TypeError("codes, scales: expected both on the GPU or both NumPy arrays")
+            if codes.dtype != _UINT8 or scales.dtype != _FLOAT32 or scales.ndim != 1:
+                raise TypeError(f"codes, scales: expected uint8 codes and 1-D float32 scales, "
+                                f"got {codes.dtype} and {scales.ndim}-D {scales.dtype}")
+        else:
+            if not isinstance(codes, np.ndarray) or codes.dtype != _UINT8:
+                got = codes.dtype if isinstance(codes, np.ndarray) else type(codes).__name__
+                raise TypeError(f"codes: expected a numpy.ndarray of uint8, got {got}")
+            if not codes.flags.c_contiguous or not codes.flags.writeable:
+                raise ValueError("codes: expected a C-contiguous, writable array")
+            if not isinstance(scales, np.ndarray) or scales.dtype != _FLOAT32:
+                got = scales.dtype if isinstance(scales, np.ndarray) else type(scales).__name__
+                raise TypeError(f"scales: expected a numpy.ndarray of float32, got {got}")
+            if (scales.ndim != 1 or not scales.flags.c_contiguous or not scales.flags.writeable
+                    or not scales.dtype.isnative or not scales.flags.aligned):
+                raise ValueError(f"scales: expected a 1-D, C-contiguous, writable, aligned "
+                                 f"array in native byte order, got shape {scales.shape}")
         expected = n_blocks(codes.size, block_size)
         if scales.shape[0] != expected:
             raise ValueError(f"scales: expected {expected} scales (ceil({codes.size} / "
@@ -181,7 +194,10 @@ class QuantizedState:
     def to_array(self) -> np.ndarray:
         """The float32 values (a new array of the codes' shape)."""
         from . import _lowp
-        flat = _lowp.dequantize(self.codes.reshape(-1), self.scales, self.block_size,
+        codes, scales = self.codes, self.scales
+        if _on_device(codes):  # a CuPy state: read back to the host
+            codes, scales = codes.get(), scales.get()
+        flat = _lowp.dequantize(codes.reshape(-1), scales, self.block_size,
                                 self.signed, MAP_CODES[self.quant_map])
         return np.asarray(flat, _FLOAT32).reshape(self.codes.shape)
 

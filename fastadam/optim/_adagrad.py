@@ -39,6 +39,8 @@ class Adagrad(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+        Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr, eps, initial_accumulator_value : float, optional
         None: the convention's default (torch 1e-2, 1e-10, 0; keras 1e-3, 1e-7, 0.1;
         onnx 1e-2, 1e-6, 0).  ``lr`` may be a schedule.

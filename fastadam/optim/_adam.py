@@ -57,6 +57,28 @@ class Adam(Optimizer):
         ``clip_grad_norm_`` rule), at the cost of one extra read of the gradients.
     num_threads : int, optional
         OpenMP threads per call (results are identical for any count).
+    state_dtype : {"float32", "bfloat16", "int8"}
+        How the state slots are stored (default ``"float32"``: today's arrays and kernels).
+        ``"bfloat16"``: ``ml_dtypes.bfloat16`` arrays; ``"int8"``: a
+        :class:`fastadam.optim.QuantizedState` per slot (uint8 codes, one float32 scale per
+        ``block_size`` elements).  The update is computed in float32; low-precision states
+        need float32 or bfloat16 parameters, and step sparse gradients lazily only
+        (``sparse_mode="dense"`` is refused).  See the guide page "Low-precision optimizer
+        states".
+    block_size : int
+        8-bit states: elements per scale, in [8, 4096] (default 256); a parameter stepped by
+        sparse gradients needs rows that are whole blocks.
+    quant_map : {"dynamic", "linear"}
+        8-bit states: the quantization map (default the dynamic tree map of Dettmers et al.).
+    param_rounding : {"nearest", "stochastic"}
+        How bfloat16 parameters are written back (default to nearest even); stochastic
+        rounding draws its bits from (``seed``, step, tensor, element), so it is reproducible
+        and independent of the thread count.
+    master_weights : bool
+        Keep a float32 master copy of each bfloat16 parameter (in the state and checkpoints):
+        the step updates it and writes the parameter as its nearest bfloat16.
+    seed : int
+        Seed of stochastic rounding, in [0, 2**64).
     """
 
     group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",

@@ -578,7 +578,9 @@ class Optimizer:
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(t={self.t}, clip_grad_norm={self._clip}, "
                  f"num_threads={self.num_threads}"
-                 + "".join(f", {k}={v!r}" for k, v in self._options.items()) + ")"]
+                 + "".join(f", {k}={v!r}" for k, v in self._options.items())
+                 + ("" if self.__dict__.get("_lowp") is None else
+                    "".join(f", {k}={v!r}" for k, v in self._lowp.as_dict().items())) + ")"]
         for gi, (h, idx) in enumerate(zip(self._groups, self._group_params)):
             dtypes: Dict[str, int] = {}
             for i in idx:

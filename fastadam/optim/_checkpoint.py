@@ -112,9 +112,9 @@ def _check_state_format(opt, state: Dict[str, Any], where: str) -> Tuple[str, ..
         return ()
     if not have:
         if isinstance(state, dict):
-            raise ValueError(f"{where}: the state holds float32 optimizer states (no "
-                             f"'state_format'); this optimizer keeps "
-                             f"{opt._lowp.state_dtype!r} ones")
+            raise ValueError(f"{where}: the state has no 'state_format' (an optimizer with "
+                             f"float32 states and parameters); this optimizer has "
+                             f"{opt._lowp.as_dict()}")
         return ()
     got = state["state_format"]
     expected = opt._lowp.as_dict()

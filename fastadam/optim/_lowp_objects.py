@@ -71,6 +71,9 @@ def check_options(defaults: Dict[str, Any]) -> Tuple[LowpOptions, bool]:
 def check_params(opts: LowpOptions, arrays: List[np.ndarray], labels: List[str]) -> None:
     """Low-precision steps take float32 and bfloat16 parameters only."""
     for a, label in zip(arrays, labels):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{label}: the optimizer objects keep low-precision states on the "
+                            f"CPU; for CuPy arrays use fastadam.optim.prepare_step")
         if a.dtype != _FLOAT32 and not is_bfloat16(a.dtype):
             raise TypeError(f"{label}: state_dtype={opts.state_dtype!r} (and bfloat16 "
                             f"parameters) need float32 or bfloat16 parameters, got {a.dtype}")
@@ -84,7 +87,9 @@ def new_slot(opts: LowpOptions, spec: Any, name: str, a: np.ndarray, fill: float
     if opts.state_dtype == "float32":
         return np.full(a.shape, fill, np.float32)
     if opts.state_dtype == "bfloat16":
-        return np.full(a.shape, fill, np.float32).astype(bfloat16())
+        slot = np.empty(a.shape, bfloat16())  # filled in place: no float32 temporary
+        slot.fill(fill)
+        return slot
     functional = spec.slots[spec.object_slots.index(name)]
     state = QuantizedState.zeros(a.shape, opts.block_size, opts.quant_map,
                                  functional not in spec.nonnegative_slots)
@@ -103,11 +108,20 @@ def _threads(opt) -> int:
     return resolve_num_threads(opt.num_threads)
 
 
+_SLOT_ORDER: Dict[Tuple[str, int], Tuple[List[str], Tuple[bool, ...]]] = {}
+
+
 def _slot_order(opt, coeffs) -> Tuple[List[str], Tuple[bool, ...]]:
-    spec = _spec(opt.spec_name)
-    idx = spec.slot_indices(coeffs.flags)
-    return ([spec.object_slots[i] for i in idx],
-            tuple(spec.slots[i] not in spec.nonnegative_slots for i in idx))
+    """(object slot names in kernel order, signed map per slot) of these coefficients' flags."""
+    key = (opt.spec_name, coeffs.flags)
+    order = _SLOT_ORDER.get(key)
+    if order is None:
+        spec = _spec(opt.spec_name)
+        idx = spec.slot_indices(coeffs.flags)
+        order = _SLOT_ORDER[key] = ([spec.object_slots[i] for i in idx],
+                                    tuple(spec.slots[i] not in spec.nonnegative_slots
+                                          for i in idx))
+    return order
 
 
 def _driver_lists(slots_of_names: List[List[Any]], state_fmt: int):

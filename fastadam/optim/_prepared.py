@@ -27,9 +27,10 @@ from .._core import _dense
 from .._core._registry import spec as _spec
 from .._core._threads import adaptive_threads, resolve_num_threads
 from .._core._validation import as_array_list, check_array, check_disjoint
-from .._core._lowp_state import check_block_size, check_quant_map
-from .._core._lowp_validation import (check_lowp_grads, check_lowp_step, check_rounding,
-                                      check_seed, is_lowp_input)
+from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
+                                 check_block_size, check_quant_map)
+from .._core._lowp_validation import (ROUND_CODES, check_lowp_grads, check_lowp_step,
+                                      check_rounding, check_seed, is_lowp_input)
 from ._functional import KIND_DENSE, check_compute_dtype
 
 __all__ = ["PreparedStep", "prepare_step"]
@@ -75,7 +76,7 @@ class PreparedStep:
         self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
         self._params_arg, self._slots_arg = params, dict(slots)
         self._names_by_flags = {}
-        self._lowp = None
+        self._lowp = self._gpu_lowp = None
         if self.device == "cpu" and (is_lowp_input(params, slots, master)
                                      or param_rounding != "nearest"):
             self._lowp = check_lowp_step(self._spec, params, slots, master=master,
@@ -90,11 +91,13 @@ class PreparedStep:
         check_quant_map(quant_map)
         check_rounding(param_rounding)
         check_seed(seed)
-        if master is not None:
-            raise ValueError("master: a float32 master copy is for bfloat16 params")
         if self.device == "gpu":  # the GPU path checks its arrays in fastadam.gpu
             self.slot_names = tuple(n for n in self._spec.slots if n in slots)
+            self._gpu_lowp = _gpu_lowp_plan(self._spec, params, slots, master, block_size,
+                                            quant_map, param_rounding, seed)
             return
+        if master is not None:
+            raise ValueError("master: a float32 master copy is for bfloat16 params")
         xs, single = as_array_list(params, "params")
         typenum = -1
         for i, x in enumerate(xs):
@@ -154,6 +157,8 @@ class PreparedStep:
         if self._lowp is not None:
             return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
         if self.device == "gpu":
+            if self._gpu_lowp is not None:
+                return self._gpu_lowp_step(coeffs, names, grads, t, skip_nonfinite)
             return _gpu.dense_step(coeffs, self._params_arg, grads,
                                    [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
         gs, single = as_array_list(grads, "grads")
@@ -186,10 +191,67 @@ class PreparedStep:
                                      plan.qmap, signed, plan.rounding, plan.seed, int(t),
                                      bool(skip_nonfinite), nt))
 
+    def _gpu_lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
+        """fastadam.gpu's low-precision step (it checks its arrays itself)."""
+        p = self._gpu_lowp
+        gs = list(grads) if isinstance(grads, (list, tuple)) else [grads]
+        grad_fmt = FMT_BF16 if gs and gs[0].dtype == np.uint16 else FMT_F32
+        lists = [p["slots"][n] for n in names]
+        if p["state_fmt"] == FMT_Q8:
+            slots = [[q.codes for q in lst] for lst in lists]
+            scales = [[q.scales for q in lst] for lst in lists]
+        else:
+            slots, scales = lists, []
+        signed = tuple(n not in self._spec.nonnegative_slots for n in names)
+        return bool(_gpu.lowp_dense_step(
+            coeffs, p["xs"], gs, slots, scales, p["masters"], p["param_fmt"], grad_fmt,
+            p["state_fmt"], p["block"], p["qmap"], signed, p["rounding"], p["seed"], int(t),
+            bool(skip_nonfinite), self._nt))
+
     def __repr__(self) -> str:
         n = len(self._xs) if self.device == "cpu" else "?"
         return (f"PreparedStep({self.optimizer!r}, {n} tensors, slots {self.slot_names}, "
                 f"device {self.device!r})")
+
+
+def _gpu_lowp_plan(spec, params, slots, master, block_size, quant_map, param_rounding, seed):
+    """The formats of a low-precision step on CuPy arrays (bfloat16 as uint16 bits, CuPy
+    having no bfloat16), or None for a float step; fastadam.gpu checks the arrays."""
+    def as_list(obj):
+        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+
+    def fmt(a):
+        if isinstance(a, QuantizedState):
+            return FMT_Q8
+        return FMT_BF16 if a.dtype == np.uint16 else FMT_F32
+
+    block = check_block_size(block_size)
+    quant_map = check_quant_map(quant_map)
+    rounding = check_rounding(param_rounding)
+    seed = check_seed(seed)
+    xs = as_list(params)
+    lists = {n: as_list(slots[n]) for n in spec.slots if n in slots}
+    formats = {fmt(a) for lst in lists.values() for a in lst}
+    param_fmt = fmt(xs[0]) if xs else FMT_F32
+    if (master is None and rounding == "nearest" and param_fmt == FMT_F32
+            and formats <= {FMT_F32}):
+        return None
+    if len(formats) > 1:
+        raise TypeError("slots: expected every state in one format (float32, bfloat16 bits as "
+                        "uint16, or QuantizedState)")
+    for name, lst in lists.items():
+        for q in lst:
+            if isinstance(q, QuantizedState) and (
+                    q.block_size != block or q.quant_map != quant_map
+                    or q.signed != (name not in spec.nonnegative_slots)):
+                raise ValueError(f"{name}: its block_size, quant_map or signed "
+                                 f"({q.block_size}, {q.quant_map!r}, {q.signed}) differ from the "
+                                 f"step's ({block}, {quant_map!r}, "
+                                 f"{name not in spec.nonnegative_slots})")
+    return dict(xs=xs, slots=lists, masters=[] if master is None else as_list(master),
+                param_fmt=param_fmt, state_fmt=formats.pop() if formats else FMT_F32,
+                block=block, qmap=MAP_CODES[quant_map], rounding=ROUND_CODES[rounding],
+                seed=seed)
 
 
 def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,

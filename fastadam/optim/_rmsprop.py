@@ -194,6 +194,8 @@ class RMSprop(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+        Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr, alpha, eps : float, optional
         None: the convention's default (torch 1e-2, 0.99, 1e-8; keras 1e-3, 0.9, 1e-7).
         ``lr`` may be a schedule.

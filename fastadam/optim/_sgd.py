@@ -38,6 +38,8 @@ class SGD(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+        Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr : float or callable
         >= 0 (default 1e-3, as torch), or a schedule.
     momentum, dampening, weight_decay : float
