@@ -301,15 +301,17 @@ def markdown_formats(results, threads_list):
 
 
 def markdown_others(results, threads_list):
-    lines = ["| library, CPU tensors | " + " | ".join(
-        f"{nt} thread{'s' if nt > 1 else ''}" for nt in threads_list) + " |",
-        "|---" * (1 + len(threads_list)) + "|"]
+    """The others section as a markdown table: each library's time over fastadam's with float32
+    states, and with the library's state format."""
+    lines = ["| library, CPU tensors: its time / fastadam's (float32 states; same format) | "
+             + " | ".join(f"{nt} thread{'s' if nt > 1 else ''}" for nt in threads_list) + " |",
+             "|---" * (1 + len(threads_list)) + "|"]
     for name in torch_contenders():
         cells = []
         for nt in threads_list:
             r = results.get((name, nt))
             cells.append("refused" if r is None else "; ".join(
-                f"{v:.2f}x {k}'s time" for k, v in r.items() if k != "ms"))
+                f"{v:.2f}x" for k, v in r.items() if k != "ms"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
