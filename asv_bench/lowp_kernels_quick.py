@@ -1,12 +1,14 @@
 """Low-precision state kernels (issue 24) beside the float32 step: one process, interleaved
 rounds, medians.  A quick check for the kernel author; the official report is lowbench's.
 
-    python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2]
+    python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2] [--cpu-time]
 
 Adam (torch convention), float32 gradients unless said, block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
-per element of the float32 step over the bytes the case moves).
+per element of the float32 step over the bytes the case moves).  --cpu-time times each call by
+the process's CPU time instead of the wall clock: on a shared machine it leaves out the time the
+process waits for a core (with 2+ threads it is the threads' sum, so use it for 1 thread).
 """
 import argparse
 import statistics
@@ -27,6 +29,7 @@ def main():
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--cpu-time", action="store_true")
     args = ap.parse_args()
     n, block = args.n, 256
     rng = np.random.default_rng(0)
@@ -57,15 +60,17 @@ def main():
                                                     [[ms], [vs]], [], 1, nt)
         cases[("int8 + bf16 x + f32 master", nt)] = lowp([xb], [g], BF16, F32, Q8, [[mq], [vq]],
                                                          [[ms], [vs]], [master], 0, nt)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for f in cases.values():
         f()
     times = {k: [] for k in cases}
     for _ in range(args.rounds):
         for k, f in cases.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
-            times[k].append(time.perf_counter() - t0)
-    print(f"n = {n}, {args.rounds} rounds, CPU level {_lowp.simd_level_in_use()}")
+            times[k].append(clock() - t0)
+    print(f"n = {n}, {args.rounds} rounds, CPU level {_lowp.simd_level_in_use()}, "
+          f"{'CPU' if args.cpu_time else 'wall'} time")
     for nt in args.threads:
         base = statistics.median(times[("float32", nt)])
         for name in BYTES:

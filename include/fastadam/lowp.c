@@ -39,7 +39,7 @@ static int fa_build_bins(const float *thr, fa_u32 *bins)
     for (fa_u32 s = 0; s < 2; s++) {
         for (fa_u32 eb = 0; eb < FA_BIN_EXPS; eb++) {
             for (fa_u32 m7 = 0; m7 < 128; m7++) {
-                fa_u32 *entry = &bins[((s * FA_BIN_EXPS + eb) << 7) | m7];
+                fa_u32 *entry = &bins[(eb << 8) | (s << 7) | m7];
                 fa_u32 lo, hi;
                 if (eb == 0) { /* every float below 2^-24 in magnitude, zero included */
                     lo = s << 31;
@@ -86,12 +86,13 @@ int fa_lowp_init(void)
 static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins, float q)
 {
     const fa_u32 u = fa_f32_bits(q);
-    const int s = (int)(u >> 31);
     int e = (int)((u >> 23) & 0xffu) - FA_BIN_EXP0;
     e = e < 0 ? 0 : e;
     e = e > FA_BIN_EXPS - 1 ? FA_BIN_EXPS - 1 : e;
-    const fa_u32 entry = bins[((s * FA_BIN_EXPS + e) << 7) | (int)((u >> 16) & 0x7fu)];
-    const int low = (int)((u ^ (0u - (fa_u32)s)) & 0xffffu);
+    /* index: binade, sign, top 7 mantissa bits; the sign and mantissa bits are bits 7..0 of
+     * u >> 16 with the exponent's bits removed */
+    const fa_u32 entry = bins[(fa_u32)(e << 8) | ((u >> 24) & 0x80u) | ((u >> 16) & 0x7fu)];
+    const int low = (int)((u ^ (fa_u32)((int)u >> 31)) & 0xffffu);
     const int code = (int)(entry >> 16) + (low > (int)(entry & 0xffffu));
     return q == q ? code : 0;
 }
@@ -170,39 +171,77 @@ FA_CLONES(fa_store_q8);
 
 /* ---- element loops: one per optimizer and flag combination -------------------------------- */
 
+/* A state slot's element i in its format SB (0: float32, 1: bfloat16 bits), read and written
+ * inline so that one vector loop does the conversions (bf16 -> f32 is a shift, f32 -> bf16 the
+ * nearest-even rounding of lowp.h, bit for bit). */
+static inline __attribute__((always_inline)) float fa_slot_ld(const void *p, ptrdiff_t i,
+                                                              const int SB)
+{
+    if (SB) return fa_bits_f32((fa_u32)((const fa_u16 *)p)[i] << 16);
+    return ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) void fa_slot_st(void *p, ptrdiff_t i, float v,
+                                                             const int SB)
+{
+    if (SB) {
+        /* lowp.h's nearest even: a NaN (v != v) adds nothing and gets the quiet bit */
+        const fa_u32 u = fa_f32_bits(v);
+        const int nan = v != v;
+        const fa_u32 t = u + (nan ? 0u : 0x7fffu + ((u >> 16) & 1u));
+        ((fa_u16 *)p)[i] = (fa_u16)((t >> 16) | (nan ? 0x0040u : 0u));
+    } else {
+        ((float *)p)[i] = v;
+    }
+}
+
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     static inline __attribute__((always_inline)) void name##_lowp_loop(                        \
-        float *restrict x, const float *restrict g, float *restrict s0, float *restrict s1,    \
-        float *restrict s2, ptrdiff_t n, const fa_##name##_k_f32 *k, const int FLAGS)          \
+        float *restrict x, const float *restrict g, void *restrict s0, void *restrict s1,      \
+        void *restrict s2, ptrdiff_t n, const fa_##name##_k_f32 *k, const int FLAGS,           \
+        const int SB)                                                                          \
     {                                                                                          \
         const int nslots = fa_##name##_nslots(FLAGS);                                          \
         _Pragma("omp simd")                                                                    \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            float xi = x[i], a = s0[i], b = 0, c = 0;                                          \
-            if (nslots > 1) b = s1[i];                                                         \
-            if (nslots > 2) c = s2[i];                                                         \
+            float xi = x[i], a = fa_slot_ld(s0, i, SB), b = 0, c = 0;                          \
+            if (nslots > 1) b = fa_slot_ld(s1, i, SB);                                         \
+            if (nslots > 2) c = fa_slot_ld(s2, i, SB);                                         \
             fa_##name##_math_f32(k, FLAGS, g[i], &xi, &a, &b, &c);                             \
-            if (nslots > 2) s2[i] = c;                                                         \
-            if (nslots > 1) s1[i] = b;                                                         \
-            s0[i] = a;                                                                         \
+            if (nslots > 2) fa_slot_st(s2, i, c, SB);                                          \
+            if (nslots > 1) fa_slot_st(s1, i, b, SB);                                          \
+            fa_slot_st(s0, i, a, SB);                                                          \
             x[i] = xi;                                                                         \
         }                                                                                      \
     }
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 
-#define FA_LOWP_CASE(F, name) name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F)
+/* Per optimizer two element loops: float32 slots (also the stage buffers of 8-bit states) and
+ * bfloat16 slots converted inline. */
+#define FA_LOWP_CASE(F, name)                                                                  \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 0)
+#define FA_LOWP_CASE_BF16(F, name)                                                             \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1)
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     FA_DISPATCH                                                                                \
-    static void name##_lowp_elems(float *x, const float *g, float *s0, float *s1, float *s2,   \
+    static void name##_lowp_elems(float *x, const float *g, void *s0, void *s1, void *s2,      \
                                   ptrdiff_t n, const void *k, int flags)                       \
     {                                                                                          \
         FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE, name)                                  \
     }                                                                                          \
-    FA_CLONES(name##_lowp_elems);
+    FA_CLONES(name##_lowp_elems);                                                              \
+    FA_DISPATCH                                                                                \
+    static void name##_lowp_elems_bf16(float *x, const float *g, void *s0, void *s1,           \
+                                       void *s2, ptrdiff_t n, const void *k, int flags)        \
+    {                                                                                          \
+        FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE_BF16, name)                             \
+    }                                                                                          \
+    FA_CLONES(name##_lowp_elems_bf16);
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 #undef FA_LOWP_CASE
+#undef FA_LOWP_CASE_BF16
 
 FA_DISPATCH_LEVEL_STATE
 
@@ -222,7 +261,8 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
         memcpy(plan->k, &k, sizeof k);                                                         \
         plan->flags = c->flags;                                                                \
         plan->nslots = fa_##name##_nslots(c->flags);                                           \
-        plan->elems = FA_AT_LEVEL(name##_lowp_elems);                                          \
+        plan->elems = state_fmt == FA_FMT_BF16 ? FA_AT_LEVEL(name##_lowp_elems_bf16)            \
+                                               : FA_AT_LEVEL(name##_lowp_elems);                \
         break;                                                                                 \
     }
 #include "fastadam/optimizers.def"
@@ -252,13 +292,20 @@ static inline void fa_prefetch(const void *p, ptrdiff_t bytes)
 
 void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
 {
-    /* staging buffers for the formats that are not float32 (float32 arrays are updated in
-     * place); FA_LOWP_STRIDE floats apart, not a multiple of 4 KiB, so that they neither share
-     * L1 sets nor alias each other's store addresses */
+    /* staging buffers for x, g (bfloat16 without a master) and 8-bit states (float32 arrays
+     * and bfloat16 states are read and written in place by the element loop); FA_LOWP_STRIDE
+     * floats apart, not a multiple of 4 KiB, so that they neither share L1 sets nor alias each
+     * other's store addresses */
     float buf[(2 + FA_MAX_SLOTS) * FA_LOWP_STRIDE];
     const int q8 = p->state_fmt == FA_FMT_Q8;
     const int sbytes = p->state_fmt == FA_FMT_F32 ? 4 : p->state_fmt == FA_FMT_BF16 ? 2 : 1;
     const int xbytes = p->param_fmt == FA_FMT_F32 ? 4 : 2, gbytes = p->grad_fmt == FA_FMT_F32 ? 4 : 2;
+    const int staged = q8 || p->param_fmt == FA_FMT_BF16 || p->grad_fmt == FA_FMT_BF16;
+    if (!staged) { /* one vector loop over the chunk, straight from memory */
+        void *s[FA_MAX_SLOTS] = {c->s[0], c->s[1], c->s[2]};
+        p->elems((float *)c->x, (const float *)c->g, s[0], s[1], s[2], c->n, p->k, p->flags);
+        return;
+    }
     const ptrdiff_t tile = q8 ? (ptrdiff_t)p->block * (p->block < FA_LOWP_TILE ? FA_LOWP_TILE / p->block : 1)
                               : FA_LOWP_TILE;
     for (ptrdiff_t off = 0; off < c->n; off += tile) {
@@ -274,9 +321,10 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
             for (int q = 0; q < p->nslots; q++)
                 fa_prefetch((const char *)c->s[q] + next * sbytes, m * sbytes);
         }
-        /* load (float32: in place) */
-        float *xb, *gb, *sb[FA_MAX_SLOTS] = {buf + 2 * FA_LOWP_STRIDE, buf + 3 * FA_LOWP_STRIDE,
-                                             buf + 4 * FA_LOWP_STRIDE};
+        /* load (float32 and bfloat16 states: in place) */
+        float *xb, *gb;
+        void *sb[FA_MAX_SLOTS] = {buf + 2 * FA_LOWP_STRIDE, buf + 3 * FA_LOWP_STRIDE,
+                                  buf + 4 * FA_LOWP_STRIDE};
         if (p->has_master) {
             xb = c->master + off;
         } else if (p->param_fmt == FA_FMT_BF16) {
@@ -294,22 +342,16 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
         for (int q = 0; q < p->nslots; q++) {
             if (q8)
                 FA_AT_LEVEL(fa_load_q8)((const fa_u8 *)c->s[q] + off, c->scale[q] + first_block,
-                                        p->map[q], sb[q], n, p->block);
-            else if (p->state_fmt == FA_FMT_BF16)
-                FA_AT_LEVEL(fa_load_bf16)((const fa_u16 *)c->s[q] + off, sb[q], n);
+                                        p->map[q], (float *)sb[q], n, p->block);
             else
-                sb[q] = (float *)c->s[q] + off;
+                sb[q] = (char *)c->s[q] + off * sbytes;
         }
         /* update */
         p->elems(xb, gb, sb[0], sb[1], sb[2], n, p->k, p->flags);
         /* store */
-        for (int q = 0; q < p->nslots; q++) {
-            if (q8)
-                FA_AT_LEVEL(fa_store_q8)(sb[q], (fa_u8 *)c->s[q] + off, c->scale[q] + first_block,
-                                         p->bins[q], n, p->block);
-            else if (p->state_fmt == FA_FMT_BF16)
-                FA_AT_LEVEL(fa_store_bf16)(sb[q], (fa_u16 *)c->s[q] + off, n);
-        }
+        for (int q = 0; q < p->nslots && q8; q++)
+            FA_AT_LEVEL(fa_store_q8)((const float *)sb[q], (fa_u8 *)c->s[q] + off,
+                                     c->scale[q] + first_block, p->bins[q], n, p->block);
         if (p->has_master) {
             FA_AT_LEVEL(fa_store_bf16)(xb, (fa_u16 *)c->x + off, n);
         } else if (p->param_fmt == FA_FMT_BF16) {

@@ -24,7 +24,7 @@
 /* The most elements of one tile (the largest block size). */
 #define FA_LOWP_MAX_BLOCK 4096
 
-typedef void (*fa_lowp_elems_fn)(float *x, const float *g, float *s0, float *s1, float *s2,
+typedef void (*fa_lowp_elems_fn)(float *x, const float *g, void *s0, void *s1, void *s2,
                                  ptrdiff_t n, const void *k, int flags);
 
 /* One call's fixed facts.  Filled by fa_lowp_prepare. */
