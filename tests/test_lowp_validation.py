@@ -355,3 +355,13 @@ def test_prepare_step_routes_low_precision_device_arrays_to_the_gpu_driver(monke
                          DeviceArray(np.zeros(2, np.float32)))
     with pytest.raises(ValueError, match=r"^v: its block_size, quant_map or signed"):
         prepare_step("adam", x, {"m": m, "v": bad})
+
+
+def test_sparse_values_of_a_bfloat16_table_are_float32():
+    x = np.ones((4, 64), BF16)
+    opt = Adam([x], state_dtype="bfloat16")
+    before = snapshot(x, opt.state(0))
+    with pytest.raises(TypeError, match=r"^grads\[0\]: expected values of dtype float32 "
+                                        r"\(params\[0\] is bfloat16\), got float64"):
+        opt.step(fastadam.IndexedSlices(np.ones((1, 64)), np.array([1]), (4, 64)))
+    assert snapshot(x, opt.state(0)) == before

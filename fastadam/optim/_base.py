@@ -572,7 +572,11 @@ class Optimizer:
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = new_lock()
-        if self.__dict__.get("_lowp") is not None:
+        if "_lowp_options" not in state:  # pickled before low-precision states existed
+            self._lowp = None
+            self._lowp_options, self._lowp_wanted = _lowp_objects.check_options({})
+            self._master_list = [None] * len(self._arrays)
+        if self._lowp is not None:
             self._enable_lowp()
 
     def __repr__(self) -> str:

@@ -109,8 +109,8 @@ def _check_indexed_slices(g: IndexedSlices, x: np.ndarray, name: str, pname: str
                          f"{x.shape} of {pname}")
     want = np.dtype(np.float32) if is_bfloat16(x.dtype) else x.dtype  # bfloat16: float32 values
     if g.values.dtype != want:
-        raise TypeError(f"{name}: expected values of dtype {want} (the dtype of {pname}"
-                        f"{', which is bfloat16' if want != x.dtype else ''}), "
+        why = f"the dtype of {pname}" if want == x.dtype else f"{pname} is bfloat16"
+        raise TypeError(f"{name}: expected values of dtype {want} ({why}), "
                         f"got {g.values.dtype}")
     if g.indices.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise TypeError(f"{name}: expected int32 or int64 indices, got {g.indices.dtype}")
@@ -133,8 +133,8 @@ def _check_csr(g: Any, x: np.ndarray, name: str, pname: str) -> None:
                          f"{x.shape} of {pname}")
     want = np.dtype(np.float32) if is_bfloat16(x.dtype) else x.dtype  # bfloat16: float32 data
     if g.dtype != want:
-        raise TypeError(f"{name}: expected data of dtype {want} (the dtype of {pname}"
-                        f"{', which is bfloat16' if want != x.dtype else ''}), "
+        why = f"the dtype of {pname}" if want == x.dtype else f"{pname} is bfloat16"
+        raise TypeError(f"{name}: expected data of dtype {want} ({why}), "
                         f"got {g.dtype}")
     try:
         g.check_format(full_check=True)
