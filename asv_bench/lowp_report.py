@@ -6,6 +6,7 @@
 Sections (all by default):
   formats  one float32 gradient of --size elements (1e7), Adam ("torch" convention), for each
            thread count: ``fastadam.Adam`` with float32 states, bfloat16 states, 8-bit states,
+           bfloat16 states with bfloat16 parameters and gradients (no goal: for reference),
            and 8-bit states with bfloat16 parameters and gradients and stochastic rounding,
            all timed in interleaved rounds with the stream loops that move each format's bytes
            (``fastadam.bench.stream_rw_bits``).  Each format: its time as a ratio to the float32
@@ -48,6 +49,7 @@ FORMATS = [
     ("float32 states", {}, "float32", 4, None),
     ("bfloat16 states", {"state_dtype": "bfloat16"}, "float32", 2, 1.3),
     ("int8 states", {"state_dtype": "int8", "block_size": BLOCK}, "float32", 1, 1.6),
+    ("bfloat16 states, bf16 x and g", {"state_dtype": "bfloat16"}, "bfloat16", 2, None),
     ("int8 states, bf16 x and g, SR", {"state_dtype": "int8", "block_size": BLOCK,
                                        "param_rounding": "stochastic", "seed": 1},
      "bfloat16", 1, 2.5),
