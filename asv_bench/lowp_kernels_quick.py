@@ -3,7 +3,8 @@ rounds, medians.  A quick check for the kernel author; the official report is lo
 
     python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2] [--cpu-time]
 
-Adam (torch convention), float32 gradients unless said, block 256, dynamic map.  Each round
+Adam (torch convention), float32 gradients unless said ("bf16 x, g, states": everything
+bfloat16, x rounded to nearest), block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
 per element of the float32 step over the bytes the case moves).  --cpu-time times each call by
@@ -20,8 +21,8 @@ import fastadam
 from fastadam._core import _lowp
 from fastadam._core._registry import spec
 
-BYTES = {"float32": 28, "bf16 states": 20, "int8 states": 16, "int8 + bf16 x, g + SR": 10,
-         "int8 + bf16 x + f32 master": 18}
+BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12, "int8 states": 16,
+         "int8 + bf16 x, g + SR": 10, "int8 + bf16 x + f32 master": 18}
 
 
 def main():
@@ -54,6 +55,8 @@ def main():
         cases[("float32", nt)] = lambda nt=nt: fastadam.step_inplace(
             x, g, m32, v32, 1, lr=1e-3, convention="torch", num_threads=nt)
         cases[("bf16 states", nt)] = lowp([x], [g], F32, F32, BF16, [[mb], [vb]], [], [], 0, nt)
+        cases[("bf16 x, g, states", nt)] = lowp([xb], [gb], BF16, BF16, BF16, [[mb], [vb]], [], [],
+                                                0, nt)
         cases[("int8 states", nt)] = lowp([x], [g], F32, F32, Q8, [[mq], [vq]], [[ms], [vs]], [],
                                           0, nt)
         cases[("int8 + bf16 x, g + SR", nt)] = lowp([xb], [gb], BF16, BF16, Q8, [[mq], [vq]],

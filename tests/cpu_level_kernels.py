@@ -121,7 +121,9 @@ def lowp_steps(out):
         names = info.slots(options)
         signed = tuple(n not in NONNEGATIVE[info.name] for n in names)
         for state_fmt in (_lowp.FMT_BF16, _lowp.FMT_Q8):
-            for param in ("f32", "bf16-sr", "bf16-master"):
+            for param in ("f32", "bf16-sr", "bf16-master", "bf16-all"):
+                if param == "bf16-all" and state_fmt != _lowp.FMT_BF16:
+                    continue  # x, g and states bfloat16, nearest: one fused loop
                 rng = np.random.default_rng(21)
                 x32 = rng.standard_normal(SIZE).astype(np.float32)
                 x = x32 if param == "f32" else _lowp.to_bf16_bits(x32)
@@ -136,11 +138,15 @@ def lowp_steps(out):
                     slots, scales = [[_lowp.to_bf16_bits(v)] for v in init], []
                 for t in range(info.first_t, info.first_t + 2):
                     g = rng.standard_normal(SIZE).astype(np.float32)
+                    gfmt = _lowp.FMT_F32
+                    if param == "bf16-all":
+                        g, gfmt = _lowp.to_bf16_bits(g), _lowp.FMT_BF16
                     coeffs = spec(info.name).fold(t, **fold_options(info.name, options))
                     _lowp.dense_step(coeffs, [x], [g], slots, scales, masters,
                                      _lowp.FMT_F32 if param == "f32" else _lowp.FMT_BF16,
-                                     _lowp.FMT_F32, state_fmt, block, _lowp.MAP_DYNAMIC, signed,
-                                     _lowp.ROUND_STOCHASTIC, 99, t, False, 1)
+                                     gfmt, state_fmt, block, _lowp.MAP_DYNAMIC, signed,
+                                     _lowp.ROUND_NEAREST if param == "bf16-all"
+                                     else _lowp.ROUND_STOCHASTIC, 99, t, False, 1)
                 key = f"lowp/{case_id(case)}/{state_fmt}/{param}"
                 out[key + "/x"] = x
                 for q in range(len(names)):

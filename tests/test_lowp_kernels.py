@@ -301,6 +301,36 @@ def test_step_matches_the_oracles(case, state, mode):
         assert_close(s.actual(), close, s)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_everything_bfloat16_matches_the_oracle(case):
+    """x, g and the states bfloat16, x rounded to nearest (the kernels' fused all-bf16 loop),
+    every option set: the oracle's conversions around the float32 dense step, bit for bit."""
+    info, options = case
+    s = Setup(info, options, "bf16", 0, "bf16-nearest", grad_fmt="bf16")
+    for t in range(info.first_t, info.first_t + 2):
+        g = s.gradient()
+        exact = s.expected_exact(g, t)
+        assert s.step(g, t) is True
+        assert_same(s.actual(), exact)
+
+
+@pytest.mark.parametrize("mode", PARAM_MODES)
+def test_nonfinite_values_round_like_the_oracle(mode):
+    """NaN (both signs, any payload) and +-inf through bfloat16 states and parameters: the
+    kernels' NaN handling (quiet bit, no carry) gives the oracle's bits exactly."""
+    info, options = CASES[0]
+    s = Setup(info, options, "bf16", 0, mode)
+    g = s.gradient()
+    special = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0xFFFFFFFF,
+                        0x7F800000, 0xFF800000], dtype=np.uint32).view(np.float32)
+    at = np.arange(special.size) * 97 + 5
+    g[at] = special
+    exact = s.expected_exact(g, info.first_t)
+    assert s.step(g, info.first_t) is True
+    assert_same(s.actual(), exact)
+    assert np.isnan(bf16_to_f32(s.state[0].data[at[:6]])).all()
+
+
 @pytest.mark.parametrize("mode", PARAM_MODES)
 @pytest.mark.parametrize("state", [("bf16", 0), ("q8", 0)])
 def test_bfloat16_gradients(state, mode):

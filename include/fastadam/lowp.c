@@ -97,6 +97,23 @@ static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins
     return q == q ? code : 0;
 }
 
+/* lowp.h's fa_bf16_nearest in fewer vector operations: a NaN (v != v: all-ones mask) adds
+ * nothing and gets the quiet bit (bit 22, which >> 16 makes 0x0040) before the shift. */
+static inline __attribute__((always_inline)) fa_u16 fa_nearest_bits(float v)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & (0x7fffu + ((u >> 16) & 1u)))) | (nan & 0x00400000u)) >> 16);
+}
+
+/* lowp.h's fa_bf16_stochastic likewise, with 16 random bits r. */
+static inline __attribute__((always_inline)) fa_u16 fa_stochastic_bits(float v, fa_u32 r)
+{
+    const fa_u32 u = fa_f32_bits(v);
+    const fa_u32 nan = v != v ? 0xffffffffu : 0u;
+    return (fa_u16)(((u + (~nan & r)) | (nan & 0x00400000u)) >> 16);
+}
+
 /* ---- format loops (one tile) ------------------------------------------------------------- */
 
 FA_DISPATCH
@@ -112,9 +129,7 @@ static void fa_store_bf16(const float *restrict src, fa_u16 *restrict dst, ptrdi
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
+        dst[i] = fa_nearest_bits(src[i]);
     }
 }
 FA_CLONES(fa_store_bf16);
@@ -125,9 +140,7 @@ static void fa_store_bf16_sr(const float *restrict src, fa_u16 *restrict dst, pt
 {
 #pragma omp simd
     for (ptrdiff_t i = 0; i < n; i++) {
-        const fa_u32 u = fa_f32_bits(src[i]);
-        const fa_u32 r = fa_hash32(key + j0 + (fa_u32)i) >> 16;
-        dst[i] = (fa_u16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : (u + r) >> 16);
+        dst[i] = fa_stochastic_bits(src[i], fa_hash32(key + j0 + (fa_u32)i) >> 16);
     }
 }
 FA_CLONES(fa_store_bf16_sr);
@@ -185,63 +198,70 @@ static inline __attribute__((always_inline)) void fa_slot_st(void *p, ptrdiff_t 
                                                              const int SB)
 {
     if (SB) {
-        /* lowp.h's nearest even: a NaN (v != v) adds nothing and gets the quiet bit */
-        const fa_u32 u = fa_f32_bits(v);
-        const int nan = v != v;
-        const fa_u32 t = u + (nan ? 0u : 0x7fffu + ((u >> 16) & 1u));
-        ((fa_u16 *)p)[i] = (fa_u16)((t >> 16) | (nan ? 0x0040u : 0u));
+        ((fa_u16 *)p)[i] = fa_nearest_bits(v);
     } else {
         ((float *)p)[i] = v;
     }
 }
 
+/* XB: x and g are bfloat16 too (x rounded to nearest even), else float32. */
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     static inline __attribute__((always_inline)) void name##_lowp_loop(                        \
-        float *restrict x, const float *restrict g, void *restrict s0, void *restrict s1,      \
+        void *restrict x, const void *restrict g, void *restrict s0, void *restrict s1,        \
         void *restrict s2, ptrdiff_t n, const fa_##name##_k_f32 *k, const int FLAGS,           \
-        const int SB)                                                                          \
+        const int SB, const int XB)                                                            \
     {                                                                                          \
         const int nslots = fa_##name##_nslots(FLAGS);                                          \
         _Pragma("omp simd")                                                                    \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            float xi = x[i], a = fa_slot_ld(s0, i, SB), b = 0, c = 0;                          \
+            float xi = fa_slot_ld(x, i, XB), a = fa_slot_ld(s0, i, SB), b = 0, c = 0;          \
             if (nslots > 1) b = fa_slot_ld(s1, i, SB);                                         \
             if (nslots > 2) c = fa_slot_ld(s2, i, SB);                                         \
-            fa_##name##_math_f32(k, FLAGS, g[i], &xi, &a, &b, &c);                             \
+            fa_##name##_math_f32(k, FLAGS, fa_slot_ld(g, i, XB), &xi, &a, &b, &c);             \
             if (nslots > 2) fa_slot_st(s2, i, c, SB);                                          \
             if (nslots > 1) fa_slot_st(s1, i, b, SB);                                          \
             fa_slot_st(s0, i, a, SB);                                                          \
-            x[i] = xi;                                                                         \
+            fa_slot_st(x, i, xi, XB);                                                          \
         }                                                                                      \
     }
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 
-/* Per optimizer two element loops: float32 slots (also the stage buffers of 8-bit states) and
- * bfloat16 slots converted inline. */
+/* Per optimizer three element loops: float32 slots (also the stage buffers of 8-bit states),
+ * bfloat16 slots converted inline, and everything bfloat16 (x, g and slots; x nearest). */
 #define FA_LOWP_CASE(F, name)                                                                  \
-    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 0)
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 0, 0)
 #define FA_LOWP_CASE_BF16(F, name)                                                             \
-    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1)
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1, 0)
+#define FA_LOWP_CASE_ALL16(F, name)                                                            \
+    name##_lowp_loop(x, g, s0, s1, s2, n, (const fa_##name##_k_f32 *)k, F, 1, 1)
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     FA_DISPATCH                                                                                \
-    static void name##_lowp_elems(float *x, const float *g, void *s0, void *s1, void *s2,      \
+    static void name##_lowp_elems(void *x, const void *g, void *s0, void *s1, void *s2,        \
                                   ptrdiff_t n, const void *k, int flags)                       \
     {                                                                                          \
         FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE, name)                                  \
     }                                                                                          \
     FA_CLONES(name##_lowp_elems);                                                              \
     FA_DISPATCH                                                                                \
-    static void name##_lowp_elems_bf16(float *x, const float *g, void *s0, void *s1,           \
-                                       void *s2, ptrdiff_t n, const void *k, int flags)        \
+    static void name##_lowp_elems_bf16(void *x, const void *g, void *s0, void *s1, void *s2,   \
+                                       ptrdiff_t n, const void *k, int flags)                  \
     {                                                                                          \
         FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE_BF16, name)                             \
     }                                                                                          \
-    FA_CLONES(name##_lowp_elems_bf16);
+    FA_CLONES(name##_lowp_elems_bf16);                                                         \
+    FA_DISPATCH                                                                                \
+    static void name##_lowp_elems_all16(void *x, const void *g, void *s0, void *s1, void *s2,  \
+                                        ptrdiff_t n, const void *k, int flags)                 \
+    {                                                                                          \
+        FA_FLAG_SWITCH(flags, DENSE_MASK, FA_LOWP_CASE_ALL16, name)                            \
+    }                                                                                          \
+    FA_CLONES(name##_lowp_elems_all16);
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
 #undef FA_LOWP_CASE
 #undef FA_LOWP_CASE_BF16
+#undef FA_LOWP_CASE_ALL16
 
 FA_DISPATCH_LEVEL_STATE
 
@@ -252,6 +272,12 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
                     int rounding, int has_master)
 {
     memset(plan, 0, sizeof *plan);
+    /* everything bfloat16, x rounded to nearest: one loop converts all of it */
+    const int all16 = state_fmt == FA_FMT_BF16 && param_fmt == FA_FMT_BF16
+                      && grad_fmt == FA_FMT_BF16 && rounding == FA_ROUND_NEAREST && !has_master;
+    /* the element loop reads and writes the arrays themselves, no staging */
+    plan->direct = all16 || (state_fmt != FA_FMT_Q8 && param_fmt == FA_FMT_F32
+                             && grad_fmt == FA_FMT_F32 && !has_master);
     switch (kind) {
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     case FA_OPT_##KIND: {                                                                      \
@@ -261,8 +287,9 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
         memcpy(plan->k, &k, sizeof k);                                                         \
         plan->flags = c->flags;                                                                \
         plan->nslots = fa_##name##_nslots(c->flags);                                           \
-        plan->elems = state_fmt == FA_FMT_BF16 ? FA_AT_LEVEL(name##_lowp_elems_bf16)            \
-                                               : FA_AT_LEVEL(name##_lowp_elems);                \
+        plan->elems = FA_AT_LEVEL(name##_lowp_elems);                                          \
+        if (state_fmt == FA_FMT_BF16) plan->elems = FA_AT_LEVEL(name##_lowp_elems_bf16);       \
+        if (all16) plan->elems = FA_AT_LEVEL(name##_lowp_elems_all16);                         \
         break;                                                                                 \
     }
 #include "fastadam/optimizers.def"
@@ -300,10 +327,8 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
     const int q8 = p->state_fmt == FA_FMT_Q8;
     const int sbytes = p->state_fmt == FA_FMT_F32 ? 4 : p->state_fmt == FA_FMT_BF16 ? 2 : 1;
     const int xbytes = p->param_fmt == FA_FMT_F32 ? 4 : 2, gbytes = p->grad_fmt == FA_FMT_F32 ? 4 : 2;
-    const int staged = q8 || p->param_fmt == FA_FMT_BF16 || p->grad_fmt == FA_FMT_BF16;
-    if (!staged) { /* one vector loop over the chunk, straight from memory */
-        void *s[FA_MAX_SLOTS] = {c->s[0], c->s[1], c->s[2]};
-        p->elems((float *)c->x, (const float *)c->g, s[0], s[1], s[2], c->n, p->k, p->flags);
+    if (p->direct) { /* one vector loop over the chunk, straight from memory */
+        p->elems(c->x, c->g, c->s[0], c->s[1], c->s[2], c->n, p->k, p->flags);
         return;
     }
     const ptrdiff_t tile = q8 ? (ptrdiff_t)p->block * (p->block < FA_LOWP_TILE ? FA_LOWP_TILE / p->block : 1)

@@ -1,14 +1,17 @@
 /* fastadam/lowp_cpu.h -- the CPU kernels of low-precision optimizer states (lowp.c); the element
  * level (formats, maps, rounding) is lowp.h, the driver fastadam/_core/_lowp.pyx.
  *
- * Design: one pass over memory, staged per tile.  A tile is whole quantization blocks (about
- * 1024 elements; for 8-bit states a multiple of the block size) of one tensor.  Per tile, x, g
- * and the state slots are converted into float32 buffers on the stack (one small loop per
- * storage format: bf16 -> f32, codes -> map[code] * scale), the optimizer's float32 element
- * function (fa_<name>_math_f32, the same one the float32 kernels call) runs over the buffers,
- * and x and the slots are rounded or requantized back (per 8-bit block: scale = max |y|, codes
- * by a table of bins of the float32 bits, exact).  The format loops are compiled once, the
- * element loops once per optimizer and flag combination; each carries FA_DISPATCH (common.h).
+ * Design: one pass over memory.  The optimizer's float32 element function (fa_<name>_math_f32,
+ * the same one the float32 kernels call) runs in one vector loop per optimizer and flag
+ * combination, in two variants: float32 slots, and bfloat16 slots converted inside the loop
+ * (load: bits << 16; store: nearest even, inline).  With float32 x and g and float32 or
+ * bfloat16 states that loop runs straight over the chunk.  Otherwise the chunk is staged per
+ * tile: whole quantization blocks (about 1024 elements; for 8-bit states a multiple of the
+ * block size) of one tensor; bfloat16 x and g and 8-bit states are converted into float32
+ * buffers on the stack (one small loop per format: bf16 -> f32, codes -> map[code] * scale),
+ * the element loop runs over them, and x and the slots are rounded or requantized back (per
+ * 8-bit block: scale = max |y|, codes by a table of bins of the float32 bits, exact).  Every
+ * loop carries FA_DISPATCH (common.h).
  * Every element is computed the same way whatever the tile, chunk or thread, so results are
  * bit-identical for any thread count and CPU level.
  *
@@ -24,7 +27,7 @@
 /* The most elements of one tile (the largest block size). */
 #define FA_LOWP_MAX_BLOCK 4096
 
-typedef void (*fa_lowp_elems_fn)(float *x, const float *g, void *s0, void *s1, void *s2,
+typedef void (*fa_lowp_elems_fn)(void *x, const void *g, void *s0, void *s1, void *s2,
                                  ptrdiff_t n, const void *k, int flags);
 
 /* One call's fixed facts.  Filled by fa_lowp_prepare. */
@@ -34,6 +37,7 @@ typedef struct {
     int block;                          /* FA_FMT_Q8: elements per scale */
     int rounding;                       /* FA_ROUND_*: bf16 x without a master */
     int has_master;                     /* x is BF16 and a float32 master is the x updated */
+    int direct;                         /* elems reads and writes the chunk's arrays (no staging) */
     const float *map[FA_MAX_SLOTS];     /* FA_FMT_Q8: each slot's map values */
     const fa_u32 *bins[FA_MAX_SLOTS];   /* FA_FMT_Q8: each slot's code bins */
     fa_lowp_elems_fn elems;             /* the optimizer's element loop at this CPU level */
