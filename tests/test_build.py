@@ -49,6 +49,58 @@ def test_stream_yardstick_checks_its_arrays():
         stream_rw_f32(a, np.zeros(10), a.copy(), a.copy())
 
 
+@pytest.mark.parametrize("widths", [(4, 4, 4), (4, 4, 2), (4, 4, 1), (2, 2, 4), (2, 2, 2),
+                                    (2, 2, 1), (2, 4, 2), (2, 4, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stream_bits_moves_every_byte(widths, threads):
+    # the low-precision yardstick adds g's bits to x, a and b (truncated to their widths) and
+    # 1.0 to each block scale: checked against NumPy's integer arithmetic, with sizes crossing
+    # the chunk (32768) and the parallel threshold, and a partial last block
+    from fastadam.bench import stream_rw_bits
+
+    kinds = {4: np.uint32, 2: np.uint16, 1: np.uint8}
+    xw, gw, sw = widths
+    n, block = 3 * 65536 + 37, 256
+    rng = np.random.default_rng(sum(widths))
+    x, g, a, b = (rng.integers(0, 2**(8 * w), n, dtype=np.uint64).astype(kinds[w])
+                  for w in (xw, gw, sw, sw))
+    sa, sb = np.arange(-(-n // block), dtype=np.float32), np.zeros(-(-n // block), np.float32)
+    want = [(arr.astype(np.uint64) + g) % 2**(8 * arr.itemsize) for arr in (x, a, b)]
+    stream_rw_bits(x, g, a, b, scales=(sa, sb), block=block, num_threads=threads)
+    for got, expected in zip((x, a, b), want):
+        np.testing.assert_array_equal(got.astype(np.uint64), expected)
+    np.testing.assert_array_equal(sa, np.arange(sa.size) + 1.0)
+    np.testing.assert_array_equal(sb, 1.0)
+
+
+def test_stream_bits_checks_its_arrays():
+    from fastadam.bench import stream_rw_bits
+
+    u8, u16 = np.zeros(10, np.uint8), np.zeros(10, np.uint16)
+    with pytest.raises(ValueError, match="no stream loop for x 1 bytes"):
+        stream_rw_bits(u8.copy(), u16, u8.copy(), u8.copy())
+    with pytest.raises(ValueError, match="b: expected 1-byte elements like a, got 2"):
+        stream_rw_bits(u16.copy(), u16, u8.copy(), u16.copy())
+    with pytest.raises(ValueError, match="g: expected 10 elements"):
+        stream_rw_bits(u16.copy(), u16[:5], u8.copy(), u8.copy())
+    with pytest.raises(ValueError, match=r"scales\[0\]: expected shape \(1,\)"):
+        stream_rw_bits(u16.copy(), u16, u8.copy(), u8.copy(),
+                       scales=(np.zeros(2, np.float32), np.zeros(1, np.float32)))
+    with pytest.raises(ValueError, match="block: expected a divisor of 32768"):
+        stream_rw_bits(u16.copy(), u16, u8.copy(), u8.copy(), block=100,
+                       scales=(np.zeros(1, np.float32), np.zeros(1, np.float32)))
+
+
+def test_step_bytes_per_element_counts_each_format():
+    from fastadam.bench import BYTES_PER_ELEMENT_F32, step_bytes_per_element as nbytes
+
+    assert nbytes() == BYTES_PER_ELEMENT_F32 == 7 * 4
+    assert nbytes(state=2) == 4 + 4 + 4 + 4 * 2            # x rw, g, m and v rw in bfloat16
+    assert nbytes(state=1, block=256) == 16 + 4 * 4 / 256  # + 2 scales read and written / 256
+    assert nbytes(2, 2, 1, block=256) == 10 + 16 / 256
+    assert nbytes(2, 4, 2, master=True) == 2 + 8 + 4 + 8     # bf16 written, master rw
+
+
 def test_keep_freed_memory_checks_its_argument():
     with pytest.raises(ValueError, match=r"nbytes: expected 0 < nbytes < 2\*\*31, got 0"):
         fastadam.keep_freed_memory(0)

@@ -14,6 +14,21 @@ import numpy as np
 
 BYTES_PER_ELEMENT_F32 = 28  # read x, g, m, v; write x, m, v (7 x 4 bytes)
 
+
+def step_bytes_per_element(param=4, grad=4, state=4, slots=2, block=None, master=False):
+    """Bytes an optimizer step moves per parameter element once the arrays leave the caches:
+    the parameter read and written (``param`` bytes each way), the gradient read, each of
+    ``slots`` states read and written (``state`` bytes), with ``block``: one float32 scale per
+    block and slot read and written (8-bit states), with ``master``: a float32 master copy
+    read and written beside the parameter, which is then only written.  float32 Adam:
+    ``step_bytes_per_element() == 28``; 8-bit states, block 256: 16.0625."""
+    total = 2 * param + grad + 2 * slots * state
+    if block is not None:
+        total += 2 * slots * 4 / block
+    if master:
+        total += 2 * 4 - param  # the master read and written; the parameter is not read
+    return total
+
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 
 
