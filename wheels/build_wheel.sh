@@ -128,7 +128,10 @@ mkdir -p "$RUN/asv_bench"
 cp -r "$REPO/asv_bench/benchmarks" "$RUN/asv_bench/benchmarks"
 # tests/test_asv_gate.py and test_asv_instructions.py check the gates' comparison logic (plain
 # Python, no asv run; the instruction gate's end-to-end valgrind test is marked slow).
-cp "$REPO/asv_bench/gate.py" "$REPO/asv_bench/instructions.py" "$RUN/asv_bench/"
+# tests/test_asv_ab_gate.py checks the A/B gate's rule (its end-to-end runs need a checkout's
+# in-place build and skip here); tests/test_lowp_convergence.py trains with lowp_convergence.py.
+cp "$REPO/asv_bench/gate.py" "$REPO/asv_bench/instructions.py" "$REPO/asv_bench/ab_gate.py" \
+    "$REPO/asv_bench/lowp_convergence.py" "$RUN/asv_bench/"
 find "$RUN" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$RUN/installed_only.py" <<'EOF'
 """pytest plugin: fail the session unless fastadam was imported from the venv's site-packages."""
