@@ -162,3 +162,19 @@ class Stored:
     def stored_like(self, new32):
         """The same format holding new float32 values (bf16: nearest; q8: requantized)."""
         return Stored(self.fmt, new32, self.block, self.qmap, self.signed)
+
+
+def array_bytes(*objs):
+    """The bytes of every array reachable from objs (dicts, lists, tuples; a QuantizedState-like
+    object: its codes and scales), for the tests' "nothing changed" checks."""
+    out = []
+    for o in objs:
+        if hasattr(o, "codes") and hasattr(o, "scales"):
+            out += [o.codes.tobytes(), o.scales.tobytes()]
+        elif isinstance(o, np.ndarray):
+            out.append(o.tobytes())
+        elif isinstance(o, dict):
+            out += array_bytes(*o.values())
+        elif isinstance(o, (list, tuple)):
+            out += array_bytes(*o)
+    return out

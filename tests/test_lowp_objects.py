@@ -68,18 +68,7 @@ def values(state):
                                                                                    np.float32)
 
 
-def raw(*objs):
-    out = []
-    for o in objs:
-        if isinstance(o, QuantizedState):
-            out += [o.codes.tobytes(), o.scales.tobytes()]
-        elif isinstance(o, np.ndarray):
-            out.append(o.tobytes())
-        elif isinstance(o, dict):
-            out += raw(*o.values())
-        elif isinstance(o, (list, tuple)):
-            out += raw(*o)
-    return out
+raw = R.array_bytes
 
 
 # ---- QuantizedState against the oracle ------------------------------------------------------

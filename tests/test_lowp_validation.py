@@ -13,24 +13,14 @@ import pytest
 import fastadam
 from fastadam.optim import Adam, Adagrad, QuantizedState, prepare_step, optimizer_spec
 
+import lowp_reference as R
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 pytest.importorskip("fastadam._core._lowp", reason="the low-precision driver is not built")
 
 
-def snapshot(*objs):
-    """The bytes of every array reachable from objs (QuantizedState: codes and scales)."""
-    out = []
-    for o in objs:
-        if isinstance(o, QuantizedState):
-            out += [o.codes.tobytes(), o.scales.tobytes()]
-        elif isinstance(o, np.ndarray):
-            out.append(o.tobytes())
-        elif isinstance(o, dict):
-            out += snapshot(*o.values())
-        elif isinstance(o, (list, tuple)):
-            out += snapshot(*o)
-    return out
+snapshot = R.array_bytes
 
 
 def q8_slots(shape, block=256):
