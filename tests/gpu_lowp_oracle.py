@@ -185,3 +185,11 @@ class State:
             m[rows] = new_masters[0]
             masters = [m]
         return [x_out], states, scales, masters
+
+
+def assert_same_bits(got, want, what):
+    """Equal lists of arrays, compared as bytes (NaN payloads and signed zeros included)."""
+    assert len(got) == len(want), what
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
+                                      err_msg=f"{what}[{i}]")

@@ -21,7 +21,8 @@ import pytest
 from fastadam._core import _lowp
 from fastadam.gpu import _layout, _source
 from gpu_emulation_build import BuildError, build
-from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
+from gpu_lowp_oracle import (BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State,
+                             assert_same_bits, case_id, fold)
 
 
 HERE = Path(__file__).resolve().parent
@@ -81,13 +82,6 @@ def run_dense(emu, st, arrays, rounding=NEAREST, seed=0, skip_nonfinite=False, t
         emu.emu_lowp_dense(st.state_fmt, st.coeffs.kind, st.coeffs.flags, ptr(host), n,
                            ctypes.c_longlong(nblocks), ptr(flag), int(skip_nonfinite), threads)
     return not flag[0]
-
-
-def assert_same_bits(got, want, what):
-    assert len(got) == len(want), what
-    for i, (a, b) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
-                                      err_msg=f"{what}[{i}]")
 
 
 def check(got, want):

@@ -13,7 +13,8 @@ import pytest
 
 import fastadam
 from fastadam.gpu import _source
-from gpu_lowp_oracle import BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State, case_id, fold
+from gpu_lowp_oracle import (BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State,
+                             assert_same_bits, case_id, fold)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
@@ -36,13 +37,6 @@ def device(arrays):
 
 def host(arrays):
     return [cp.asnumpy(a) if not isinstance(a, list) else host(a) for a in arrays]
-
-
-def assert_same_bits(got, want, what):
-    assert len(got) == len(want), what
-    for i, (a, b) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
-                                      err_msg=f"{what}[{i}]")
 
 
 def check(got, want):
