@@ -164,14 +164,24 @@ def test_checkpoints_taken_while_another_thread_steps_are_whole_steps(tmp_path):
     thread = threading.Thread(target=stepper)
     thread.start()
     states, files = [], []
+
+    def after_another_step(seen):
+        # the GIL may keep the stepper waiting: let it take at least one step between checkpoints
+        deadline = time.monotonic() + 30
+        while opt.t == seen and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
     try:
         while len(states) < 12 or len(files) < 4:
             if len(states) < 12:
                 states.append(opt.state_dict())
+                after_another_step(states[-1]["t"])
             if len(files) < 4:
                 path = tmp_path / f"c{len(files)}.npz"
+                seen = opt.t
                 opt.save(path)
                 files.append(path)
+                after_another_step(seen)
     finally:
         stop.set()
         thread.join()
