@@ -2,8 +2,8 @@
 
 The drivers themselves live in the private package ``fastadam._core`` and may change shape at
 any release; a front-end (``fastadam.gpu``, ``fastadam.onnx``, ``fastadam.sklearn``,
-``fastadam.distributed``) reads them only through this module, ``fastadam.optim.lowlevel`` and
-the public functions (tests/test_layering.py enforces it).  This module imports nothing above
+``fastadam.distributed``) reads them only through this module, ``fastadam.optim.prepare_step``
+and the public functions (tests/test_layering.py enforces it).  This module imports nothing above
 ``fastadam._core``, so the GPU backend, which ``fastadam.optim`` dispatches to, can use it
 without an import cycle.
 

@@ -1,6 +1,8 @@
 """The public names the front-ends use instead of the core's private modules (issue 20):
-``fastadam.optim.lowlevel``, ``fastadam.drivers``, ``fastadam.sparse.CSRBatches``, and the
-sparse steps' old home ``fastadam.sparse.<step>`` (a deprecated alias)."""
+``fastadam.optim.prepare_step`` (the one prepared step: the ONNX training operators and the
+scikit-learn estimators' compiled epoch step through it), ``fastadam.drivers``,
+``fastadam.sparse.CSRBatches``, and the sparse steps' old home ``fastadam.sparse.<step>`` (a
+deprecated alias)."""
 import warnings
 
 import numpy as np
@@ -8,58 +10,44 @@ import pytest
 
 import fastadam
 from fastadam import drivers
-from fastadam.optim import lowlevel
+from fastadam.optim import prepare_step
 from reference import adam_reference
 
 sp = pytest.importorskip("scipy.sparse")
 
 
-# ---- fastadam.optim.lowlevel: the fold, then the driver --------------------------------------
+# ---- fastadam.optim.prepare_step, as the front-ends use it ----------------------------------
 
 @pytest.mark.parametrize("convention", ["tf", "torch", "onnx"])
-def test_fold_then_driver_is_adams_formula(convention):
+def test_prepared_step_is_adams_formula(convention):
     rng = np.random.default_rng(0)
     x, m, v = rng.standard_normal(1000), np.zeros(1000), np.zeros(1000)
     ref = (x.copy(), m.copy(), v.copy())
+    prepared = prepare_step("adam", x, {"m": m, "v": v})
     for t in range(1, 4):
         g = rng.standard_normal(1000)
-        coeffs = lowlevel.adam_coefficients(t, 0.01, 0.9, 0.99, 1e-8, convention, 0.1)
-        assert lowlevel.dense_step(coeffs, x, g, [("m", m), ("v", v)], False, None) is True
+        assert prepared.step(g, t, lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8,
+                             convention=convention, weight_decay=0.1) is True
         ref = adam_reference(ref[0], g, ref[1], ref[2], t, lr=0.01, beta1=0.9, beta2=0.99,
                              eps=1e-8, convention=convention, weight_decay=0.1)[:3]
     for got, want in zip((x, m, v), ref):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
-def test_fold_and_driver_reject_bad_input_before_writing():
-    x, g, m, v = (np.ones(8) for _ in range(4))
-    with pytest.raises(ValueError, match="beta1"):
-        lowlevel.adam_coefficients(1, 0.01, 1.5, 0.99, 1e-8, "tf")
-    coeffs = lowlevel.adam_coefficients(1, 0.01, 0.9, 0.99, 1e-8, "tf")
-    with pytest.raises(ValueError, match="v"):
-        lowlevel.dense_step(coeffs, x, g, [("m", m), ("v", np.ones(7))], False, None)
-    np.testing.assert_array_equal(x, 1.0)
-    np.testing.assert_array_equal(m, 1.0)
-    with pytest.raises(ValueError, match="lr"):  # float32 cannot hold the folded step size
-        big = lowlevel.adam_coefficients(1, 1e39, 0.9, 0.99, 1e-8, "tf")
-        lowlevel.dense_step(big, x.astype(np.float32), g.astype(np.float32),
-                            [("m", m.astype(np.float32)), ("v", v.astype(np.float32))],
-                            False, None)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_prepared_adam_is_step_inplace_checked_once(dtype):
+def test_prepared_step_on_a_reused_gradient_buffer_is_step_inplace(dtype):
+    """The estimators' epoch loop: one gradient buffer refilled before every step."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal(500).astype(dtype)
     g, m, v = np.empty_like(x), np.zeros_like(x), np.zeros_like(x)
     twin = [x.copy(), m.copy(), v.copy()]
     ref = [x.astype(np.float64), m.astype(np.float64), v.astype(np.float64)]
-    prepared = lowlevel.PreparedAdam(x, g, m, v, lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8)
+    hyper = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, convention="tf")
+    prepared = prepare_step("adam", x, {"m": m, "v": v}, num_threads=1)
     for t in range(1, 5):
-        g[:] = rng.standard_normal(500)  # the prepared step reads whatever g holds now
-        prepared.step(t)
-        fastadam.step_inplace(twin[0], g, twin[1], twin[2], t, lr=0.01, beta1=0.9, beta2=0.99,
-                              eps=1e-8, convention="tf")
+        g[:] = rng.standard_normal(500)
+        prepared.step(g, t, **hyper)
+        fastadam.step_inplace(twin[0], g, twin[1], twin[2], t, **hyper)
         ref = list(adam_reference(ref[0], g, ref[1], ref[2], t, lr=0.01, beta1=0.9, beta2=0.99,
                                   eps=1e-8)[:3])
     for got, same, want in zip((x, m, v), twin, ref):
@@ -68,32 +56,35 @@ def test_prepared_adam_is_step_inplace_checked_once(dtype):
                                    atol=1e-6 if dtype == np.float32 else 1e-15)
 
 
-def test_prepared_adam_checks_at_construction():
+def test_prepared_step_rejects_bad_input_before_writing():
     x, g, m, v = (np.zeros(4, dtype=np.float32) for _ in range(4))
-    with pytest.raises(ValueError, match="v"):
-        lowlevel.PreparedAdam(x, g, m, np.zeros(5, np.float32), lr=0.1, beta1=0.9, beta2=0.99,
-                              eps=1e-8)
+    with pytest.raises(ValueError, match="^v"):
+        prepare_step("adam", x, {"m": m, "v": np.zeros(5, np.float32)})
     with pytest.raises(ValueError, match="share memory"):
-        lowlevel.PreparedAdam(x, g, m, m, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8)
-    with pytest.raises(ValueError, match="lr"):
-        lowlevel.PreparedAdam(x, g, m, v, lr=1e39, beta1=0.9, beta2=0.99, eps=1e-8)
+        prepare_step("adam", x, {"m": m, "v": m})
+    prepared = prepare_step("adam", x, {"m": m, "v": v})
+    with pytest.raises(ValueError, match="lr"):  # float32 cannot hold the folded step size
+        prepared.check(1, lr=1e40)
     with pytest.raises(ValueError, match="beta2"):
-        lowlevel.PreparedAdam(x, g, m, v, lr=0.1, beta1=0.9, beta2=1.5, eps=1e-8)
-    prepared = lowlevel.PreparedAdam(x, g, m, v, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8)
+        prepared.check(1, lr=0.1, beta2=1.5)
     with pytest.raises(ValueError, match="t"):
-        prepared.step(0)
-    np.testing.assert_array_equal(x, 0.0)
+        prepared.step(np.ones(4, np.float32), 0, lr=0.1, convention="tf")
+    with pytest.raises(ValueError, match="grads"):
+        prepared.step(np.ones(5, np.float32), 1, lr=0.1)
+    for a in (x, m, v):
+        np.testing.assert_array_equal(a, 0.0)
 
 
 # ---- fastadam.drivers ------------------------------------------------------------------------
 
 def test_driver_kinds_are_the_coefficient_objects_kinds():
-    from fastadam.optim._coefficients import adagrad_coefficients, momentum_coefficients
-
-    kinds = {lowlevel.adam_coefficients(1, 0.01, 0.9, 0.99, 1e-8, "tf").kind,
-             adagrad_coefficients(1, lr=0.01).kind, momentum_coefficients(1, lr=0.01).kind}
-    assert kinds == {drivers.KIND_ADAM, drivers.KIND_ADAGRAD, drivers.KIND_MOMENTUM}
-    assert lowlevel.adam_coefficients(1, 0.01, 0.9, 0.99, 1e-8, "tf").kind == drivers.KIND_ADAM
+    x, a, b = np.zeros(4), np.zeros(4), np.zeros(4)
+    kinds = {name: prepare_step(name, x, slots).check(1, lr=0.01).kind
+             for name, slots in [("adam", {"m": a, "v": b}), ("adagrad", {"h": a}),
+                                 ("momentum", {"v": a})]}
+    assert kinds == {"adam": drivers.KIND_ADAM, "adagrad": drivers.KIND_ADAGRAD,
+                     "momentum": drivers.KIND_MOMENTUM}
+    assert {k: drivers.KINDS[k] for k in kinds} == kinds
 
 
 def test_driver_row_checks():

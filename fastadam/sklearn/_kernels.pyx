@@ -576,9 +576,9 @@ cdef class EpochTrainer:
     Adam step through fastadam's dense driver.
 
     The step is ``fastadam.step_inplace(params, gradients, m, v, t, lr=..., beta1=...,
-    beta2=..., eps=..., convention="tf", num_threads=...)`` prepared once per fit
-    (``fastadam.optim.lowlevel.PreparedAdam``: arrays and hyper-parameters checked once, the
-    step's coefficients folded as step_inplace folds them), so the bits are step_inplace's.
+    beta2=..., eps=..., convention="tf", num_threads=...)`` through the public prepared step
+    (``fastadam.optim.prepare_step``: the arrays checked once per fit, the hyper-parameters
+    checked here, each step folded as step_inplace folds it), so the bits are step_inplace's.
     """
     cdef object batch
     cdef bint relu, dbl
@@ -592,6 +592,7 @@ cdef class EpochTrainer:
     cdef Py_ssize_t coef_size
     cdef double alpha
     cdef object adam
+    cdef dict hyper
     cdef readonly long long t
 
     def __init__(self, batch, list coefs, list intercepts, loss, tuple extra, params, m, v,
@@ -601,7 +602,7 @@ cdef class EpochTrainer:
         (weights first, then intercepts, as ``batch.gradients``); ``loss, extra``: the
         estimator's ``_loss_kernel()``; ``m, v``: Adam's moments like ``params``, ``t``: the
         steps taken so far; ``alpha``: the L2 strength (0: none)."""
-        from fastadam.optim.lowlevel import PreparedAdam
+        from fastadam.optim import prepare_step
         self.batch = batch
         self.relu = batch.activation == "relu"
         self.loss = loss
@@ -624,14 +625,15 @@ cdef class EpochTrainer:
         self.t = t
         if params.dtype not in (np.float64, np.float32):
             raise TypeError(f"params: expected float32 or float64, got {params.dtype}")
-        # every array and hyper-parameter checked once, here
-        self.adam = PreparedAdam(params, batch.gradients, m, v, lr=lr, beta1=beta1,
-                                 beta2=beta2, eps=eps, convention="tf", num_threads=num_threads)
+        # every array and hyper-parameter checked once, here: a bad one raises before any step
+        self.adam = prepare_step("adam", params, {"m": m, "v": v}, num_threads=num_threads)
+        self.hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, convention="tf")
+        self.adam.check(t + 1, **self.hyper)
         self.dbl = params.dtype == np.float64
 
     cdef inline _adam_step(self):
         self.t += 1
-        self.adam.step(self.t)
+        self.adam.step(self.gradients, self.t, **self.hyper)
 
     def epoch(self, list xb, list tb, list weights, list scales, X=None, targets=None,
               order=None):
