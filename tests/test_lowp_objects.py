@@ -158,7 +158,7 @@ def test_trajectory_against_the_oracle(kind, cls, hyper, fmt, block):
     x0 = rng.standard_normal((5, 200)).astype(np.float32)
     grads = [rng.standard_normal(x0.shape).astype(np.float32) for _ in range(6)]
     x = x0.copy()
-    opt = cls([x], state_dtype=fmt, block_size=block, **hyper)
+    opt = cls([x], state_dtype=fmt, min_8bit_size=0, block_size=block, **hyper)
     for g in grads:
         assert opt.step([g])
     want_x, want_state = oracle_run(kind, x0, grads, fmt, block, hyper)
@@ -212,8 +212,8 @@ def test_a_float32_master_steps_exactly_as_a_float32_parameter():
     x0 = rng.standard_normal((8, 256)).astype(np.float32)
     xb = x0.astype(BF16)
     x32 = xb.astype(np.float32)  # the same starting values
-    a = Adam([xb], lr=1e-2, state_dtype="int8", master_weights=True)
-    b = Adam([x32], lr=1e-2, state_dtype="int8")
+    a = Adam([xb], lr=1e-2, state_dtype="int8", min_8bit_size=0, master_weights=True)
+    b = Adam([x32], lr=1e-2, state_dtype="int8", min_8bit_size=0)
     for _ in range(4):
         g = rng.standard_normal(x0.shape).astype(np.float32)
         a.step([g])
@@ -258,8 +258,8 @@ def test_sparse_rows_step_like_a_dense_table_of_those_rows(fmt):
     table = rng.standard_normal((12, 128)).astype(np.float32)
     rows = np.array([1, 4, 4, 9])  # 4 twice: summed
     sub = table[[1, 4, 9]].copy()
-    opt = Adam([table], lr=0.01, state_dtype=fmt, block_size=64)
-    dense = Adam([sub], lr=0.01, state_dtype=fmt, block_size=64)
+    opt = Adam([table], lr=0.01, state_dtype=fmt, min_8bit_size=0, block_size=64)
+    dense = Adam([sub], lr=0.01, state_dtype=fmt, min_8bit_size=0, block_size=64)
     untouched = [0, 2, 3, 5, 6, 7, 8, 10, 11]
     before = table[untouched].copy()
     for _ in range(3):
@@ -277,7 +277,7 @@ def test_sparse_rows_step_like_a_dense_table_of_those_rows(fmt):
 def test_sparse_csr_gradient_with_bfloat16_params():
     scipy_sparse = pytest.importorskip("scipy.sparse")
     table = np.ones((6, 64), BF16)
-    opt = Adam([table], lr=0.1, state_dtype="int8", block_size=64)
+    opt = Adam([table], lr=0.1, state_dtype="int8", min_8bit_size=0, block_size=64)
     dense = np.zeros((6, 64), np.float32)
     dense[2] = 1.0
     opt.step([scipy_sparse.csr_matrix(dense)])
@@ -287,7 +287,7 @@ def test_sparse_csr_gradient_with_bfloat16_params():
 # ---- the step driver: skip_nonfinite, clipping, schedules, threads ------------------------------
 def test_skip_nonfinite_changes_nothing():
     x = np.ones((2, 256), np.float32)
-    opt = Adam([x], lr=0.1, state_dtype="int8")
+    opt = Adam([x], lr=0.1, state_dtype="int8", min_8bit_size=0)
     opt.step([np.ones_like(x)])
     before = raw(x, opt.state(0))
     g = np.ones_like(x)
@@ -305,8 +305,8 @@ def test_clipping_and_schedules_fold_into_the_step():
     Adam([b], lr=0.1, state_dtype="bfloat16").step([g * np.float32(1.0 / (norm + 1e-6))])
     np.testing.assert_allclose(a, b, rtol=1e-6)
     c, d = np.ones(512, np.float32), np.ones(512, np.float32)
-    sched = Adam([c], lr=lambda k: 0.1 / (k + 1), state_dtype="int8")
-    fixed = Adam([d], lr=0.1, state_dtype="int8")
+    sched = Adam([c], lr=lambda k: 0.1 / (k + 1), state_dtype="int8", min_8bit_size=0)
+    fixed = Adam([d], lr=0.1, state_dtype="int8", min_8bit_size=0)
     for k in range(3):
         fixed.set_hyperparameters(lr=0.1 / (k + 1))
         sched.step([g])
@@ -321,7 +321,7 @@ def test_results_do_not_depend_on_the_thread_count(fmt):
     outs = []
     for threads in (1, 2, 3):
         x = x0.astype(BF16)
-        opt = AdamW([x], lr=1e-2, state_dtype=fmt, param_rounding="stochastic",
+        opt = AdamW([x], lr=1e-2, state_dtype=fmt, min_8bit_size=0, param_rounding="stochastic",
                     num_threads=threads)
         for k in range(3):
             opt.step([np.sin(x0 * (k + 1))])
@@ -334,7 +334,7 @@ def test_results_do_not_depend_on_the_thread_count(fmt):
                                              ("int8", 2 + 8 / 256)])
 def test_state_bytes_per_param(fmt, per_param):
     xs = [np.ones((4, 256), np.float32), np.ones(512, np.float32)]
-    opt = Adam(xs, state_dtype=fmt)
+    opt = Adam(xs, state_dtype=fmt, min_8bit_size=0)
     assert opt.state_bytes_per_param() == per_param  # int8: 2.03125
     assert opt.state_bytes() == per_param * 1536
 
@@ -345,8 +345,8 @@ def test_float32_keeps_the_float_path():
     assert opt.state_dtype == "float32" and opt.state_bytes_per_param() == 8.0
 
 
-@pytest.mark.parametrize("kw", [dict(state_dtype="int8"), dict(state_dtype="bfloat16"),
-                                dict(state_dtype="int8", master_weights=True, bf16=True),
+@pytest.mark.parametrize("kw", [dict(state_dtype="int8", min_8bit_size=0), dict(state_dtype="bfloat16"),
+                                dict(state_dtype="int8", min_8bit_size=0, master_weights=True, bf16=True),
                                 dict(param_rounding="stochastic", seed=3, bf16=True)])
 def test_checkpoints_round_trip_bit_exactly(tmp_path, kw):
     kw = dict(kw)
@@ -425,7 +425,7 @@ def test_prepare_step_bfloat16_gradients_read_exactly_as_float32():
 
 def test_zero_state_resets_low_precision_states():
     x = np.ones(512, np.float32)
-    opt = Adagrad([x], lr=0.1, state_dtype="int8", initial_accumulator_value=0.5)
+    opt = Adagrad([x], lr=0.1, state_dtype="int8", min_8bit_size=0, initial_accumulator_value=0.5)
     np.testing.assert_array_equal(values(opt.state(0)["sum"]), np.full(512, 0.5, np.float32))
     opt.step([np.ones(512, np.float32)])
     opt.zero_state()
@@ -438,7 +438,7 @@ def test_float32_and_bfloat16_parameters_in_one_step_are_all_or_nothing():
     a = rng.standard_normal(700).astype(np.float32)
     b = rng.standard_normal((4, 256)).astype(BF16)
     c = np.ones((6, 64), np.float32)
-    opt = Adam([a, b, c], lr=1e-2, state_dtype="int8", block_size=64, master_weights=True)
+    opt = Adam([a, b, c], lr=1e-2, state_dtype="int8", min_8bit_size=0, block_size=64, master_weights=True)
     assert opt.state_bytes_per_param() == pytest.approx(
         (2 * (700 + 1024 + 384) + 8 * (11 + 16 + 6) + 4 * 1024) / (700 + 1024 + 384))
     grads = [rng.standard_normal(700).astype(np.float32),
