@@ -198,7 +198,8 @@ def test_without_ml_dtypes_only_bfloat16_users_are_told(monkeypatch):
         bfloat16()
     with pytest.raises(ImportError, match=r"ml_dtypes"):
         Adam([np.ones(8, np.float32)], state_dtype="bfloat16")
-    opt = Adam([np.ones(256, np.float32)], state_dtype="int8", min_8bit_size=0)  # 8-bit states do not need it
+    # 8-bit states do not need it
+    opt = Adam([np.ones(256, np.float32)], state_dtype="int8", min_8bit_size=0)
     opt.step([np.ones(256, np.float32)])
 
 
