@@ -530,7 +530,8 @@ def test_a_mixed_step_is_all_or_nothing():
     rng = np.random.default_rng(22)
     xs = [rng.standard_normal(5000).astype(np.float32), rng.standard_normal(50).astype(np.float32)]
     opt = Adam(xs, lr=0.01, state_dtype="int8")
-    grads = [rng.standard_normal(5000).astype(np.float32), rng.standard_normal(50).astype(np.float32)]
+    grads = [rng.standard_normal(5000).astype(np.float32),
+             rng.standard_normal(50).astype(np.float32)]
     assert opt.step(grads)
     before = raw(xs, [opt.state(i) for i in range(2)])
     for bad in (0, 1):
@@ -574,7 +575,8 @@ def test_bad_min_8bit_size_is_refused_and_changes_nothing(cls, value, exc, match
 # ---- min_8bit_size in checkpoints ---------------------------------------------------------------
 def _mixed(min_8bit_size=1000, **kw):
     rng = np.random.default_rng(24)
-    xs = [rng.standard_normal((4, 256)).astype(np.float32), np.linspace(-1, 1, 300, dtype=np.float32)]
+    xs = [rng.standard_normal((4, 256)).astype(np.float32),
+          np.linspace(-1, 1, 300, dtype=np.float32)]
     opt = Adam(xs, lr=0.01, state_dtype="int8", min_8bit_size=min_8bit_size, **kw)
     for _ in range(2):
         opt.step([rng.standard_normal(x.shape).astype(np.float32) for x in xs])
