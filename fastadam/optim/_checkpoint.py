@@ -42,10 +42,10 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from .._core._lowp_state import QuantizedState, is_bfloat16
-from ._lowp_objects import check_min_8bit_size, param_state_formats
 from ..io import atomic_write
 from . import schedules
 from ._checks import check_bool, check_clip
+from ._lowp_objects import check_min_8bit_size, param_state_formats
 from .schedules import Schedule
 
 FORMAT = "fastadam.optim/1"

@@ -9,9 +9,9 @@ parameters, ``master_weights=True`` or ``param_rounding="stochastic"`` keeps a
 base class's step driver -- gradient checks, clipping, ``skip_nonfinite``, schedules, the
 all-or-nothing rule -- is the same for every format.  Each step folds the subclass's
 coefficient object (``opt.coefficients``) and makes one ``_lowp.dense_step`` call per
-(group, dtype), or one ``_lowp.rows_step`` per sparse gradient (coalesced first: sorted unique
-rows, summed values).  A bucket whose parameters, states and gradients are all float32 keeps
-the float driver.
+(group, dtype, state format), or one ``_lowp.rows_step`` per sparse gradient (coalesced
+first: sorted unique rows, summed values).  A bucket whose parameters, states and gradients
+are all float32 keeps the float driver.
 
 Small tensors (``min_8bit_size``, bitsandbytes' rule and default): with ``state_dtype="int8"``
 a parameter of fewer than ``min_8bit_size`` elements keeps float32 states (one scale per
@@ -23,10 +23,9 @@ optimizer's would, bit for bit.  bfloat16 states are not affected.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
-
-import numbers
 
 import numpy as np
 
