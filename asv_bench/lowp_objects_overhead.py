@@ -23,7 +23,8 @@ def measure(n, rounds):
     cases = {}
     for state_dtype in ("float32", "bfloat16", "int8"):
         x = rng.standard_normal(n).astype(np.float32)
-        opt = fastadam.Adam([x], lr=1e-3, state_dtype=state_dtype, num_threads=1)
+        opt = fastadam.Adam([x], lr=1e-3, state_dtype=state_dtype, num_threads=1,
+                            min_8bit_size=0)  # 8-bit states at any size
         cases[f"Adam object, {state_dtype} states"] = lambda opt=opt: opt.step([g])
     x = rng.standard_normal(n).astype(np.float32)
     slots = {"m": QuantizedState.zeros(n), "v": QuantizedState.zeros(n, signed=False)}

@@ -158,7 +158,7 @@ def test_trajectory_against_the_oracle(kind, cls, hyper, fmt, block):
     x0 = rng.standard_normal((5, 200)).astype(np.float32)
     grads = [rng.standard_normal(x0.shape).astype(np.float32) for _ in range(6)]
     x = x0.copy()
-    opt = cls([x], state_dtype=fmt, block_size=block, **hyper)
+    opt = cls([x], state_dtype=fmt, min_8bit_size=0, block_size=block, **hyper)
     for g in grads:
         assert opt.step([g])
     want_x, want_state = oracle_run(kind, x0, grads, fmt, block, hyper)
@@ -212,8 +212,8 @@ def test_a_float32_master_steps_exactly_as_a_float32_parameter():
     x0 = rng.standard_normal((8, 256)).astype(np.float32)
     xb = x0.astype(BF16)
     x32 = xb.astype(np.float32)  # the same starting values
-    a = Adam([xb], lr=1e-2, state_dtype="int8", master_weights=True)
-    b = Adam([x32], lr=1e-2, state_dtype="int8")
+    a = Adam([xb], lr=1e-2, state_dtype="int8", min_8bit_size=0, master_weights=True)
+    b = Adam([x32], lr=1e-2, state_dtype="int8", min_8bit_size=0)
     for _ in range(4):
         g = rng.standard_normal(x0.shape).astype(np.float32)
         a.step([g])
@@ -258,8 +258,8 @@ def test_sparse_rows_step_like_a_dense_table_of_those_rows(fmt):
     table = rng.standard_normal((12, 128)).astype(np.float32)
     rows = np.array([1, 4, 4, 9])  # 4 twice: summed
     sub = table[[1, 4, 9]].copy()
-    opt = Adam([table], lr=0.01, state_dtype=fmt, block_size=64)
-    dense = Adam([sub], lr=0.01, state_dtype=fmt, block_size=64)
+    opt = Adam([table], lr=0.01, state_dtype=fmt, min_8bit_size=0, block_size=64)
+    dense = Adam([sub], lr=0.01, state_dtype=fmt, min_8bit_size=0, block_size=64)
     untouched = [0, 2, 3, 5, 6, 7, 8, 10, 11]
     before = table[untouched].copy()
     for _ in range(3):
@@ -277,7 +277,7 @@ def test_sparse_rows_step_like_a_dense_table_of_those_rows(fmt):
 def test_sparse_csr_gradient_with_bfloat16_params():
     scipy_sparse = pytest.importorskip("scipy.sparse")
     table = np.ones((6, 64), BF16)
-    opt = Adam([table], lr=0.1, state_dtype="int8", block_size=64)
+    opt = Adam([table], lr=0.1, state_dtype="int8", min_8bit_size=0, block_size=64)
     dense = np.zeros((6, 64), np.float32)
     dense[2] = 1.0
     opt.step([scipy_sparse.csr_matrix(dense)])
@@ -287,7 +287,7 @@ def test_sparse_csr_gradient_with_bfloat16_params():
 # ---- the step driver: skip_nonfinite, clipping, schedules, threads ------------------------------
 def test_skip_nonfinite_changes_nothing():
     x = np.ones((2, 256), np.float32)
-    opt = Adam([x], lr=0.1, state_dtype="int8")
+    opt = Adam([x], lr=0.1, state_dtype="int8", min_8bit_size=0)
     opt.step([np.ones_like(x)])
     before = raw(x, opt.state(0))
     g = np.ones_like(x)
@@ -305,8 +305,8 @@ def test_clipping_and_schedules_fold_into_the_step():
     Adam([b], lr=0.1, state_dtype="bfloat16").step([g * np.float32(1.0 / (norm + 1e-6))])
     np.testing.assert_allclose(a, b, rtol=1e-6)
     c, d = np.ones(512, np.float32), np.ones(512, np.float32)
-    sched = Adam([c], lr=lambda k: 0.1 / (k + 1), state_dtype="int8")
-    fixed = Adam([d], lr=0.1, state_dtype="int8")
+    sched = Adam([c], lr=lambda k: 0.1 / (k + 1), state_dtype="int8", min_8bit_size=0)
+    fixed = Adam([d], lr=0.1, state_dtype="int8", min_8bit_size=0)
     for k in range(3):
         fixed.set_hyperparameters(lr=0.1 / (k + 1))
         sched.step([g])
@@ -321,7 +321,7 @@ def test_results_do_not_depend_on_the_thread_count(fmt):
     outs = []
     for threads in (1, 2, 3):
         x = x0.astype(BF16)
-        opt = AdamW([x], lr=1e-2, state_dtype=fmt, param_rounding="stochastic",
+        opt = AdamW([x], lr=1e-2, state_dtype=fmt, min_8bit_size=0, param_rounding="stochastic",
                     num_threads=threads)
         for k in range(3):
             opt.step([np.sin(x0 * (k + 1))])
@@ -334,7 +334,7 @@ def test_results_do_not_depend_on_the_thread_count(fmt):
                                              ("int8", 2 + 8 / 256)])
 def test_state_bytes_per_param(fmt, per_param):
     xs = [np.ones((4, 256), np.float32), np.ones(512, np.float32)]
-    opt = Adam(xs, state_dtype=fmt)
+    opt = Adam(xs, state_dtype=fmt, min_8bit_size=0)
     assert opt.state_bytes_per_param() == per_param  # int8: 2.03125
     assert opt.state_bytes() == per_param * 1536
 
@@ -345,9 +345,16 @@ def test_float32_keeps_the_float_path():
     assert opt.state_dtype == "float32" and opt.state_bytes_per_param() == 8.0
 
 
-@pytest.mark.parametrize("kw", [dict(state_dtype="int8"), dict(state_dtype="bfloat16"),
-                                dict(state_dtype="int8", master_weights=True, bf16=True),
-                                dict(param_rounding="stochastic", seed=3, bf16=True)])
+@pytest.mark.parametrize("kw", [dict(state_dtype="int8", min_8bit_size=0),
+                                dict(state_dtype="bfloat16"),
+                                dict(state_dtype="int8", min_8bit_size=0, master_weights=True,
+                                     bf16=True),
+                                dict(param_rounding="stochastic", seed=3, bf16=True),
+                                # 700 elements: float32 states; 768: 8-bit
+                                dict(state_dtype="int8", min_8bit_size=701),
+                                dict(state_dtype="int8", min_8bit_size=701, master_weights=True,
+                                     bf16=True),
+                                dict(state_dtype="int8")])  # both float32 states
 def test_checkpoints_round_trip_bit_exactly(tmp_path, kw):
     kw = dict(kw)
     dtype = BF16 if kw.pop("bf16", False) else np.float32
@@ -425,7 +432,7 @@ def test_prepare_step_bfloat16_gradients_read_exactly_as_float32():
 
 def test_zero_state_resets_low_precision_states():
     x = np.ones(512, np.float32)
-    opt = Adagrad([x], lr=0.1, state_dtype="int8", initial_accumulator_value=0.5)
+    opt = Adagrad([x], lr=0.1, state_dtype="int8", min_8bit_size=0, initial_accumulator_value=0.5)
     np.testing.assert_array_equal(values(opt.state(0)["sum"]), np.full(512, 0.5, np.float32))
     opt.step([np.ones(512, np.float32)])
     opt.zero_state()
@@ -438,7 +445,8 @@ def test_float32_and_bfloat16_parameters_in_one_step_are_all_or_nothing():
     a = rng.standard_normal(700).astype(np.float32)
     b = rng.standard_normal((4, 256)).astype(BF16)
     c = np.ones((6, 64), np.float32)
-    opt = Adam([a, b, c], lr=1e-2, state_dtype="int8", block_size=64, master_weights=True)
+    opt = Adam([a, b, c], lr=1e-2, state_dtype="int8", min_8bit_size=0, block_size=64,
+               master_weights=True)
     assert opt.state_bytes_per_param() == pytest.approx(
         (2 * (700 + 1024 + 384) + 8 * (11 + 16 + 6) + 4 * 1024) / (700 + 1024 + 384))
     grads = [rng.standard_normal(700).astype(np.float32),
@@ -454,3 +462,246 @@ def test_float32_and_bfloat16_parameters_in_one_step_are_all_or_nothing():
     assert opt.step(grads) and opt.t == 2
     np.testing.assert_array_equal(b.view(np.uint16), O.f32_to_bf16_bits(opt._master_list[1]))
     assert np.all(c[[1, 2, 3, 4]] == 1) and np.all(c[[0, 5]] < 1)
+
+
+# ---- min_8bit_size: small tensors keep float32 states -------------------------------------------
+def _formats(opt):
+    first = opt.slot_names[0]
+    return ["int8" if isinstance(opt.state(i)[first], QuantizedState)
+            else str(np.asarray(opt.state(i)[first]).dtype) for i in range(len(opt.params))]
+
+
+@pytest.mark.parametrize("kind, cls, hyper", CASES)
+def test_small_parameters_step_as_the_float32_optimizer_bit_for_bit(kind, cls, hyper):
+    rng = np.random.default_rng(20)
+    shapes = [(64, 128), (100,), (10, 30), (4096,), (4095,)]  # 8192, 100, 300, 4096, 4095
+    x0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(5)]
+    xs = [a.copy() for a in x0]
+    opt = cls(xs, state_dtype="int8", **hyper)  # min_8bit_size=4096 by default
+    assert _formats(opt) == ["int8", "float32", "float32", "int8", "float32"]
+    small = [x0[i].copy() for i in (1, 2, 4)]
+    f32 = cls(small, **hyper)  # a float32 optimizer of the small ones only
+    big = [x0[i].copy() for i in (0, 3)]
+    q8 = cls(big, state_dtype="int8", min_8bit_size=0, **hyper)  # the big ones, all 8-bit
+    for g in grads:
+        assert opt.step([a.copy() for a in g])
+        f32.step([g[i].copy() for i in (1, 2, 4)])
+        q8.step([g[i].copy() for i in (0, 3)])
+    assert raw([xs[i] for i in (1, 2, 4)]) == raw(small)
+    assert raw([opt.state(i) for i in (1, 2, 4)]) == raw([f32.state(i) for i in range(3)])
+    assert raw([xs[i] for i in (0, 3)]) == raw(big)  # the 8-bit call is unchanged by the split
+    assert raw([opt.state(i) for i in (0, 3)]) == raw([q8.state(i) for i in range(2)])
+
+
+def test_min_8bit_size_zero_puts_every_tensor_in_8_bits_and_bfloat16_is_unaffected():
+    xs = [np.ones(10, np.float32), np.ones(5000, np.float32)]
+    assert _formats(Adam(xs, state_dtype="int8", min_8bit_size=0)) == ["int8", "int8"]
+    assert _formats(Adam(xs, state_dtype="int8", min_8bit_size=5001)) == ["float32", "float32"]
+    assert _formats(Adam(xs, state_dtype="bfloat16")) == ["bfloat16", "bfloat16"]
+    assert _formats(Adam(xs, state_dtype="bfloat16", min_8bit_size=10 ** 6)) == ["bfloat16"] * 2
+
+
+def test_state_bytes_count_each_parameter_in_its_format():
+    xs = [np.ones((32, 256), np.float32), np.ones(100, np.float32), np.ones(3000, np.float32)]
+    opt = Adam(xs, state_dtype="int8")
+    # m and v: 8192 one-byte codes and 32 float32 scales each; 3100 float32 elements each
+    want = 2 * (8192 + 4 * 32) + 2 * 4 * 3100
+    assert opt.state_bytes() == want
+    assert opt.state_bytes_per_param() == want / (8192 + 3100)
+
+
+def test_small_bfloat16_parameters_with_int8_take_float32_states():
+    rng = np.random.default_rng(21)
+    x0 = rng.standard_normal(300).astype(BF16)
+    grads = [rng.standard_normal(300).astype(np.float32) for _ in range(4)]
+    runs = []
+    for kw in (dict(state_dtype="int8"), dict(state_dtype="float32")):
+        x = x0.copy()
+        opt = Adam([x], lr=0.01, master_weights=True, **kw)
+        for g in grads:
+            opt.step([g.copy()])
+        runs.append(raw(x, opt.state(0), opt._master_list[0]))
+        assert _formats(opt) == ["float32"]
+    assert runs[0] == runs[1]
+
+
+def test_a_mixed_step_is_all_or_nothing():
+    rng = np.random.default_rng(22)
+    xs = [rng.standard_normal(5000).astype(np.float32), rng.standard_normal(50).astype(np.float32)]
+    opt = Adam(xs, lr=0.01, state_dtype="int8")
+    grads = [rng.standard_normal(5000).astype(np.float32),
+             rng.standard_normal(50).astype(np.float32)]
+    assert opt.step(grads)
+    before = raw(xs, [opt.state(i) for i in range(2)])
+    for bad in (0, 1):
+        g = [a.copy() for a in grads]
+        g[bad][7] = np.nan
+        assert opt.step(g, skip_nonfinite=True) is False
+        assert raw(xs, [opt.state(i) for i in range(2)]) == before and opt.t == 1
+
+
+def test_a_small_table_with_float32_states_takes_sparse_rows_of_any_length():
+    # 100 x 20: rows are not whole blocks of 64, which only 8-bit states need
+    rng = np.random.default_rng(23)
+    t0 = rng.standard_normal((100, 20)).astype(np.float32)
+    a, b = t0.copy(), t0.copy()
+    opt = Adam([a], lr=0.1, state_dtype="int8", block_size=64)
+    ref = Adam([b], lr=0.1)
+    for _ in range(3):
+        g = fastadam.IndexedSlices(rng.standard_normal((3, 20)).astype(np.float32),
+                                   rng.integers(0, 100, 3), (100, 20))
+        opt.step([g])
+        ref.step([g])
+    assert raw(a, opt.state(0)) == raw(b, ref.state(0))
+
+
+@pytest.mark.parametrize("value, exc, match", [
+    (-1, ValueError, r"^min_8bit_size: expected an int >= 0 .* got -1$"),
+    (1.5, TypeError, r"^min_8bit_size: expected an int >= 0 .* got float$"),
+    ("4096", TypeError, r"^min_8bit_size: expected an int >= 0 .* got str$"),
+    (True, TypeError, r"^min_8bit_size: expected an int >= 0 .* got bool$"),
+    (None, TypeError, r"^min_8bit_size: expected an int >= 0 .* got NoneType$"),
+])
+@pytest.mark.parametrize("cls", [Adam, AdamW, Adagrad, SGD, RMSprop, Lion])
+def test_bad_min_8bit_size_is_refused_and_changes_nothing(cls, value, exc, match):
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    before = raw(x)
+    with pytest.raises(exc, match=match):
+        cls([x], state_dtype="int8", min_8bit_size=value)
+    assert raw(x) == before
+
+
+# ---- min_8bit_size in checkpoints ---------------------------------------------------------------
+def _mixed(min_8bit_size=1000, **kw):
+    rng = np.random.default_rng(24)
+    xs = [rng.standard_normal((4, 256)).astype(np.float32),
+          np.linspace(-1, 1, 300, dtype=np.float32)]
+    opt = Adam(xs, lr=0.01, state_dtype="int8", min_8bit_size=min_8bit_size, **kw)
+    for _ in range(2):
+        opt.step([rng.standard_normal(x.shape).astype(np.float32) for x in xs])
+    return xs, opt
+
+
+def _as_before_min_8bit_size(state):
+    """A state dict as the code before min_8bit_size wrote it: no per-parameter formats."""
+    state = dict(state)
+    state["state_format"] = {k: v for k, v in state["state_format"].items()
+                             if k not in ("min_8bit_size", "param_states")}
+    return state
+
+
+def _rewrite_meta(path, edit):
+    import json
+    import zipfile
+    with zipfile.ZipFile(path) as zf:
+        entries = {i.filename: zf.read(i) for i in zf.infolist()}
+    meta_path = path.with_name("meta.npy")
+    meta_path.write_bytes(entries["meta.npy"])
+    meta = edit(json.loads(np.load(meta_path).tobytes().decode()))
+    np.save(meta_path, np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    entries["meta.npy"] = meta_path.read_bytes()
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+
+
+def test_checkpoint_records_each_parameters_state_format(tmp_path):
+    xs, opt = _mixed()
+    fmt = opt.state_dict()["state_format"]
+    assert fmt["min_8bit_size"] == 1000 and fmt["param_states"] == ["int8", "float32"]
+    assert opt.state_dict()["m_scales"][1].size == 0  # float32 states have no scales
+    # a different min_8bit_size that makes the same decisions loads (the formats decide)
+    xs2, other = _mixed(min_8bit_size=301)
+    other.load_state_dict(opt.state_dict())
+    assert raw([other.state(i) for i in range(2)]) == raw([opt.state(i) for i in range(2)])
+
+
+@pytest.mark.parametrize("via", ["state_dict", "file"])
+def test_a_checkpoint_of_other_formats_is_refused_and_changes_nothing(tmp_path, via):
+    xs, saved = _mixed(min_8bit_size=1000)  # int8, float32
+    xs2, opt = _mixed(min_8bit_size=0)  # int8, int8
+    xs2[1] += 1  # differs from the saved parameter
+    before = raw(xs2, [opt.state(i) for i in range(2)])
+    match = (r"\['state_format'\]\['param_states'\]\[1\]: the state was saved with "
+             r"min_8bit_size=1000 and holds float32 states for params\[1\] \(300 elements\); "
+             r"this optimizer \(min_8bit_size=0\) keeps int8 states for it")
+    with pytest.raises(ValueError, match=match):
+        if via == "file":
+            saved.save(tmp_path / "c.zip")
+            opt.load(tmp_path / "c.zip")
+        else:
+            opt.load_state_dict(saved.state_dict())
+    assert raw(xs2, [opt.state(i) for i in range(2)]) == before and opt.t == 2
+
+
+@pytest.mark.parametrize("edit, exc, match", [
+    (lambda f: f.pop("param_states"), ValueError,
+     r"\['state_format'\]: \['min_8bit_size', 'param_states'\] come together"),
+    (lambda f: f.update(param_states=["int8"]), ValueError,
+     r"\['param_states'\]: expected 2 state formats \(one per parameter\), got 1"),
+    (lambda f: f.update(param_states=["int8", "bfloat16"]), ValueError,
+     r"\['param_states'\]\[1\]: expected one of \['float32', 'int8'\] .* got 'bfloat16'"),
+    (lambda f: f.update(min_8bit_size=-3), ValueError,
+     r"\['state_format'\]\['min_8bit_size'\]: expected an int >= 0"),
+])
+def test_bad_per_parameter_formats_are_refused(edit, exc, match):
+    xs, opt = _mixed()
+    state = opt.state_dict()
+    state["state_format"] = dict(state["state_format"])
+    edit(state["state_format"])
+    xs2, other = _mixed(min_8bit_size=1000)
+    xs2[0] += 1
+    before = raw(xs2, [other.state(i) for i in range(2)])
+    with pytest.raises(exc, match=match):
+        other.load_state_dict(state)
+    assert raw(xs2, [other.state(i) for i in range(2)]) == before
+
+
+@pytest.mark.parametrize("via", ["state_dict", "file"])
+def test_checkpoints_from_before_min_8bit_size_load_as_all_8_bit(tmp_path, via):
+    # the code before min_8bit_size put every tensor in 8 bits and wrote no per-parameter
+    # formats: such a state is min_8bit_size=0's, minus the two keys
+    rng = np.random.default_rng(25)
+    grads = [[rng.standard_normal((4, 256)).astype(np.float32),
+              rng.standard_normal(300).astype(np.float32)] for _ in range(3)]
+    xs, old = _mixed(min_8bit_size=0)
+    if via == "file":
+        old.save(tmp_path / "c.zip")
+        _rewrite_meta(tmp_path / "c.zip", _as_before_min_8bit_size)
+
+        def load(o):
+            o.load(tmp_path / "c.zip")
+    else:
+        state = _as_before_min_8bit_size(old.state_dict())
+
+        def load(o):
+            o.load_state_dict(state)
+    xs2, new = _mixed(min_8bit_size=0)
+    xs2[0] += 1
+    load(new)
+    if via == "state_dict":
+        for a, b in zip(xs2, xs):
+            a[...] = b
+    for g in grads:
+        old.step([a.copy() for a in g])
+        new.step([a.copy() for a in g])
+    assert raw(xs2, [new.state(i) for i in range(2)]) == raw(xs, [old.state(i) for i in range(2)])
+    # into the default rule, the 300-element parameter would need float32 states: refused
+    xs3, default = _mixed(min_8bit_size=4096)
+    before = raw(xs3, [default.state(i) for i in range(2)])
+    with pytest.raises(ValueError, match=r"\['param_states'\]\[0\]: the state was saved before "
+                                         r"min_8bit_size existed .* int8 states for params\[0\] "
+                                         r".* keeps float32 states for it: build it with the "
+                                         r"min_8bit_size the state was saved with \(0\)"):
+        load(default)
+    assert raw(xs3, [default.state(i) for i in range(2)]) == before
+
+
+def test_pickles_from_before_min_8bit_size_keep_every_tensor_in_8_bits():
+    opt = Adam([np.ones(100, np.float32)], state_dtype="int8", min_8bit_size=0)
+    del opt._lowp_options.__dict__["min_8bit_size"]  # the options as pickled before the rule
+    back = pickle.loads(pickle.dumps(opt))
+    back.add_param_group({"params": [np.ones(50, np.float32)]})
+    assert _formats(back) == ["int8", "int8"]
+    assert back.state_dict()["state_format"]["min_8bit_size"] == 0

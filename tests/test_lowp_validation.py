@@ -198,7 +198,8 @@ def test_without_ml_dtypes_only_bfloat16_users_are_told(monkeypatch):
         bfloat16()
     with pytest.raises(ImportError, match=r"ml_dtypes"):
         Adam([np.ones(8, np.float32)], state_dtype="bfloat16")
-    opt = Adam([np.ones(256, np.float32)], state_dtype="int8")  # 8-bit states do not need it
+    # 8-bit states do not need it
+    opt = Adam([np.ones(256, np.float32)], state_dtype="int8", min_8bit_size=0)
     opt.step([np.ones(256, np.float32)])
 
 
@@ -207,7 +208,7 @@ def test_objects_refuse_float64_params_and_bad_options():
     with pytest.raises(TypeError, match=r"^params\[0\]: state_dtype='int8' \(and bfloat16 "
                                         r"parameters\) need float32 or bfloat16 parameters, got "
                                         r"float64"):
-        Adam([np.ones(8)], state_dtype="int8")
+        Adam([np.ones(8)], state_dtype="int8", min_8bit_size=0)
     with pytest.raises(ValueError, match=r"^state_dtype: expected one of \('float32', "
                                          r"'bfloat16', 'int8'\), got 'int4'"):
         Adam([np.ones(8, np.float32)], state_dtype="int4")
@@ -225,7 +226,7 @@ def test_objects_refuse_float64_params_and_bad_options():
 def test_a_block_size_that_does_not_divide_a_sparse_row_changes_nothing():
     x = np.ones((10, 100), np.float32)
     dense = np.ones(300, np.float32)
-    opt = Adam([dense, x], lr=0.1, state_dtype="int8")
+    opt = Adam([dense, x], lr=0.1, state_dtype="int8", min_8bit_size=0)
     opt.step([np.ones(300, np.float32), None])
     before = snapshot(dense, x, [opt.state(i) for i in range(2)])
     grad = fastadam.IndexedSlices(np.ones((2, 100), np.float32), np.array([1, 3]), (10, 100))
@@ -261,9 +262,9 @@ def test_bfloat16_params_take_float32_gradients_but_not_float64():
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
-def _trained(state_dtype="int8", **kw):
+def _trained(state_dtype="int8", min_8bit_size=0, **kw):
     x = np.linspace(-1, 1, 600, dtype=np.float32)
-    opt = Adam([x], lr=0.01, state_dtype=state_dtype, **kw)
+    opt = Adam([x], lr=0.01, state_dtype=state_dtype, min_8bit_size=0, **kw)
     opt.step([np.cos(np.arange(600, dtype=np.float32))])
     return x, opt
 

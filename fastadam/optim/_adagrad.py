@@ -39,7 +39,7 @@ class Adagrad(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
-    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed, min_8bit_size
         Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr, eps, initial_accumulator_value : float, optional
         None: the convention's default (torch 1e-2, 1e-10, 0; keras 1e-3, 1e-7, 0.1;
@@ -59,7 +59,8 @@ class Adagrad(Optimizer):
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
                  num_threads: Optional[int] = None, state_dtype: str = "float32",
                  block_size: int = 256, quant_map: str = "dynamic",
-                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0,
+                 min_8bit_size: int = 4096):
         super().__init__(params, dict(
             lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
             initial_accumulator_value=initial_accumulator_value, eps=eps, convention=convention,
@@ -67,7 +68,7 @@ class Adagrad(Optimizer):
             num_threads=num_threads,
             state_dtype=state_dtype, block_size=block_size,
             quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
-            seed=seed))
+            seed=seed, min_8bit_size=min_8bit_size))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)

@@ -79,6 +79,11 @@ class Adam(Optimizer):
         the step updates it and writes the parameter as its nearest bfloat16.
     seed : int
         Seed of stochastic rounding, in [0, 2**64).
+    min_8bit_size : int
+        With ``state_dtype="int8"``, a parameter of fewer elements keeps float32 states (and
+        steps exactly as with ``state_dtype="float32"``); default 4096, as bitsandbytes'
+        8-bit optimizers; ``0``: every parameter in 8 bits.  An int >= 0.  bfloat16 states
+        are not affected.
     """
 
     group_keys = ("lr", "betas", "eps", "convention", "weight_decay", "decoupled_weight_decay",
@@ -95,7 +100,8 @@ class Adam(Optimizer):
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
                  num_threads: Optional[int] = None, state_dtype: str = "float32",
                  block_size: int = 256, quant_map: str = "dynamic",
-                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0,
+                 min_8bit_size: int = 4096):
         super().__init__(params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             decoupled_weight_decay=decoupled_weight_decay, post_decay=post_decay,
@@ -103,7 +109,7 @@ class Adam(Optimizer):
             clip_grad_norm=clip_grad_norm, num_threads=num_threads,
             state_dtype=state_dtype, block_size=block_size,
             quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
-            seed=seed))
+            seed=seed, min_8bit_size=min_8bit_size))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
@@ -206,14 +212,15 @@ class AdamW(Adam):
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
                  num_threads: Optional[int] = None, state_dtype: str = "float32",
                  block_size: int = 256, quant_map: str = "dynamic",
-                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0,
+                 min_8bit_size: int = 4096):
         Optimizer.__init__(self, params, dict(
             lr=lr, betas=betas, eps=eps, convention=convention, weight_decay=weight_decay,
             post_decay=post_decay, amsgrad=amsgrad, nesterov=nesterov, maximize=maximize,
             sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
             state_dtype=state_dtype, block_size=block_size,
             quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
-            seed=seed))
+            seed=seed, min_8bit_size=min_8bit_size))
 
 
 class SparseAdam(Adam):

@@ -279,13 +279,15 @@ class Optimizer:
         self._add_group(param_group, "param_group", False)
 
     def _rebuild_buckets(self) -> None:
-        """One bucket per (group, dtype): each becomes one compiled call per step.  The slot
-        lists of each bucket are kept (the slot arrays are only ever updated in place)."""
+        """One bucket per (group, dtype, state format): each becomes one compiled call per
+        step.  The slot lists of each bucket are kept (the slot arrays are only ever updated in
+        place)."""
         self._buckets = []
         for gi, indices in enumerate(self._group_params):
-            by_dtype: Dict[np.dtype, List[int]] = {}
+            by_dtype: Dict[Tuple[np.dtype, int], List[int]] = {}
             for i in indices:
-                by_dtype.setdefault(self._arrays[i].dtype, []).append(i)
+                key = (self._arrays[i].dtype, _lowp_objects.state_kind(self, i))
+                by_dtype.setdefault(key, []).append(i)
             self._buckets += [(gi, idx) for idx in by_dtype.values()]
         self._bucket_slots = [{name: [arrays[i] for i in idx]
                                for name, arrays in self._slots.items()}

@@ -13,6 +13,12 @@ arrays are stored as they live: bfloat16 slots as they are (in files as their ui
 8-bit slots as ``{slot}`` (uint8 codes) and ``{slot}_scales`` (float32), float32 masters of
 bfloat16 parameters as ``master`` (one per bfloat16 parameter, in parameter order).  A state
 of another format, block size or length is refused before anything is written.
+``state_format`` also records ``min_8bit_size`` and ``param_states``, each parameter's state
+format: with ``state_dtype="int8"`` a parameter below ``min_8bit_size`` keeps float32 states,
+stored as they are under ``{slot}``, with an empty ``{slot}_scales``.  The per-parameter
+formats must equal the loading optimizer's (they decide the arrays; its ``min_8bit_size`` may
+differ as long as they agree).  A state written before ``min_8bit_size`` existed has neither
+key, and every parameter's states in ``state_dtype``: what those versions kept.
 
 File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.npy`` (the
 metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
@@ -39,6 +45,7 @@ from .._core._lowp_state import QuantizedState, is_bfloat16
 from ..io import atomic_write
 from . import schedules
 from ._checks import check_bool, check_clip
+from ._lowp_objects import check_min_8bit_size, param_state_formats
 from .schedules import Schedule
 
 FORMAT = "fastadam.optim/1"
@@ -54,9 +61,10 @@ def entry_lists(opt) -> Dict[str, List[np.ndarray]]:
         return dict(opt._slots)
     out: Dict[str, List[np.ndarray]] = {}
     for name, arrays in opt._slots.items():
-        if arrays and isinstance(arrays[0], QuantizedState):
-            out[name] = [q.codes for q in arrays]
-            out[f"{name}_scales"] = [q.scales for q in arrays]
+        if opt._lowp.state_dtype == "int8":  # float32 states (min_8bit_size): no scales
+            out[name] = [q.codes if isinstance(q, QuantizedState) else q for q in arrays]
+            out[f"{name}_scales"] = [q.scales if isinstance(q, QuantizedState)
+                                     else np.zeros(0, np.float32) for q in arrays]
         else:
             out[name] = list(arrays)
     if opt._lowp.master_weights:
@@ -88,7 +96,8 @@ def metadata(opt) -> Dict[str, Any]:
     meta = {"format": FORMAT, "optimizer": type(opt).__name__, "t": opt.t,
             "options": {"clip_grad_norm": opt._clip, **opt._options}, "param_groups": groups}
     if opt._lowp is not None:
-        meta["state_format"] = opt._lowp.as_dict()
+        meta["state_format"] = {**opt._lowp.as_dict(), "min_8bit_size": opt._lowp.min_8bit_size,
+                                "param_states": param_state_formats(opt)}
     return meta
 
 
@@ -117,13 +126,56 @@ def _check_state_format(opt, state: Dict[str, Any], where: str) -> Tuple[str, ..
                              f"{opt._lowp.as_dict()}")
         return ()
     got = state["state_format"]
+    fwhere = f"{where}['state_format']"
     expected = opt._lowp.as_dict()
-    _check_keys(got, tuple(expected), f"{where}['state_format']")
+    if not isinstance(got, dict):
+        raise TypeError(f"{fwhere}: expected a dict, got {type(got).__name__}")
+    per_param = [k for k in PER_PARAM_KEYS if k in got]
+    if per_param and len(per_param) != len(PER_PARAM_KEYS):
+        raise ValueError(f"{fwhere}: {list(PER_PARAM_KEYS)} come together (a state written "
+                         f"before min_8bit_size has neither); got only {per_param[0]!r}")
+    _check_keys({k: v for k, v in got.items() if k not in PER_PARAM_KEYS}, tuple(expected),
+                fwhere)
     for key, value in expected.items():
         if type(got[key]) is not type(value) or got[key] != value:
-            raise ValueError(f"{where}['state_format']['{key}']: the state was saved with "
+            raise ValueError(f"{fwhere}['{key}']: the state was saved with "
                              f"{key}={got[key]!r}, this optimizer has {key}={value!r}")
+    _check_param_states(opt, got, fwhere)
     return ("state_format",)
+
+
+PER_PARAM_KEYS = ("min_8bit_size", "param_states")
+
+
+def _check_param_states(opt, got: Dict[str, Any], where: str) -> None:
+    """Each parameter's saved state format equals this optimizer's (``param_states``; absent:
+    written before min_8bit_size, every parameter in ``state_dtype``)."""
+    ours = param_state_formats(opt)
+    dtype = opt._lowp.state_dtype
+    if "param_states" not in got:
+        saved, saved_min = [dtype] * len(ours), None
+    else:
+        saved_min = check_min_8bit_size(got["min_8bit_size"], f"{where}['min_8bit_size']")
+        saved = got["param_states"]
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(ours):
+            n = len(saved) if isinstance(saved, (list, tuple)) else type(saved).__name__
+            raise ValueError(f"{where}['param_states']: expected {len(ours)} state formats "
+                             f"(one per parameter), got {n}")
+        allowed = ("float32", dtype)
+        for i, f in enumerate(saved):
+            if not isinstance(f, str) or f not in allowed:
+                raise ValueError(f"{where}['param_states'][{i}]: expected one of "
+                                 f"{sorted(set(allowed))} for state_dtype={dtype!r}, got {f!r}")
+    for i, (f, g) in enumerate(zip(saved, ours)):
+        if f != g:
+            when = ("before min_8bit_size existed (every parameter's states in state_dtype)"
+                    if saved_min is None else f"with min_8bit_size={saved_min}")
+            raise ValueError(
+                f"{where}['param_states'][{i}]: the state was saved {when} and holds "
+                f"{f} states for {opt._labels[i]} ({opt._arrays[i].size} elements); this "
+                f"optimizer (min_8bit_size={opt._lowp.min_8bit_size}) keeps {g} states for it: "
+                f"build it with the min_8bit_size the state was saved with"
+                + (" (0)" if saved_min is None else ""))
 
 
 def _check_keys(obj: Any, expected: Tuple[str, ...], where: str) -> None:

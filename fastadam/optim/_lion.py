@@ -126,7 +126,7 @@ class Lion(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
-    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed, min_8bit_size
         Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr : float or callable
         >= 0 (default 1e-4), or a schedule.
@@ -145,13 +145,14 @@ class Lion(Optimizer):
                  clip_grad_norm: Optional[float] = None, num_threads: Optional[int] = None,
                  state_dtype: str = "float32",
                  block_size: int = 256, quant_map: str = "dynamic",
-                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0,
+                 min_8bit_size: int = 4096):
         super().__init__(params, dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
             sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
             state_dtype=state_dtype, block_size=block_size,
             quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
-            seed=seed))
+            seed=seed, min_8bit_size=min_8bit_size))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)

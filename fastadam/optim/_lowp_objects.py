@@ -9,12 +9,21 @@ parameters, ``master_weights=True`` or ``param_rounding="stochastic"`` keeps a
 base class's step driver -- gradient checks, clipping, ``skip_nonfinite``, schedules, the
 all-or-nothing rule -- is the same for every format.  Each step folds the subclass's
 coefficient object (``opt.coefficients``) and makes one ``_lowp.dense_step`` call per
-(group, dtype), or one ``_lowp.rows_step`` per sparse gradient (coalesced first: sorted unique
-rows, summed values).  A bucket whose parameters, states and gradients are all float32 keeps
-the float driver.
+(group, dtype, state format), or one ``_lowp.rows_step`` per sparse gradient (coalesced
+first: sorted unique rows, summed values).  A bucket whose parameters, states and gradients
+are all float32 keeps the float driver.
+
+Small tensors (``min_8bit_size``, bitsandbytes' rule and default): with ``state_dtype="int8"``
+a parameter of fewer than ``min_8bit_size`` elements keeps float32 states (one scale per
+block is a poor fit for a few hundred values, and their state is small anyway).  The format is
+decided per parameter when its slots are made; the base class keeps one bucket per (group,
+dtype, state format) (``state_kind``), so each driver call sees one format, and a float32
+bucket of float32 parameters is the float driver's call: that parameter steps as a float32
+optimizer's would, bit for bit.  bfloat16 states are not affected.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -32,7 +41,8 @@ from ._checks import check_bool
 from ._clip import coalesce, is_scipy_sparse
 
 LOWP_KEYS = ("state_dtype", "block_size", "quant_map", "param_rounding", "master_weights",
-             "seed")
+             "seed")  # equal in a checkpoint and the optimizer that loads it
+MIN_8BIT_SIZE = 4096  # bitsandbytes' default: smaller tensors keep 32-bit states
 _FLOAT32 = np.dtype(np.float32)
 
 
@@ -44,9 +54,31 @@ class LowpOptions:
     param_rounding: str
     master_weights: bool
     seed: int
+    # 0 (every parameter in state_dtype) is what options pickled before the rule existed mean;
+    # check_options always sets it (default MIN_8BIT_SIZE)
+    min_8bit_size: int = 0
 
     def as_dict(self) -> Dict[str, Any]:
+        """The options a checkpoint must share with the optimizer that loads it."""
         return {k: getattr(self, k) for k in LOWP_KEYS}
+
+    def state_format(self, a: Any) -> str:
+        """The state format of a parameter array ``a``: float32 for an 8-bit optimizer's
+        parameter of fewer than ``min_8bit_size`` elements, else ``state_dtype``."""
+        if self.state_dtype == "int8" and a.size < self.min_8bit_size:
+            return "float32"
+        return self.state_dtype
+
+
+def check_min_8bit_size(value: Any, name: str = "min_8bit_size") -> int:
+    """An int >= 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= 0 (a parameter of fewer elements keeps "
+                        f"float32 states), got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0 (a parameter of fewer elements keeps "
+                         f"float32 states), got {int(value)}")
+    return int(value)
 
 
 def check_options(defaults: Dict[str, Any]) -> Tuple[LowpOptions, bool]:
@@ -57,7 +89,8 @@ def check_options(defaults: Dict[str, Any]) -> Tuple[LowpOptions, bool]:
         quant_map=check_quant_map(defaults.get("quant_map", "dynamic")),
         param_rounding=check_rounding(defaults.get("param_rounding", "nearest")),
         master_weights=check_bool(defaults.get("master_weights", False), "master_weights"),
-        seed=check_seed(defaults.get("seed", 0)))
+        seed=check_seed(defaults.get("seed", 0)),
+        min_8bit_size=check_min_8bit_size(defaults.get("min_8bit_size", MIN_8BIT_SIZE)))
     if opts.master_weights and opts.param_rounding == "stochastic":
         raise ValueError("param_rounding: with master_weights=True the bfloat16 parameters are "
                          "written rounded to nearest from the float32 master; got 'stochastic'")
@@ -83,10 +116,12 @@ def check_params(opts: LowpOptions, arrays: List[np.ndarray], labels: List[str])
 
 
 def new_slot(opts: LowpOptions, spec: Any, name: str, a: np.ndarray, fill: float) -> Any:
-    """One state slot (object name ``name``) of parameter ``a`` in the options' format."""
-    if opts.state_dtype == "float32":
+    """One state slot (object name ``name``) of parameter ``a`` in its format
+    (:meth:`LowpOptions.state_format`)."""
+    fmt = opts.state_format(a)
+    if fmt == "float32":
         return np.full(a.shape, fill, np.float32)
-    if opts.state_dtype == "bfloat16":
+    if fmt == "bfloat16":
         slot = np.empty(a.shape, bfloat16())  # filled in place: no float32 temporary
         slot.fill(fill)
         return slot
@@ -102,6 +137,25 @@ def _format(a: Any) -> int:
     if isinstance(a, QuantizedState):
         return FMT_Q8
     return FMT_BF16 if is_bfloat16(a.dtype) else FMT_F32
+
+
+_FORMAT_NAMES = {FMT_F32: "float32", FMT_BF16: "bfloat16", FMT_Q8: "int8"}
+
+
+def state_kind(opt, i: int) -> int:
+    """The state format code of parameter ``i`` (what splits the buckets: one driver call per
+    format); 0 for a float optimizer or one without slots."""
+    if opt._lowp is None or not opt._slots:
+        return 0
+    return _format(opt._slots[next(iter(opt._slots))][i])
+
+
+def param_state_formats(opt) -> List[str]:
+    """Each parameter's state format ("float32", "bfloat16" or "int8"), as its slots hold it
+    (an optimizer without slots: as the options decide)."""
+    if opt._slots:
+        return [_FORMAT_NAMES[_format(a)] for a in opt._slots[next(iter(opt._slots))]]
+    return [opt._lowp.state_format(a) for a in opt._arrays]
 
 
 def _threads(opt) -> int:

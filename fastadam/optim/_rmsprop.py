@@ -194,7 +194,7 @@ class RMSprop(Optimizer):
     ----------
     params, clip_grad_norm, num_threads, sparse_mode
         As for :class:`fastadam.Adam`.
-    state_dtype, block_size, quant_map, param_rounding, master_weights, seed
+    state_dtype, block_size, quant_map, param_rounding, master_weights, seed, min_8bit_size
         Low-precision states and bfloat16 parameters, as for :class:`fastadam.Adam`.
     lr, alpha, eps : float, optional
         None: the convention's default (torch 1e-2, 0.99, 1e-8; keras 1e-3, 0.9, 1e-7).
@@ -217,14 +217,15 @@ class RMSprop(Optimizer):
                  sparse_mode: str = "lazy", clip_grad_norm: Optional[float] = None,
                  num_threads: Optional[int] = None, state_dtype: str = "float32",
                  block_size: int = 256, quant_map: str = "dynamic",
-                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0):
+                 param_rounding: str = "nearest", master_weights: bool = False, seed: int = 0,
+                 min_8bit_size: int = 4096):
         super().__init__(params, dict(
             lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
             centered=centered, maximize=maximize, convention=convention,
             sparse_mode=sparse_mode, clip_grad_norm=clip_grad_norm, num_threads=num_threads,
             state_dtype=state_dtype, block_size=block_size,
             quant_map=quant_map, param_rounding=param_rounding, master_weights=master_weights,
-            seed=seed))
+            seed=seed, min_8bit_size=min_8bit_size))
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
