@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 import fastadam  # noqa: E402
 from fastadam.bench import (BYTES_PER_ELEMENT_F32, median_seconds_interleaved,  # noqa: E402
-                            step_bytes_per_element, stream_rw_bits)
+                            format_stream, step_bytes_per_element)
 
 LR = 1e-3
 BLOCK = 256
@@ -88,14 +88,7 @@ def make_format_step(keywords, dtype, size, threads, seed=0):
 
 def make_stream(dtype, state_bytes, size, threads):
     """The stream loop that moves the bytes of one format's step (scratch arrays)."""
-    width = 2 if dtype == "bfloat16" else 4
-    kinds = {4: np.uint32, 2: np.uint16, 1: np.uint8}
-    x, g = np.zeros(size, kinds[width]), np.ones(size, kinds[width])
-    a, b = np.zeros(size, kinds[state_bytes]), np.zeros(size, kinds[state_bytes])
-    scales = None
-    if state_bytes == 1:
-        scales = tuple(np.zeros(-(-size // BLOCK), np.float32) for _ in range(2))
-    return lambda: stream_rw_bits(x, g, a, b, scales=scales, block=BLOCK, num_threads=threads)
+    return format_stream(2 if dtype == "bfloat16" else 4, state_bytes, size, BLOCK, threads)
 
 
 def verdict(value, goal):

@@ -91,6 +91,19 @@ def test_stream_bits_checks_its_arrays():
                        scales=(np.zeros(1, np.float32), np.zeros(1, np.float32)))
 
 
+def test_format_stream_builds_each_formats_loop_and_checks_its_widths():
+    from fastadam.bench import format_stream
+
+    for param_bytes, state_bytes in [(4, 4), (4, 2), (4, 1), (2, 2), (2, 1)]:
+        assert format_stream(param_bytes, state_bytes, 5000, 256, 1)() is None
+    with pytest.raises(ValueError, match="state_bytes: expected 4, 2 or 1, got 3"):
+        format_stream(4, 3, 5000)
+    with pytest.raises(ValueError, match="param_bytes: expected 4 or 2"):
+        format_stream(1, 1, 5000)
+    with pytest.raises(ValueError, match="block: expected a divisor of 32768"):
+        format_stream(4, 1, 5000, block=100)()
+
+
 def test_step_bytes_per_element_counts_each_format():
     from fastadam.bench import BYTES_PER_ELEMENT_F32, step_bytes_per_element as nbytes
 

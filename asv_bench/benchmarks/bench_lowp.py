@@ -49,15 +49,8 @@ def _adam_step(keywords, dtype, threads, seed=0):
 
 
 def _stream(dtype, state_bytes, threads):
-    stream_rw_bits = _api.bench_attr("stream_rw_bits")
-    kinds = {4: np.uint32, 2: np.uint16, 1: np.uint8}
-    width = 2 if dtype == "bfloat16" else 4
-    x, g = np.zeros(SIZE, kinds[width]), np.ones(SIZE, kinds[width])
-    a, b = np.zeros(SIZE, kinds[state_bytes]), np.zeros(SIZE, kinds[state_bytes])
-    scales = None
-    if state_bytes == 1:
-        scales = tuple(np.zeros(-(-SIZE // BLOCK), np.float32) for _ in range(2))
-    return lambda: stream_rw_bits(x, g, a, b, scales=scales, block=BLOCK, num_threads=threads)
+    format_stream = _api.bench_attr("format_stream")
+    return format_stream(2 if dtype == "bfloat16" else 4, state_bytes, SIZE, BLOCK, threads)
 
 
 class LowPrecisionRatios:
