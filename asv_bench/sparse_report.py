@@ -10,7 +10,12 @@ uniformly and Zipf-like; 1 and 2 threads.
   1. lazy sparse_step_inplace vs torch.optim.SparseAdam (its gradient coalescing included) and
      vs a NumPy np.unique + np.add.at implementation;
   2. segment_sum of 65536 x 64 rows vs np.add.at (and torch coalesce), thread scaling;
-  3. dense mode vs a dense step_inplace on the whole table.
+  3. dense mode vs a dense step_inplace on the whole table;
+  4. where the 1-thread lazy step's time goes (``--section parts``): the step, ``segment_sum``
+     alone, the row walk alone (the step given the summed rows at the unique indices), torch's
+     SparseAdam, and the time a stream loop (``fastadam.bench.stream_rw_f32``) needs for the
+     step's bytes (the gradient rows read once, the touched rows of x, m and v read and
+     written) at its measured bandwidth: a floor that ignores the random row order.
 Inputs are built by asv_bench/benchmarks/bench_sparse.py, so the asv suite times the same thing.
 Timings on a shared machine are noisy: each entry is the median of --repeat runs, and the
 columns of one row are timed round-robin so that their ratios survive a slow spell.
@@ -115,10 +120,44 @@ def dense_section(x, m, v, repeat, batches, threads_list):
     del g
 
 
+def parts_section(x, m, v, repeat, batch):
+    from fastadam.bench import stream_rw_f32
+
+    n = 10**7
+    a, d, b, c = (np.ones(n, np.float32) for _ in range(4))
+    bandwidth = 28 * n / median_times([lambda: stream_rw_f32(a, d, b, c, 1)], repeat)[0]
+    del a, d, b, c
+    print(f"\n4. The lazy step's parts, 1 thread, {batch} x 64 float32 rows (ms, median); "
+          f"stream loop {bandwidth / 1e9:.1f} GB/s")
+    print(f"{'dist':>8} {'unique':>6} | {'step':>7} {'seg_sum':>7} {'walk':>7} {'torch':>7}"
+          f" {'floor':>7} | {'torch/step':>10} {'torch/walk':>10} {'torch/floor':>11}")
+    for dist in ("zipf", "uniform"):
+        rng = np.random.default_rng(42)
+        idx = draw_indices(rng, N_ROWS, batch, dist)
+        values = rng.standard_normal((batch, ROW)).astype(np.float32)
+        rows, sums = fastadam.segment_sum(idx, values, num_threads=1)
+        fns = [lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1, mode="lazy",
+                                                    num_threads=1),
+               lambda: fastadam.segment_sum(idx, values, num_threads=1),
+               lambda: fastadam.sparse_step_inplace(x, (rows, sums), m, v, 1, mode="lazy",
+                                                    num_threads=1)]
+        if torch is not None:
+            opt = TorchSparseAdam(x, 1)
+            fns.append(lambda: opt.step(idx, values))
+        t_step, t_sum, t_walk, *t_th = median_times(fns, repeat)
+        floor = (values.nbytes + idx.nbytes + rows.size * ROW * 4 * 6) / bandwidth
+        th = t_th[0] if t_th else float("nan")
+        print(f"{dist:>8} {rows.size:6d} | {t_step * 1e3:7.2f} {t_sum * 1e3:7.2f} "
+              f"{t_walk * 1e3:7.2f} {th * 1e3:7.2f} {floor * 1e3:7.2f} | {th / t_step:9.1f}x "
+              f"{th / t_walk:9.1f}x {th / floor:10.1f}x")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per entry (median)")
     parser.add_argument("--quick", action="store_true", help="one batch, 3 runs: a smoke test")
+    parser.add_argument("--section", choices=["all", "parts"], default="all",
+                        help="parts: only section 4 (the lazy step's parts)")
     args = parser.parse_args()
     repeat = 3 if args.quick else args.repeat
     batches = [4096] if args.quick else [4096, 65536]
@@ -127,9 +166,13 @@ def main():
           f"torch {torch.__version__ if torch else 'absent'}, numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs visible")
     x, m, v = make_table(N_ROWS, ROW, np.float32)
+    if args.section == "parts":
+        parts_section(x, m, v, repeat, 65536)
+        return
     lazy_section(x, m, v, repeat, batches, ("uniform", "zipf"), threads_list)
     segment_section(repeat, batches[-1], threads_list)
     dense_section(x, m, v, repeat, batches, threads_list)
+    parts_section(x, m, v, repeat, batches[-1])
 
 
 if __name__ == "__main__":
