@@ -61,9 +61,13 @@ cdef class Coefficients:
 cdef class AdamCoefficients(Coefficients):
     """fa_adam_coeffs: ``x = post_mul*(decay_mul*x - alpha*mu/(sqrt(vh)*denom_scale + eps))``."""
 
-    def __cinit__(self, *, double alpha, double denom_scale, double eps, double beta1,
-                  double beta2, double sign, double grad_scale, double l2, double decay_mul,
-                  double post_mul, int flags):
+    def __cinit__(self, *args, **kwargs):
+        self.kind = FA_OPT_ADAM
+        self.data = &self.c
+
+    def __init__(self, *, double alpha, double denom_scale, double eps, double beta1,
+                 double beta2, double sign, double grad_scale, double l2, double decay_mul,
+                 double post_mul, int flags):
         self.c.alpha = alpha
         self.c.denom_scale = denom_scale
         self.c.eps = eps
@@ -76,9 +80,18 @@ cdef class AdamCoefficients(Coefficients):
         self.c.post_mul = post_mul
         self.c.flags = flags
         self.flags = flags
-        self.kind = FA_OPT_ADAM
         self.grad_scale = grad_scale
-        self.data = &self.c
+
+    def at_step(self, double alpha, double denom_scale):
+        """A copy with the two fields that depend on the step number replaced (what a fold
+        of the same hyper-parameters at another step gives: _coefficients.adam_retime)."""
+        cdef AdamCoefficients out = AdamCoefficients.__new__(AdamCoefficients)
+        out.c = self.c
+        out.c.alpha = alpha
+        out.c.denom_scale = denom_scale
+        out.flags = self.flags
+        out.grad_scale = self.grad_scale
+        return out
 
     def check_float32(self):
         check_finite32(self.c.alpha, "lr")  # the step size: lr with the bias correction
@@ -94,8 +107,12 @@ cdef class AdamCoefficients(Coefficients):
 cdef class AdagradCoefficients(Coefficients):
     """fa_adagrad_coeffs: ``h += g'^2; x -= lr*g'/(sqrt(h) + eps)``."""
 
-    def __cinit__(self, *, double lr, double eps, double sign, double grad_scale, double l2,
-                  int flags):
+    def __cinit__(self, *args, **kwargs):
+        self.kind = FA_OPT_ADAGRAD
+        self.data = &self.c
+
+    def __init__(self, *, double lr, double eps, double sign, double grad_scale, double l2,
+                 int flags):
         self.c.lr = lr
         self.c.eps = eps
         self.c.sign = sign
@@ -103,9 +120,16 @@ cdef class AdagradCoefficients(Coefficients):
         self.c.l2 = l2
         self.c.flags = flags
         self.flags = flags
-        self.kind = FA_OPT_ADAGRAD
         self.grad_scale = grad_scale
-        self.data = &self.c
+
+    def with_lr(self, double lr):
+        """A copy with the decayed learning rate of another step (_coefficients.adagrad_retime)."""
+        cdef AdagradCoefficients out = AdagradCoefficients.__new__(AdagradCoefficients)
+        out.c = self.c
+        out.c.lr = lr
+        out.flags = self.flags
+        out.grad_scale = self.grad_scale
+        return out
 
     def check_float32(self):
         check_finite32(self.c.lr, "lr")
@@ -122,8 +146,12 @@ cdef class AdagradCoefficients(Coefficients):
 cdef class MomentumCoefficients(Coefficients):
     """fa_momentum_coeffs: ``v = a*v + b*g'; x -= lr*v`` (or ``lr*(g' + an*v)``)."""
 
-    def __cinit__(self, *, double lr, double a, double b, double an, double idle_rate,
-                  double sign, double grad_scale, double l2, int flags):
+    def __cinit__(self, *args, **kwargs):
+        self.kind = FA_OPT_MOMENTUM
+        self.data = &self.c
+
+    def __init__(self, *, double lr, double a, double b, double an, double idle_rate,
+                 double sign, double grad_scale, double l2, int flags):
         self.c.lr = lr
         self.c.a = a
         self.c.b = b
@@ -134,9 +162,17 @@ cdef class MomentumCoefficients(Coefficients):
         self.c.l2 = l2
         self.c.flags = flags
         self.flags = flags
-        self.kind = FA_OPT_MOMENTUM
         self.grad_scale = grad_scale
-        self.data = &self.c
+
+    def with_ab(self, double a, double b):
+        """A copy with the buffer coefficients of another step (_coefficients.momentum_retime)."""
+        cdef MomentumCoefficients out = MomentumCoefficients.__new__(MomentumCoefficients)
+        out.c = self.c
+        out.c.a = a
+        out.c.b = b
+        out.flags = self.flags
+        out.grad_scale = self.grad_scale
+        return out
 
     def check_float32(self):
         check_finite32(self.c.lr, "lr")

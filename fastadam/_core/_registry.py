@@ -39,6 +39,12 @@ class OptimizerSpec:
         scaling) are every optimizer's.
     fold : callable
         ``fold(t, **hyper)`` -> the coefficient object of step t.
+    retime : callable or None
+        ``retime(coeffs, t, hyper)`` -> the coefficient object of step ``t``, given ``coeffs``
+        that ``fold`` returned for the same ``hyper`` at another step: it checks ``t`` as the
+        fold does and recomputes only the fields that depend on it (Adam's bias corrections).
+        A prepared step folds each set of hyper-parameters once and retimes it while the set
+        is unchanged; None folds every step.
     slots_of : callable
         ``slots_of(flags)`` -> the indices into ``slots`` the kernels use with ``flags``,
         in kernel order (default: the first ``nslots(flags)``).
@@ -61,6 +67,7 @@ class OptimizerSpec:
     fold: Callable
     flags: Dict[str, int] = field(default_factory=dict)
     slots_of: Optional[Callable[[int], Tuple[int, ...]]] = None
+    retime: Optional[Callable] = None
     onnx_op: Optional[str] = None
     torch_name: Optional[str] = None
     defaults: Dict[str, object] = field(default_factory=dict)

@@ -9,6 +9,9 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport malloc, free, qsort
+from libc.math cimport signbit
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.object cimport PyObject
 
 cnp.import_array()
 
@@ -289,3 +292,218 @@ cdef _raise_overlap(list groups, Interval a, Interval b, bint single):
         lb = "itself"
     raise ValueError(f"{la} and {lb} share memory; arrays that are updated in place must not "
                      f"overlap each other or the gradient")
+
+
+# ---- prepared steps: what is checked on every step --------------------------------------------
+
+cdef inline bint plain_scalar(object v):
+    """A value whose equality says everything about it: exact float, int, bool, str or None
+    (not a subclass, not an array: a 0-d array can change in place)."""
+    cdef type tp = type(v)
+    return tp is float or tp is int or tp is bool or tp is str or v is None
+
+
+def cacheable_scalars(dict hyper):
+    """True if every value of ``hyper`` is a plain scalar (exact float, int, bool, str or
+    None): then :func:`same_scalars` can tell whether a later set equals it."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    while PyDict_Next(hyper, &pos, &key, &value):
+        if not plain_scalar(<object>value):
+            return False
+    return True
+
+
+def same_scalars(dict hyper, dict cached):
+    """True if ``hyper`` has the keys of ``cached`` (a set that passed
+    :func:`cacheable_scalars`) with values of the same exact types and equal values, the sign
+    of a float zero included: a fold of one gives the bits of a fold of the other."""
+    if len(hyper) != len(cached):
+        return False
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef PyObject *other
+    cdef object a, b
+    while PyDict_Next(hyper, &pos, &key, &value):
+        other = PyDict_GetItem(cached, <object>key)
+        if other == NULL:
+            return False
+        a = <object>value
+        b = <object>other
+        if a is b:
+            continue
+        if type(a) is not type(b):
+            return False
+        if type(a) is float:
+            if <double>a != <double>b or signbit(<double>a) != signbit(<double>b):
+                return False
+        elif not plain_scalar(a) or a != b:
+            return False
+    return True
+
+
+cdef class PreparedArrays:
+    """The arrays of a prepared dense step (fastadam/optim/_prepared.py), checked once by
+    the caller (types, dtype, shapes, contiguity, writability, no two written buffers
+    overlapping), and what every step still checks in one pass: the gradients (exact dtype,
+    shape and layout; none overlapping a written array, by a binary search in the written
+    buffers sorted once) and that each written array is still writable and still holds the
+    buffer it was prepared with (``ndarray.resize`` can move it)."""
+
+    cdef list written        # [(name, list of arrays, True), ...]: the labels of messages
+    cdef list flat           # every written array
+    cdef list flat_labels    # (name, index) of each, formatted only for an error
+    cdef list shapes         # the shape of each parameter (for check_array's message)
+    cdef bint single
+    cdef int typenum
+    cdef Py_ssize_t n, nflat, nsorted
+    cdef Py_ssize_t *ndim
+    cdef cnp.npy_intp *dims  # ndim[i] dims per tensor, one after another
+    cdef Py_ssize_t *dim_start
+    cdef uintptr_t *data     # of each written array as prepared
+    cdef uintptr_t *nbytes
+    cdef uintptr_t *lo       # the written buffers (non-empty), sorted by start
+    cdef uintptr_t *hi
+
+    def __cinit__(self, list written, bint single, int typenum):
+        cdef Py_ssize_t i, d, k, total = 0
+        cdef cnp.ndarray a
+        self.written = written
+        self.single = single
+        self.typenum = typenum
+        xs = written[0][1]
+        self.n = len(xs)
+        self.shapes = [(<object>x).shape for x in xs]
+        self.flat = []
+        self.flat_labels = []
+        for name, lst, _ in written:
+            for i in range(len(lst)):
+                self.flat.append(lst[i])
+                self.flat_labels.append((name, i))
+        self.nflat = len(self.flat)
+        for i in range(self.n):
+            total += cnp.PyArray_NDIM(<cnp.ndarray>xs[i])
+        self.ndim = <Py_ssize_t *>malloc((self.n + 1) * sizeof(Py_ssize_t))
+        self.dim_start = <Py_ssize_t *>malloc((self.n + 1) * sizeof(Py_ssize_t))
+        self.dims = <cnp.npy_intp *>malloc((total + 1) * sizeof(cnp.npy_intp))
+        self.data = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
+        self.nbytes = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
+        self.lo = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
+        self.hi = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
+        if (self.ndim == NULL or self.dim_start == NULL or self.dims == NULL
+                or self.data == NULL or self.nbytes == NULL or self.lo == NULL
+                or self.hi == NULL):
+            raise MemoryError()
+        k = 0
+        for i in range(self.n):
+            a = <cnp.ndarray>xs[i]
+            self.ndim[i] = cnp.PyArray_NDIM(a)
+            self.dim_start[i] = k
+            for d in range(self.ndim[i]):
+                self.dims[k] = cnp.PyArray_DIM(a, d)
+                k += 1
+        cdef Interval *iv = <Interval *>malloc((self.nflat + 1) * sizeof(Interval))
+        if iv == NULL:
+            raise MemoryError()
+        k = 0
+        for i in range(self.nflat):
+            a = <cnp.ndarray>self.flat[i]
+            self.data[i] = <uintptr_t>cnp.PyArray_DATA(a)
+            self.nbytes[i] = <uintptr_t>cnp.PyArray_NBYTES(a)
+            if self.nbytes[i] == 0:
+                continue
+            iv[k].lo = self.data[i]
+            iv[k].hi = self.data[i] + self.nbytes[i]
+            k += 1
+        qsort(iv, k, sizeof(Interval), compare_intervals)
+        for i in range(k):
+            self.lo[i] = iv[i].lo
+            self.hi[i] = iv[i].hi
+        self.nsorted = k
+        free(iv)
+
+    def __dealloc__(self):
+        free(self.ndim)
+        free(self.dim_start)
+        free(self.dims)
+        free(self.data)
+        free(self.nbytes)
+        free(self.lo)
+        free(self.hi)
+
+    cdef inline bint overlaps_written(self, uintptr_t glo, uintptr_t ghi):
+        # the written buffers are disjoint, so sorted by start they are sorted by end too:
+        # find the first that ends after glo; g overlaps it iff it starts before ghi
+        cdef Py_ssize_t lo = 0, hi = self.nsorted, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.hi[mid] <= glo:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo < self.nsorted and self.lo[lo] < ghi
+
+    def check_grads(self, grads):
+        """The gradients of one step as a list: like the parameters (one array or a list of
+        as many), each of the step's dtype, the parameter's shape, C-contiguous, aligned, in
+        native byte order, and overlapping no written array; and every written array still
+        writable and unmoved.  TypeError/ValueError naming the argument, before any write."""
+        cdef list gs
+        cdef bint single
+        cdef Py_ssize_t i, d, nd
+        cdef object go
+        cdef cnp.ndarray g
+        cdef cnp.npy_intp *gd
+        cdef cnp.npy_intp *xd
+        cdef uintptr_t glo, nb
+        cdef bint overlap = False
+        if isinstance(grads, np.ndarray):
+            gs, single = [grads], True
+        elif isinstance(grads, (list, tuple)):
+            gs, single = list(grads), False
+        else:
+            raise TypeError(f"grads: expected a numpy.ndarray or a list of them, "
+                            f"got {type(grads).__name__}")
+        if single != self.single or len(gs) != self.n:
+            raise ValueError(f"grads: expected {'one array' if self.single else self.n} like "
+                             f"params, got {'one array' if single else len(gs)}")
+        for i in range(self.n):
+            go = gs[i]
+            nd = self.ndim[i]
+            if (type(go) is not np.ndarray
+                    or cnp.PyArray_TYPE(<cnp.ndarray>go) != self.typenum
+                    or cnp.PyArray_NDIM(<cnp.ndarray>go) != nd
+                    or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>go)
+                    or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>go)
+                    or not cnp.PyArray_ISALIGNED(<cnp.ndarray>go)):
+                check_array(go, label("grads", i, single), self.typenum, self.shapes[i], False)
+            g = <cnp.ndarray>go
+            if cnp.PyArray_NDIM(g) == nd:
+                gd = cnp.PyArray_DIMS(g)
+                xd = &self.dims[self.dim_start[i]]
+                for d in range(nd):
+                    if gd[d] != xd[d]:
+                        check_array(go, label("grads", i, single), self.typenum,
+                                    self.shapes[i], False)
+            nb = <uintptr_t>cnp.PyArray_NBYTES(g)
+            if nb and self.nsorted:
+                glo = <uintptr_t>cnp.PyArray_DATA(g)
+                if self.overlaps_written(glo, glo + nb):
+                    overlap = True
+        for i in range(self.nflat):
+            go = self.flat[i]
+            if not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>go):
+                name, k = self.flat_labels[i]
+                raise ValueError(f"{label(name, k, self.single)}: is read-only, but it is "
+                                 f"updated in place")
+            if (<uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]
+                    or <uintptr_t>cnp.PyArray_NBYTES(<cnp.ndarray>go) != self.nbytes[i]):
+                name, k = self.flat_labels[i]
+                raise ValueError(f"{label(name, k, self.single)}: its buffer moved or changed "
+                                 f"size since the step was prepared (ndarray.resize); "
+                                 f"prepare the step again")
+        if overlap:  # the sweep names the pair
+            check_disjoint(self.written + [("grads", gs, False)], self.single)
+        return gs

@@ -164,24 +164,35 @@ def adagrad_coefficients(t, *, lr, lr_decay=0.0, eps=None, weight_decay=0.0, max
     if convention == "keras" and lr_decay != 0.0:
         raise ValueError("lr_decay: Keras's Adagrad has no lr_decay (use a schedule), got "
                          f"{lr_decay}")
-    first = 0 if convention == "onnx" else 1
-    if t < first and convention != "onnx":
-        raise ValueError(f"t: expected a step number >= {first} for convention "
-                         f"{convention!r}, got {t}")
+    first = _adagrad_first_step(t, convention)
     flags, divisor = _grad_scale(grad_scale)
-    rate = lr
-    if lr_decay:
-        denominator = 1.0 + (t - first) * lr_decay
-        if denominator == 0.0:  # ONNX's T < 0 (its pseudo-code would divide by zero)
-            raise ValueError(f"t: 1 + t * lr_decay is 0 (t={t}, lr_decay={lr_decay}): the "
-                             f"learning rate lr / (1 + t * lr_decay) is undefined")
-        rate = lr / denominator
+    rate = _adagrad_rate(t, first, lr, lr_decay)
     if weight_decay != 0.0:
         flags |= FLAG_L2
     if convention == "keras":
         flags |= FLAG_EPS_INSIDE
     return AdagradCoefficients(lr=rate, eps=eps, sign=-1.0 if maximize else 1.0,
                                grad_scale=divisor, l2=weight_decay, flags=flags)
+
+
+def _adagrad_first_step(t, convention):
+    """The first step number of ``convention`` (ValueError for an earlier ``t``)."""
+    first = 0 if convention == "onnx" else 1
+    if t < first and convention != "onnx":
+        raise ValueError(f"t: expected a step number >= {first} for convention "
+                         f"{convention!r}, got {t}")
+    return first
+
+
+def _adagrad_rate(t, first, lr, lr_decay):
+    """Adagrad's decayed learning rate at step ``t``."""
+    if not lr_decay:
+        return lr
+    denominator = 1.0 + (t - first) * lr_decay
+    if denominator == 0.0:  # ONNX's T < 0 (its pseudo-code would divide by zero)
+        raise ValueError(f"t: 1 + t * lr_decay is 0 (t={t}, lr_decay={lr_decay}): the "
+                         f"learning rate lr / (1 + t * lr_decay) is undefined")
+    return lr / denominator
 
 
 def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
@@ -204,12 +215,7 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
         if nesterov and (momentum <= 0.0 or dampening != 0.0):
             raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
                              f"(got momentum={momentum}, dampening={dampening})")
-        if t < 1:
-            raise ValueError(f"t: expected a step number >= 1 for convention 'torch', got {t}")
-        first = t == 1 or momentum == 0.0
-        a, b = (0.0, 1.0) if first else (momentum, 1.0 - dampening)
-    else:
-        a, b = momentum, (1.0 - dampening if t > 0 else 1.0)
+    a, b = _momentum_buffer_coefficients(t, momentum, dampening, convention)
     flags, divisor = _grad_scale(grad_scale)
     if weight_decay != 0.0:
         flags |= FLAG_L2
@@ -220,10 +226,61 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
                                 l2=weight_decay, flags=flags)
 
 
+def _momentum_buffer_coefficients(t, momentum, dampening, convention):
+    """(a, b) of ``v = a*v + b*g'`` at step ``t`` (ValueError for a torch ``t < 1``)."""
+    if convention == "torch":
+        if t < 1:
+            raise ValueError(f"t: expected a step number >= 1 for convention 'torch', got {t}")
+        first = t == 1 or momentum == 0.0
+        return (0.0, 1.0) if first else (momentum, 1.0 - dampening)
+    return momentum, (1.0 - dampening if t > 0 else 1.0)
+
+
+# ---- retiming: the coefficients of another step from a fold of the same hyper-parameters ----
+# A prepared step (fastadam/optim/_prepared.py) folds a set of hyper-parameters once and, while
+# they are unchanged, asks the spec's ``retime(coeffs, t, hyper)`` for step ``t``: it checks
+# ``t`` as the fold does (same errors) and recomputes only the fields that depend on it.
+# ``hyper`` is the keyword dict the fold accepted (its values passed the fold's checks).
+
+def adam_retime(coeffs, t, hyper):
+    """Adam: the bias corrections (``alpha``, ``denom_scale``) of step ``t``."""
+    alpha, denom_scale = adam_step_sizes(t, float(hyper["lr"]), float(hyper["beta1"]),
+                                         float(hyper["beta2"]), hyper["convention"])
+    return coeffs.at_step(alpha, denom_scale)
+
+
+def adagrad_retime(coeffs, t, hyper):
+    """Adagrad: the decayed learning rate of step ``t`` (``lr_decay``)."""
+    t = step_number(t)
+    first = _adagrad_first_step(t, hyper.get("convention", "torch"))
+    lr_decay = float(hyper.get("lr_decay", 0.0))
+    if not lr_decay:
+        return coeffs
+    return coeffs.with_lr(_adagrad_rate(t, first, float(hyper["lr"]), lr_decay))
+
+
+def momentum_retime(coeffs, t, hyper):
+    """Momentum: the buffer coefficients of step ``t`` (torch's first step sets v = g')."""
+    t = step_number(t)
+    a, b = _momentum_buffer_coefficients(t, float(hyper.get("momentum", 0.9)),
+                                         float(hyper.get("dampening", 0.0)),
+                                         hyper.get("convention", "torch"))
+    return coeffs.with_ab(a, b)
+
+
+def retime_from_one(coeffs, t, hyper):
+    """An optimizer whose coefficients do not depend on ``t`` (RMSprop, Lion): ``t`` is only
+    checked (an int >= 1, as their folds check it)."""
+    t = step_number(t)
+    if t < 1:
+        raise ValueError(f"t: expected a step number >= 1, got {t}")
+    return coeffs
+
+
 # ---- the specs of the optimizers folded here (fastadam/_registry.py) -----------------------
 # RMSprop and Lion register theirs beside their folds (_rmsprop.py, _lion.py).
 register(OptimizerSpec(
-    name="adam", fold=adam_coefficients,
+    name="adam", fold=adam_coefficients, retime=adam_retime,
     fields=("alpha", "denom_scale", "eps", "beta1", "beta2", "sign", "grad_scale", "l2",
             "decay_mul", "post_mul"),
     slots=("m", "v", "v_max"), object_slots=("m", "v", "v_max"),
@@ -231,13 +288,13 @@ register(OptimizerSpec(
     onnx_op="Adam", torch_name="Adam", nonnegative_slots=("v", "v_max"),
     defaults=dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, convention="tf")))
 register(OptimizerSpec(
-    name="adagrad", fold=adagrad_coefficients,
+    name="adagrad", fold=adagrad_coefficients, retime=adagrad_retime,
     fields=("lr", "eps", "sign", "grad_scale", "l2"),
     slots=("h",), object_slots=("sum",), flags={"eps_inside": FLAG_EPS_INSIDE},
     onnx_op="Adagrad", torch_name="Adagrad", defaults=dict(lr=1e-2),
     nonnegative_slots=("h",)))
 register(OptimizerSpec(
-    name="momentum", fold=momentum_coefficients,
+    name="momentum", fold=momentum_coefficients, retime=momentum_retime,
     fields=("lr", "a", "b", "an", "idle_rate", "sign", "grad_scale", "l2"),
     slots=("v",), object_slots=("momentum_buffer",), flags={"nesterov": FLAG_MOMENTUM_NESTEROV},
     onnx_op="Momentum", torch_name="SGD", defaults=dict(lr=1e-2)))

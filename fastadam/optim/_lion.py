@@ -16,7 +16,7 @@ import numpy as np
 from .._core._coeffs import StructCoefficients
 from .._core._registry import OptimizerSpec, register
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
-from ._coefficients import _grad_scale, finite_float, step_number
+from ._coefficients import _grad_scale, finite_float, retime_from_one, step_number
 from ._functional import Arrays, dense_step
 
 __all__ = ["Lion", "lion_step_inplace", "sparse_lion_step_inplace"]
@@ -46,7 +46,7 @@ def lion_coefficients(t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.0, ma
 
 
 SPEC = register(OptimizerSpec(
-    name="lion", fold=lion_coefficients, fields=FIELDS, slots=("m",), object_slots=("exp_avg",),
+    name="lion", fold=lion_coefficients, retime=retime_from_one, fields=FIELDS, slots=("m",), object_slots=("exp_avg",),
     onnx_op=None, torch_name=None, nonnegative_slots=()))  # m takes both signs
 
 

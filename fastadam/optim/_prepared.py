@@ -26,18 +26,20 @@ from .. import gpu as _gpu
 from .._core import _dense
 from .._core._registry import spec as _spec
 from .._core._threads import adaptive_threads, resolve_num_threads
-from .._core._validation import (as_array_list, check_array, check_arrays_like,
-                                  check_disjoint)
+from .._core._validation import (PreparedArrays, as_array_list, cacheable_scalars,
+                                  check_array, check_disjoint, same_scalars)
 from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
                                  check_block_size, check_quant_map)
 from .._core._lowp_validation import (ROUND_CODES, check_lowp_grads, check_lowp_step,
                                       check_rounding, check_seed, is_lowp_input)
+from .._core import _config
 from ._functional import KIND_DENSE, check_compute_dtype
 
 __all__ = ["PreparedStep", "prepare_step"]
 
 
 _DOUBLE = np.dtype(np.float64).num
+_HALF = np.dtype(np.float16).num
 
 
 def _label(name, i, single):
@@ -77,6 +79,8 @@ class PreparedStep:
         self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
         self._params_arg, self._slots_arg = params, dict(slots)
         self._names_by_flags = {}
+        self._lists_by_flags = {}
+        self._folded = None  # (hyper, t, coeffs, hyper with defaults): see _coefficients
         self._lowp = self._gpu_lowp = None
         if self.device == "cpu" and (is_lowp_input(params, slots, master)
                                      or param_rounding != "nearest"):
@@ -119,13 +123,38 @@ class PreparedStep:
         self._written = [("params", xs, True)] + [(n, l, True) for n, l in slot_lists.items()]
         check_disjoint(self._written, single)
         self._xs, self._single, self._slot_lists = xs, single, slot_lists
-        self._shapes = [x.shape for x in xs]
+        self._arrays = PreparedArrays(self._written, single, self._typenum)
+        # the dtype checks of every step: float16 needs _Float16, float32/16 a float32 fold
+        self._half_unsupported = (bool(xs) and self._typenum == _HALF
+                                  and not _config.has_float16())
+        self._check32 = bool(xs) and self._typenum != _DOUBLE
         self.slot_names = tuple(slot_lists)
 
     def _fold(self, t, hyper):
         if self._spec.defaults:
             hyper = {**self._spec.defaults, **hyper}
         return self._spec.fold(t, **hyper)
+
+    def _coefficients(self, t, hyper):
+        """The coefficient object of step ``t``: a set of hyper-parameters is folded (and so
+        checked) once; while a step passes the same set (same keys, same exact types, equal
+        values: :func:`same_scalars`), only ``t`` is checked and the fields that depend on it
+        recomputed, by the spec's ``retime``.  Values that could change in place (0-d arrays)
+        or compare equal across types are never reused."""
+        folded = self._folded
+        if folded is not None and (hyper is folded[0] or same_scalars(hyper, folded[0])):
+            if type(t) is int and t == folded[1]:
+                return folded[2]
+            retime = self._spec.retime
+            if retime is not None:
+                coeffs = retime(folded[2], t, folded[3])
+                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
+                return coeffs
+        merged = {**self._spec.defaults, **hyper} if self._spec.defaults else hyper
+        coeffs = self._spec.fold(t, **merged)
+        self._folded = ((hyper, t if type(t) is int else None, coeffs, merged)
+                        if cacheable_scalars(hyper) else None)
+        return coeffs
 
     def _slots_for(self, coeffs):
         names = self._names_by_flags.get(coeffs.flags)
@@ -136,6 +165,8 @@ class PreparedStep:
         if missing:
             raise ValueError(f"{missing[0]}: these options of {self.optimizer} need the state "
                              f"{missing[0]!r}, which the step was not prepared with")
+        if self._lowp is None and self.device == "cpu":
+            self._lists_by_flags[coeffs.flags] = [self._slot_lists[n] for n in names]
         self._names_by_flags[coeffs.flags] = names  # the same flags use the same slots
         return names
 
@@ -153,8 +184,15 @@ class PreparedStep:
         ``convention``, ``grad_scale``) for step ``t``, check ``grads`` (like ``params``), and
         update the parameters and state in place.  Returns False when ``skip_nonfinite`` found
         a NaN or an infinity (nothing written), else True."""
-        coeffs = self._fold(t, hyper)
-        names = self._slots_for(coeffs)
+        return self._step(grads, t, hyper, skip_nonfinite)
+
+    def _step(self, grads, t, hyper, skip_nonfinite):
+        """``step`` with the hyper-parameters as a dict (the optimizer objects pass one dict
+        per group, which they never change, so the fold is reused by identity)."""
+        coeffs = self._coefficients(t, hyper)
+        names = self._names_by_flags.get(coeffs.flags)
+        if names is None:
+            names = self._slots_for(coeffs)
         if self._lowp is not None:
             return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
         if self.device == "gpu":
@@ -162,16 +200,13 @@ class PreparedStep:
                 return self._gpu_lowp_step(coeffs, names, grads, t, skip_nonfinite)
             return _gpu.dense_step(coeffs, self._params_arg, grads,
                                    [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
-        gs, single = as_array_list(grads, "grads")
-        if single != self._single or len(gs) != len(self._xs):
-            raise ValueError(f"grads: expected {'one array' if self._single else len(self._xs)}"
-                             f" like params, got {'one array' if single else len(gs)}")
-        check_arrays_like(gs, "grads", self._typenum, self._shapes, single)
-        check_disjoint(self._written + [("grads", gs, False)], single)
-        if self._xs and self._typenum != _DOUBLE:
-            check_compute_dtype(coeffs, self._typenum, "params")
-        lists = [self._slot_lists[n] for n in names]
-        skip = bool(skip_nonfinite)
+        gs = self._arrays.check_grads(grads)
+        if self._check32:
+            if self._half_unsupported:
+                check_compute_dtype(coeffs, self._typenum, "params")
+            coeffs.check_float32()
+        lists = self._lists_by_flags[coeffs.flags]
+        skip = skip_nonfinite is True or bool(skip_nonfinite)
         done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, self._nt)
         if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
             return adaptive_threads.run(_dense.dense_step,

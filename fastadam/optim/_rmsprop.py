@@ -16,7 +16,7 @@ import numpy as np
 from .._core._coeffs import FLAG_L2, StructCoefficients
 from .._core._registry import OptimizerSpec, register
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
-from ._coefficients import _convention, _grad_scale, finite_float, step_number
+from ._coefficients import _convention, _grad_scale, finite_float, retime_from_one, step_number
 from ._functional import Arrays, dense_step
 
 __all__ = ["RMSprop", "rmsprop_step_inplace", "sparse_rmsprop_step_inplace"]
@@ -74,7 +74,7 @@ def _slots_of(flags):
 
 
 SPEC = register(OptimizerSpec(
-    name="rmsprop", fold=rmsprop_coefficients, fields=FIELDS,
+    name="rmsprop", fold=rmsprop_coefficients, retime=retime_from_one, fields=FIELDS,
     slots=("square_avg", "momentum_buffer", "grad_avg"),
     object_slots=("square_avg", "momentum_buffer", "grad_avg"),
     flags={"centered": FLAG_CENTERED, "momentum": FLAG_RMS_MOMENTUM}, slots_of=_slots_of,
