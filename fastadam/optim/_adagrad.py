@@ -105,10 +105,15 @@ class Adagrad(Optimizer):
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("sum", hyper["initial_accumulator_value"])]
 
+    def step_hyper(self, h, lr, grad_scale):
+        return dict(self._scalars(h, lr), grad_scale=grad_scale)
+
     def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
         return adagrad_step_inplace(
             xs, gs, slots["sum"], self._step_number(t, h), **self._scalars(h, lr),
             grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
+
+    _prepared_dense_step = dense_step
 
     def sparse_step(self, x, grad, slots, t, h, lr) -> None:
         sparse_adagrad_step_inplace(

@@ -147,6 +147,13 @@ class Adam(Optimizer):
     def _decoupled_of(self, h: Dict[str, Any]) -> bool:
         return self._decoupled if self._decoupled is not None else h["decoupled_weight_decay"]
 
+    def step_hyper(self, h, lr, grad_scale):
+        return dict(lr=lr, beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
+                    convention=h["convention"], weight_decay=h["weight_decay"],
+                    decoupled_weight_decay=self._decoupled_of(h), post_decay=h["post_decay"],
+                    amsgrad=self._options["amsgrad"], nesterov=h["nesterov"],
+                    maximize=h["maximize"], grad_scale=grad_scale)
+
     def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
         return step_inplace(
             xs, gs, slots["m"], slots["v"], t + 1, v_max=slots.get("v_max"), lr=lr,
@@ -155,6 +162,8 @@ class Adam(Optimizer):
             post_decay=h["post_decay"], amsgrad=self._options["amsgrad"], nesterov=h["nesterov"],
             maximize=h["maximize"], grad_scale=grad_scale, skip_nonfinite=skip_nonfinite,
             num_threads=self.num_threads)
+
+    _prepared_dense_step = dense_step
 
     def sparse_step(self, x, grad, slots, t, h, lr) -> None:
         sparse_step_inplace(

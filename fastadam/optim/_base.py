@@ -35,6 +35,8 @@ from ._guard import guarded_step, locked, new_lock
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
+from ._prepared import prepare_step
+from .._core._registry import spec as registry_spec
 
 ParamsLike = Union[Any, Sequence[Any], Sequence[Dict[str, Any]]]
 
@@ -157,6 +159,10 @@ class Optimizer:
     def dense_step(self, xs, gs, slots, t, hyper, lr, grad_scale, skip_nonfinite) -> bool:
         raise NotImplementedError
 
+    #: the ``dense_step`` that ``step_hyper`` describes: while ``dense_step`` is this
+    #: function, the dense buckets step through prepared steps (the same update)
+    _prepared_dense_step: Optional[Callable] = None
+
     def sparse_step(self, x, grad, slots, t, hyper, lr) -> None:
         raise NotImplementedError
 
@@ -176,6 +182,19 @@ class Optimizer:
             empty = {name: [np.empty(0, dtype)] for name, _ in self.slot_specs(hyper)}
             self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t, hyper,
                             lr, None, False)
+
+    def step_hyper(self, hyper: Dict[str, Any], lr: float,
+                   grad_scale: Optional[float]) -> Dict[str, Any]:
+        """The keywords of the optimizer's fold (its functional step's hyper-parameters) for
+        a group's ``hyper`` at learning rate ``lr``: what its prepared step is given.  A
+        subclass that defines it (with its own ``dense_step``) steps its dense buckets through
+        :class:`~fastadam.optim.PreparedStep` objects kept across steps."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _step_number(t: int, hyper: Dict[str, Any]) -> int:
+        """The step number the functional step takes after ``t`` applied steps."""
+        return t + 1
 
     def sparse_unsupported(self, hyper: Dict[str, Any]) -> Optional[str]:
         """Why a sparse gradient cannot be used with these hyper-parameters (None: it can)."""
@@ -294,6 +313,68 @@ class Optimizer:
                               for _, idx in self._buckets]
         self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
         self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
+        self._prepared = [None] * len(self._buckets)  # built at a bucket's first step
+        self._step_hypers = [None] * len(self._groups)
+
+    # ---- prepared steps: one per (group, dtype) bucket, kept across steps ------------------
+    def _prepared_capable(self) -> bool:
+        """Whether the dense steps go through prepared steps: a float (not low-precision)
+        optimizer whose ``dense_step`` is still the one written beside its ``step_hyper``
+        (``_prepared_dense_step``); a subclass or a patch that replaces ``dense_step`` is
+        called instead."""
+        if self._lowp is not None or "dense_step" in self.__dict__ or self.spec_name is None:
+            return False
+        cls = type(self)
+        return cls.dense_step is cls._prepared_dense_step
+
+    def _prepared_for(self, b: int) -> Any:
+        """The prepared step of bucket ``b`` (None: this bucket steps through ``dense_step``:
+        a low-precision or GPU optimizer, or a subclass with its own ``dense_step``)."""
+        prepared = self.__dict__.get("_prepared")
+        if prepared is None or len(prepared) != len(self._buckets):
+            prepared = self._prepared = [None] * len(self._buckets)
+        p = prepared[b]
+        if p is None:
+            idx = self._buckets[b][1]
+            p = False
+            if self._prepared_capable() and type(self._arrays[idx[0]]) is np.ndarray:
+                spec = registry_spec(self.spec_name)
+                functional = dict(zip(spec.object_slots, spec.slots))
+                p = prepare_step(self.spec_name, [self._arrays[i] for i in idx],
+                                 {functional[name]: arrays
+                                  for name, arrays in self._bucket_slots[b].items()},
+                                 num_threads=self.num_threads)
+            prepared[b] = p
+        return p or None
+
+    def _hyper_of(self, gi: int, lr: float, grad_scale: Optional[float]) -> Dict[str, Any]:
+        """Group ``gi``'s fold keywords, one dict kept while the group, ``lr`` and
+        ``grad_scale`` are unchanged (so its prepared step reuses the fold)."""
+        hypers = self.__dict__.get("_step_hypers")
+        if hypers is None or len(hypers) != len(self._groups):
+            hypers = self._step_hypers = [None] * len(self._groups)
+        h = self._groups[gi]
+        kept = hypers[gi]
+        if (kept is None or kept[0] is not h or kept[2] != grad_scale
+                or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
+            kept = hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale))
+        return kept[3]
+
+    def _bucket_step(self, b: int, xs: List[Any], gs: List[Any], slots: Dict[str, Any],
+                     lr: float, grad_scale: Optional[float], skip_nonfinite: bool) -> bool:
+        """One compiled call for bucket ``b`` (``xs`` all of its parameters, or some of them
+        with ``slots`` cut to match): through its prepared step when it has one and every
+        parameter of the bucket steps, else through ``dense_step``."""
+        gi = self._buckets[b][0]
+        cls = type(self)
+        prepared = (self._prepared_for(b) if len(xs) == len(self._buckets[b][1])
+                    and cls.dense_step is cls._prepared_dense_step else None)
+        if prepared is None:
+            return self.dense_step(xs, gs, slots, self.t, self._groups[gi], lr, grad_scale,
+                                   skip_nonfinite)
+        h = self._groups[gi]
+        return prepared._step(gs, self._step_number(self.t, h),
+                              self._hyper_of(gi, lr, grad_scale), skip_nonfinite)
 
     @property
     def params(self) -> List[Any]:
@@ -402,10 +483,9 @@ class Optimizer:
             # Decided up front from the gradients' types, dtypes and shapes: no second try.
             if self.__dict__.get("_sparse_seen"):  # every gradient here is dense
                 self._note_sparse([("dense", None)] * len(grads), [])
-            gi = self._buckets[0][0]
-            applied = self.dense_step(self._arrays, grads, self._bucket_slots[0], self.t,
-                                      self._groups[gi], self._lr(gi),
-                                      None if scale == 1.0 else scale, skip_nonfinite)
+            applied = self._bucket_step(0, self._arrays, grads, self._bucket_slots[0],
+                                        self._lr(self._buckets[0][0]),
+                                        None if scale == 1.0 else scale, skip_nonfinite)
             return self._finish(applied, range(len(grads)))
         return self._general_step(grads, scale, skip_nonfinite)
 
@@ -454,17 +534,17 @@ class Optimizer:
             skip_nonfinite = False  # checked above
 
         if len(dense_calls) + len(sparse) > 1:
-            self._dry_run(dense_calls, sparse, lrs, scale)
+            self._check_calls(dense_calls, sparse, lrs, scale)
         applied = True
         for b, gi, present in dense_calls:
             idx = self._buckets[b][1]
             slots = self._bucket_slots[b]
             if len(present) < len(idx):
                 slots = {name: [arrays[k] for k in present] for name, arrays in slots.items()}
-            applied = self.dense_step([self._arrays[idx[k]] for k in present],
-                                      [gathered[idx[k]][1] for k in present], slots, self.t,
-                                      self._groups[gi], lrs[gi],
-                                      None if scale == 1.0 else scale, skip_nonfinite)
+            applied = self._bucket_step(b, [self._arrays[idx[k]] for k in present],
+                                        [gathered[idx[k]][1] for k in present], slots,
+                                        lrs[gi], None if scale == 1.0 else scale,
+                                        skip_nonfinite)
             if not applied:  # only reachable with a single call: nothing was written
                 return False
         for i in sparse:
@@ -489,12 +569,23 @@ class Optimizer:
                     break
         seen.update(sparse)
 
-    def _dry_run(self, dense_calls: Any, sparse: List[int], lrs: List[float],
-                 scale: float) -> None:
-        """Run every call of a multi-call step on empty arrays of its dtype first: the checks
-        that depend on the dtype (a hyper-parameter float32 cannot hold) then fail before any
-        call has written, so the step stays all or nothing."""
+    def _check_calls(self, dense_calls: Any, sparse: List[int], lrs: List[float],
+                     scale: float) -> None:
+        """Check every call of a multi-call step before the first writes: the checks that
+        depend on the dtype (a hyper-parameter float32 cannot hold) then fail before any call
+        has written, so the step stays all or nothing.  A bucket with a prepared step is
+        checked by it (a fold, no arrays); the others, and sparse gradients, by their call
+        on empty arrays of its dtype."""
+        grad_scale = None if scale == 1.0 else scale
+        cls = type(self)
         for b, gi, _ in dense_calls:
+            prepared = (self._prepared_for(b) if cls.dense_step is cls._prepared_dense_step
+                        else None)
+            if prepared is not None:
+                h = self._groups[gi]
+                prepared.check(self._step_number(self.t, h),
+                               **self._hyper_of(gi, lrs[gi], grad_scale))
+                continue
             dtype = self._arrays[self._buckets[b][1][0]].dtype
             empty = {name: [np.empty(0, dtype)] for name in self._bucket_slots[b]}
             self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t,
@@ -568,6 +659,8 @@ class Optimizer:
         state = dict(self.__dict__)
         del state["_lock"]  # a lock is not pickled; a copy gets its own
         state.pop("dense_step", None)  # the low-precision steps are bound again on load
+        state.pop("_prepared", None)  # prepared steps and their folds are rebuilt on use
+        state.pop("_step_hypers", None)
         state.pop("sparse_step", None)
         return state
 

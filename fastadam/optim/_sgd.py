@@ -99,10 +99,15 @@ class SGD(Optimizer):
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("momentum_buffer", 0.0)]
 
+    def step_hyper(self, h, lr, grad_scale):
+        return dict(self._scalars(h, lr), grad_scale=grad_scale)
+
     def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
         return momentum_step_inplace(
             xs, gs, slots["momentum_buffer"], self._step_number(t, h), **self._scalars(h, lr),
             grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
+
+    _prepared_dense_step = dense_step
 
     def sparse_step(self, x, grad, slots, t, h, lr) -> None:
         sparse_momentum_step_inplace(
