@@ -62,6 +62,7 @@ cdef class Coefficients:
 
 cdef class AdamCoefficients(Coefficients):
     cdef fa_adam_coeffs c
+    cdef AdamCoefficients _at_step(self, double alpha, double denom_scale)
 
 
 cdef class AdagradCoefficients(Coefficients):

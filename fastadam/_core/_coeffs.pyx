@@ -12,6 +12,8 @@ Python spec (fastadam/optim/_spec.py) names the fields, and the spec checks at i
 count matches the size of the C struct.
 """
 
+from libc.math cimport pow, sqrt
+
 FLAG_L2 = FA_L2
 FLAG_SCALE = FA_SCALE
 FLAG_AMSGRAD = FA_AMSGRAD
@@ -43,6 +45,11 @@ cdef inline check_nonzero32(double value, str name):
 cdef class Coefficients:
     """Base of the coefficient objects (not constructed directly)."""
 
+    def retimed(self, t, dict hyper):
+        """This fold of ``hyper`` moved to step ``t`` when it can be done here in C, else
+        None: the spec's ``retime`` (fastadam/optim/_coefficients.py) does it."""
+        return None
+
     def check_float32(self):
         """Raise ValueError, naming the hyper-parameter, if a folded value overflows float32 or
         a divisor (eps, grad_scale) rounds to 0 there: float32 and float16 steps compute in
@@ -61,7 +68,7 @@ cdef class Coefficients:
 cdef class AdamCoefficients(Coefficients):
     """fa_adam_coeffs: ``x = post_mul*(decay_mul*x - alpha*mu/(sqrt(vh)*denom_scale + eps))``."""
 
-    def __cinit__(self, *args, **kwargs):
+    def __cinit__(self):  # takes no arguments: the constructor's are parsed once, by __init__
         self.kind = FA_OPT_ADAM
         self.data = &self.c
 
@@ -82,9 +89,36 @@ cdef class AdamCoefficients(Coefficients):
         self.flags = flags
         self.grad_scale = grad_scale
 
+    def retimed(self, t, dict hyper):
+        """The fold of ``hyper`` (which gave this object) at step ``t``, for an int ``t`` in
+        [1, 2**63) and a convention of the formula ``alpha = lr*sqrt(bc2)/bc1`` ("tf",
+        "onnx") or ``alpha = lr/bc1, denom_scale = 1/sqrt(bc2)`` ("torch"), computed as
+        fastadam/optim/_coefficients.adam_step_sizes does (the same operations in float64:
+        the same bits); None for any other ``t`` (the caller's Python path checks it)."""
+        cdef long long k
+        cdef double lr, bc1, bc2
+        if type(t) is not int:
+            return None
+        try:
+            k = t
+        except OverflowError:
+            return None
+        if k < 1:
+            return None
+        convention = hyper["convention"]
+        lr = hyper["lr"]
+        bc1 = 1.0 - pow(self.c.beta1, <double>k)
+        bc2 = 1.0 - pow(self.c.beta2, <double>k)
+        if convention == "torch":
+            return self._at_step(lr / bc1, 1.0 / sqrt(bc2))
+        return self._at_step(lr * sqrt(bc2) / bc1, 1.0)
+
     def at_step(self, double alpha, double denom_scale):
         """A copy with the two fields that depend on the step number replaced (what a fold
         of the same hyper-parameters at another step gives: _coefficients.adam_retime)."""
+        return self._at_step(alpha, denom_scale)
+
+    cdef AdamCoefficients _at_step(self, double alpha, double denom_scale):
         cdef AdamCoefficients out = AdamCoefficients.__new__(AdamCoefficients)
         out.c = self.c
         out.c.alpha = alpha
@@ -107,7 +141,7 @@ cdef class AdamCoefficients(Coefficients):
 cdef class AdagradCoefficients(Coefficients):
     """fa_adagrad_coeffs: ``h += g'^2; x -= lr*g'/(sqrt(h) + eps)``."""
 
-    def __cinit__(self, *args, **kwargs):
+    def __cinit__(self):  # takes no arguments: the constructor's are parsed once, by __init__
         self.kind = FA_OPT_ADAGRAD
         self.data = &self.c
 
@@ -146,7 +180,7 @@ cdef class AdagradCoefficients(Coefficients):
 cdef class MomentumCoefficients(Coefficients):
     """fa_momentum_coeffs: ``v = a*v + b*g'; x -= lr*v`` (or ``lr*(g' + an*v)``)."""
 
-    def __cinit__(self, *args, **kwargs):
+    def __cinit__(self):  # takes no arguments: the constructor's are parsed once, by __init__
         self.kind = FA_OPT_MOMENTUM
         self.data = &self.c
 

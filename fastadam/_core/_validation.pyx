@@ -24,7 +24,7 @@ cdef str label(str name, Py_ssize_t i, bint single):
 
 cpdef tuple as_array_list(obj, str name):
     """Return (list_of_objects, single): an ndarray becomes a one-element list."""
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, cnp.ndarray):
         return [obj], True
     if isinstance(obj, (list, tuple)):
         return list(obj), False
@@ -40,7 +40,7 @@ cpdef check_array(object a, str name, int typenum=-1, object shape=None, bint wr
                   bint contiguous=True, bint floating=True):
     """Check one array; returns it.  typenum=-1 accepts any supported float dtype."""
     cdef cnp.ndarray arr
-    if not isinstance(a, np.ndarray):
+    if not isinstance(a, cnp.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
     arr = <cnp.ndarray>a
     cdef int t = cnp.PyArray_TYPE(arr)
@@ -71,7 +71,7 @@ def check_arrays_like(list arrays, str name, int typenum, list shapes, bint sing
     cdef cnp.ndarray arr
     for i in range(n):
         a = arrays[i]
-        if (type(a) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+        if (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
                 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
                 and cnp.PyArray_ISALIGNED(<cnp.ndarray>a) and (<object>a).shape == shapes[i]):
@@ -91,7 +91,7 @@ def plain_gradients(list grads, list arrays):
     for i in range(n):
         go = grads[i]
         xo = arrays[i]
-        if type(go) is not np.ndarray or type(xo) is not np.ndarray:
+        if type(go) is not cnp.ndarray or type(xo) is not cnp.ndarray:
             return False
         g = <cnp.ndarray>go
         x = <cnp.ndarray>xo
@@ -102,6 +102,51 @@ def plain_gradients(list grads, list arrays):
         for d in range(cnp.PyArray_NDIM(g)):
             if cnp.PyArray_DIM(g, d) != cnp.PyArray_DIM(x, d):
                 return False
+    return True
+
+
+def all_ndarrays(obj):
+    """True if ``obj`` is a list or tuple whose items are all exact ``numpy.ndarray``s."""
+    cdef Py_ssize_t i, n
+    if type(obj) is list:
+        n = len(<list>obj)
+        for i in range(n):
+            if type((<list>obj)[i]) is not cnp.ndarray:
+                return False
+        return True
+    if type(obj) is tuple:
+        n = len(<tuple>obj)
+        for i in range(n):
+            if type((<tuple>obj)[i]) is not cnp.ndarray:
+                return False
+        return True
+    return False
+
+
+cdef inline bint plain_array(object a, int typenum, bint writable):
+    """What check_array(a, ..., typenum, None, writable) accepts, for the common case (an
+    exact ndarray), read from the header alone; False sends the caller to check_array, which
+    raises with the label (or accepts an ndarray subclass)."""
+    cdef cnp.ndarray arr
+    if type(a) is not cnp.ndarray:
+        return False
+    arr = <cnp.ndarray>a
+    return (cnp.PyArray_TYPE(arr) == typenum and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_ISALIGNED(arr)
+            and (not writable or cnp.PyArray_ISWRITEABLE(arr)))
+
+
+cdef inline bint plain_like(object a, int typenum, cnp.ndarray ref, bint writable):
+    """plain_array, and of ``ref``'s shape."""
+    cdef int d, nd
+    if not plain_array(a, typenum, writable):
+        return False
+    nd = cnp.PyArray_NDIM(<cnp.ndarray>a)
+    if nd != cnp.PyArray_NDIM(ref):
+        return False
+    for d in range(nd):
+        if cnp.PyArray_DIM(<cnp.ndarray>a, d) != cnp.PyArray_DIM(ref, d):
+            return False
     return True
 
 
@@ -117,8 +162,8 @@ def check_step_arrays(x, g, list slots):
     cdef Py_ssize_t n, i, q, nslots = len(slots)
     cdef int typenum = -1
     cdef cnp.ndarray xi
-    if isinstance(x, np.ndarray) and isinstance(g, np.ndarray) and all(
-            isinstance(a, np.ndarray) for _, a in slots):
+    if isinstance(x, cnp.ndarray) and isinstance(g, cnp.ndarray) and all(
+            isinstance(a, cnp.ndarray) for _, a in slots):
         # One tensor per argument: the common case, without the lists.
         xi = check_array(x, "x", -1, None, True)
         typenum = cnp.PyArray_TYPE(xi)
@@ -150,14 +195,18 @@ def check_step_arrays(x, g, list slots):
     if n == 0:
         return xs, gs, slot_lists, cnp.NPY_FLOAT
     for i in range(n):
-        xi = check_array(xs[i], label("x", i, single), typenum, None, True)
-        if typenum < 0:
+        # the labels are formatted only when a check fails (check_array raises with them)
+        if typenum >= 0 and plain_array(xs[i], typenum, True):
+            xi = <cnp.ndarray>xs[i]
+        else:
+            xi = check_array(xs[i], label("x", i, single), typenum, None, True)
             typenum = cnp.PyArray_TYPE(xi)
-        shape = (<object>xi).shape
-        check_array(gs[i], label("g", i, single), typenum, shape, False)
+        if not plain_like(gs[i], typenum, xi, False):
+            check_array(gs[i], label("g", i, single), typenum, (<object>xi).shape, False)
         for q in range(nslots):
-            check_array((<list>slot_lists[q])[i], label(slots[q][0], i, single), typenum, shape,
-                        True)
+            if not plain_like((<list>slot_lists[q])[i], typenum, xi, True):
+                check_array((<list>slot_lists[q])[i], label(slots[q][0], i, single), typenum,
+                            (<object>xi).shape, True)
     groups = [("x", xs, True), ("g", gs, False)]
     for q in range(nslots):
         groups.append((slots[q][0], slot_lists[q], True))
@@ -459,7 +508,7 @@ cdef class PreparedArrays:
         cdef cnp.npy_intp *xd
         cdef uintptr_t glo, nb
         cdef bint overlap = False
-        if isinstance(grads, np.ndarray):
+        if isinstance(grads, cnp.ndarray):
             gs, single = [grads], True
         elif isinstance(grads, (list, tuple)):
             gs, single = list(grads), False
@@ -472,7 +521,7 @@ cdef class PreparedArrays:
         for i in range(self.n):
             go = gs[i]
             nd = self.ndim[i]
-            if (type(go) is not np.ndarray
+            if (type(go) is not cnp.ndarray
                     or cnp.PyArray_TYPE(<cnp.ndarray>go) != self.typenum
                     or cnp.PyArray_NDIM(<cnp.ndarray>go) != nd
                     or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>go)

@@ -193,7 +193,8 @@ class Optimizer:
 
     @staticmethod
     def _step_number(t: int, hyper: Dict[str, Any]) -> int:
-        """The step number the functional step takes after ``t`` applied steps."""
+        """The step number the functional step takes after ``t`` applied steps: ``t`` plus
+        an offset that depends on ``hyper`` only (its convention)."""
         return t + 1
 
     def sparse_unsupported(self, hyper: Dict[str, Any]) -> Optional[str]:
@@ -328,12 +329,10 @@ class Optimizer:
         return cls.dense_step is cls._prepared_dense_step
 
     def _prepared_for(self, b: int) -> Any:
-        """The prepared step of bucket ``b`` (None: this bucket steps through ``dense_step``:
-        a low-precision or GPU optimizer, or a subclass with its own ``dense_step``)."""
-        prepared = self.__dict__.get("_prepared")
-        if prepared is None or len(prepared) != len(self._buckets):
-            prepared = self._prepared = [None] * len(self._buckets)
-        p = prepared[b]
+        """The prepared step of bucket ``b``, built at its first use; False when the bucket
+        steps through ``dense_step`` (a low-precision or GPU optimizer, or a subclass or patch
+        with its own ``dense_step``)."""
+        p = self._prepared[b]
         if p is None:
             idx = self._buckets[b][1]
             p = False
@@ -344,20 +343,19 @@ class Optimizer:
                                  {functional[name]: arrays
                                   for name, arrays in self._bucket_slots[b].items()},
                                  num_threads=self.num_threads)
-            prepared[b] = p
-        return p or None
+            self._prepared[b] = p
+        return p
 
     def _hyper_of(self, gi: int, lr: float, grad_scale: Optional[float]) -> Dict[str, Any]:
-        """Group ``gi``'s fold keywords, one dict kept while the group, ``lr`` and
-        ``grad_scale`` are unchanged (so its prepared step reuses the fold)."""
-        hypers = self.__dict__.get("_step_hypers")
-        if hypers is None or len(hypers) != len(self._groups):
-            hypers = self._step_hypers = [None] * len(self._groups)
+        """Group ``gi``'s fold keywords: one dict kept while the group, ``lr`` and
+        ``grad_scale`` are unchanged (and never changed), so that its prepared step knows
+        the fold by the dict's identity."""
         h = self._groups[gi]
-        kept = hypers[gi]
+        kept = self._step_hypers[gi]
         if (kept is None or kept[0] is not h or kept[2] != grad_scale
                 or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
-            kept = hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale))
+            kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
+                                            self._step_number(0, h))
         return kept[3]
 
     def _bucket_step(self, b: int, xs: List[Any], gs: List[Any], slots: Dict[str, Any],
@@ -367,14 +365,20 @@ class Optimizer:
         parameter of the bucket steps, else through ``dense_step``."""
         gi = self._buckets[b][0]
         cls = type(self)
-        prepared = (self._prepared_for(b) if len(xs) == len(self._buckets[b][1])
-                    and cls.dense_step is cls._prepared_dense_step else None)
+        prepared = self._prepared[b]
         if prepared is None:
+            prepared = self._prepared_for(b)
+        if (prepared is False or len(xs) != len(self._buckets[b][1])
+                or cls.dense_step is not cls._prepared_dense_step):
             return self.dense_step(xs, gs, slots, self.t, self._groups[gi], lr, grad_scale,
                                    skip_nonfinite)
         h = self._groups[gi]
-        return prepared._step(gs, self._step_number(self.t, h),
-                              self._hyper_of(gi, lr, grad_scale), skip_nonfinite)
+        kept = self._step_hypers[gi]  # _hyper_of, inline: this is every step's path
+        if (kept is None or kept[0] is not h or kept[2] != grad_scale
+                or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
+            kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
+                                            self._step_number(0, h))
+        return prepared._step(gs, self.t + kept[4], kept[3], skip_nonfinite)
 
     @property
     def params(self) -> List[Any]:
@@ -472,27 +476,29 @@ class Optimizer:
         scale = 1.0 if grad_scale is None else check_real(grad_scale, "grad_scale", None)
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
-        skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
+        if skip_nonfinite is not False:
+            skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
         if len(self._arrays) == 1 and (type(grads) is np.ndarray or is_device_array(grads)):
             grads = [grads]
         if (self._clip is None and len(self._buckets) == 1 and self.dense_gradients
-                and type(grads) in (list, tuple)
-                and len(grads) == len(self._arrays) and self._plain_dense(grads)):
+                and type(grads) in (list, tuple) and len(grads) == len(self._arrays)
+                and plain_gradients(grads if type(grads) is list else list(grads),
+                                    self._arrays)):
             # the common case: dense arrays of the parameters' dtype and shapes, one group, one
             # dtype, no clipping: one call, whose own checks (in Cython) run before it writes.
             # Decided up front from the gradients' types, dtypes and shapes: no second try.
             if self.__dict__.get("_sparse_seen"):  # every gradient here is dense
                 self._note_sparse([("dense", None)] * len(grads), [])
+            gi = self._buckets[0][0]
+            lr = self._groups[gi]["lr"]
             applied = self._bucket_step(0, self._arrays, grads, self._bucket_slots[0],
-                                        self._lr(self._buckets[0][0]),
+                                        self._lr(gi) if callable(lr) else lr,
                                         None if scale == 1.0 else scale, skip_nonfinite)
+            if applied is True and not self._tensor_params:
+                self.t += 1
+                return True
             return self._finish(applied, range(len(grads)))
         return self._general_step(grads, scale, skip_nonfinite)
-
-    def _plain_dense(self, grads: Any) -> bool:
-        """True if every gradient is a C-contiguous ndarray of its parameter's dtype and shape
-        (what the single-call path takes; anything else goes the general way)."""
-        return plain_gradients(grads if type(grads) is list else list(grads), self._arrays)
 
     def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
         """Any mix of gradients: check them all, then one call per (group, dtype) for the dense
@@ -580,8 +586,8 @@ class Optimizer:
         cls = type(self)
         for b, gi, _ in dense_calls:
             prepared = (self._prepared_for(b) if cls.dense_step is cls._prepared_dense_step
-                        else None)
-            if prepared is not None:
+                        else False)
+            if prepared is not False:
                 h = self._groups[gi]
                 prepared.check(self._step_number(self.t, h),
                                **self._hyper_of(gi, lrs[gi], grad_scale))
@@ -659,14 +665,16 @@ class Optimizer:
         state = dict(self.__dict__)
         del state["_lock"]  # a lock is not pickled; a copy gets its own
         state.pop("dense_step", None)  # the low-precision steps are bound again on load
-        state.pop("_prepared", None)  # prepared steps and their folds are rebuilt on use
-        state.pop("_step_hypers", None)
+        state["_prepared"] = None  # prepared steps and their folds are rebuilt on use
+        state["_step_hypers"] = None
         state.pop("sparse_step", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = new_lock()
+        self._prepared = [None] * len(self._buckets)
+        self._step_hypers = [None] * len(self._groups)
         if "_lowp_options" not in state:  # pickled before low-precision states existed
             self._lowp = None
             self._lowp_options, self._lowp_wanted = _lowp_objects.check_options({})

@@ -243,7 +243,11 @@ def _momentum_buffer_coefficients(t, momentum, dampening, convention):
 # ``hyper`` is the keyword dict the fold accepted (its values passed the fold's checks).
 
 def adam_retime(coeffs, t, hyper):
-    """Adam: the bias corrections (``alpha``, ``denom_scale``) of step ``t``."""
+    """Adam: the bias corrections (``alpha``, ``denom_scale``) of step ``t`` (for an int
+    ``t >= 1`` computed in Cython, the operations of :func:`adam_step_sizes`)."""
+    out = coeffs.retimed(t, hyper)  # a prepared step has tried it already: ints t >= 1
+    if out is not None:
+        return out
     alpha, denom_scale = adam_step_sizes(t, float(hyper["lr"]), float(hyper["beta1"]),
                                          float(hyper["beta2"]), hyper["convention"])
     return coeffs.at_step(alpha, denom_scale)

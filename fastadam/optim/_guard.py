@@ -22,6 +22,8 @@ import signal
 import threading
 from typing import Any, Callable, List, TypeVar
 
+from .._core._validation import all_ndarrays
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -75,20 +77,19 @@ def several_calls(opt: Any, grads: Any) -> bool:
         return True
     if len(opt._arrays) <= 1:
         return False
-    import numpy as np
-    return not (type(grads) in (list, tuple)
-                and all(type(g) is np.ndarray for g in grads))
+    return not all_ndarrays(grads)
 
 
 def guarded_step(method: F) -> F:
     """``step`` under the lock, with SIGINT deferred when it makes several compiled calls."""
     @functools.wraps(method)
-    def wrapper(self, grads=None, **kwargs):
+    def wrapper(self, grads=None, *, grad_scale=None, skip_nonfinite=False):
         with self._lock:
-            if several_calls(self, grads):
+            if (len(self._buckets) > 1 or len(self._arrays) > 1) and several_calls(self, grads):
                 with sigint_deferred():
-                    return method(self, grads, **kwargs)
-            return method(self, grads, **kwargs)
+                    return method(self, grads, grad_scale=grad_scale,
+                                  skip_nonfinite=skip_nonfinite)
+            return method(self, grads, grad_scale=grad_scale, skip_nonfinite=skip_nonfinite)
     return wrapper  # type: ignore[return-value]
 
 

@@ -135,21 +135,7 @@ class PreparedStep:
             hyper = {**self._spec.defaults, **hyper}
         return self._spec.fold(t, **hyper)
 
-    def _coefficients(self, t, hyper):
-        """The coefficient object of step ``t``: a set of hyper-parameters is folded (and so
-        checked) once; while a step passes the same set (same keys, same exact types, equal
-        values: :func:`same_scalars`), only ``t`` is checked and the fields that depend on it
-        recomputed, by the spec's ``retime``.  Values that could change in place (0-d arrays)
-        or compare equal across types are never reused."""
-        folded = self._folded
-        if folded is not None and (hyper is folded[0] or same_scalars(hyper, folded[0])):
-            if type(t) is int and t == folded[1]:
-                return folded[2]
-            retime = self._spec.retime
-            if retime is not None:
-                coeffs = retime(folded[2], t, folded[3])
-                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
-                return coeffs
+    def _fold_and_keep(self, t, hyper):
         merged = {**self._spec.defaults, **hyper} if self._spec.defaults else hyper
         coeffs = self._spec.fold(t, **merged)
         self._folded = ((hyper, t if type(t) is int else None, coeffs, merged)
@@ -188,8 +174,26 @@ class PreparedStep:
 
     def _step(self, grads, t, hyper, skip_nonfinite):
         """``step`` with the hyper-parameters as a dict (the optimizer objects pass one dict
-        per group, which they never change, so the fold is reused by identity)."""
-        coeffs = self._coefficients(t, hyper)
+        per group, which they never change, so the fold is reused by identity).
+
+        The fold is kept: a set of hyper-parameters is folded (and so checked) once; while a
+        step passes the same set (same keys, same exact types, equal values, the sign of a
+        zero included: :func:`same_scalars`), only ``t`` is checked and the fields that
+        depend on it recomputed, by the spec's ``retime``.  Values that could change in place
+        (0-d arrays) or compare equal across types are never kept."""
+        folded = self._folded
+        if folded is not None and (hyper is folded[0] or same_scalars(hyper, folded[0])):
+            if type(t) is int and t == folded[1]:
+                coeffs = folded[2]
+            elif self._spec.retime is not None:
+                coeffs = folded[2].retimed(t, folded[3])  # in C where it can (Adam's)
+                if coeffs is None:
+                    coeffs = self._spec.retime(folded[2], t, folded[3])
+                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
+            else:
+                coeffs = self._fold_and_keep(t, hyper)
+        else:
+            coeffs = self._fold_and_keep(t, hyper)
         names = self._names_by_flags.get(coeffs.flags)
         if names is None:
             names = self._slots_for(coeffs)
