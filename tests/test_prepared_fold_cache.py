@@ -279,3 +279,43 @@ def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch)
     assert len(calls) == 2 and opt.t == 2
     for a, b in zip(params, want):
         assert a.tobytes() == b.tobytes()
+
+
+def test_step_inplace_lists_name_the_item_that_fails():
+    """The list checks read headers only and format a label for the failing item alone."""
+    def arrays():
+        return ([np.ones(6, np.float32) for _ in range(3)] for _ in range(4))
+
+    cases = []
+    x, g, m, v = arrays()
+    m[2].flags.writeable = False
+    cases.append(((x, g, m, v), ValueError, r"^m\[2\]: is read-only"))
+    x, g, m, v = arrays()
+    g[1] = np.ones(12, np.float32)[::2]
+    cases.append(((x, g, m, v), ValueError, r"^g\[1\]: expected a C-contiguous array"))
+    x, g, m, v = arrays()
+    v[1] = np.ones(6, np.dtype(np.float32).newbyteorder())
+    cases.append(((x, g, m, v), ValueError, r"^v\[1\]: expected an aligned array in native"))
+    x, g, m, v = arrays()
+    x[2] = np.ones(6)
+    cases.append(((x, g, m, v), TypeError, r"^x\[2\]: expected dtype float32, got float64"))
+    x, g, m, v = arrays()
+    v[0] = np.ones((2, 3), np.float32)
+    cases.append(((x, g, m, v), ValueError, r"^v\[0\]: expected shape \(6,\), got \(2, 3\)"))
+    for (x, g, m, v), exc, pattern in cases:
+        before = [a.copy() for a in x + m + v]
+        with pytest.raises(exc, match=pattern):
+            fastadam.step_inplace(x, g, m, v, 1)
+        for a, b in zip(x + m + v, before):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_ndarray_subclass_is_still_accepted_in_lists():
+    class Marked(np.ndarray):
+        pass
+
+    x = [np.ones(4), np.ones(4)]
+    g = [np.full(4, 0.5), np.full(4, 0.5).view(Marked)]
+    m, v = [np.zeros(4), np.zeros(4)], [np.zeros(4), np.zeros(4)]
+    assert fastadam.step_inplace(x, g, m, v, 1, lr=0.1, convention="torch")
+    np.testing.assert_allclose(x[1], 0.9)

@@ -7,7 +7,11 @@ hyper-parameters it has, how to check them, which slots it keeps and how to call
 step (``fastadam.optim._functional``) on a list of dense tensors or on one sparse gradient.
 
 A step makes one compiled call per (group, dtype) for the dense gradients and one call per
-sparse gradient, after every gradient has been checked.  Global-norm clipping and the NaN check
+sparse gradient, after every gradient has been checked.  Each (group, dtype) bucket keeps a
+:class:`~fastadam.optim.PreparedStep` across steps (rebuilt with the buckets when a group is
+added), given the group's fold keywords (``step_hyper``): its arrays are checked once, its
+fold is reused while the hyper-parameters are unchanged, and a multi-call step checks its
+dense calls by their folds before the first writes.  Global-norm clipping and the NaN check
 of ``skip_nonfinite`` share one read of the gradients (``_clip``), and the clip factor is folded
 into ``grad_scale``, so no gradient is ever rescaled in memory when the functional step takes a
 ``grad_scale``.  Hyper-parameters change only through ``set_hyperparameters`` (validated);

@@ -10,6 +10,13 @@ without writing anything.  ``step(grads, t, **hyper)`` folds, checks only the gr
 (dtype, shape, and that none overlaps a written array), and makes the one driver call.  There
 is no dry run and no exception-driven choice of path.
 
+Per-step cost (issue 20).  A step keeps its last fold: while the hyper-parameters are the same
+(same keys, exact types and values: ``same_scalars``), only ``t`` is checked and the fields
+that depend on it recomputed by the spec's ``retime`` (Adam's in C); the gradients are checked
+in one Cython pass (``PreparedArrays.check_grads``) against the written buffers sorted once,
+which also re-reads that every written array is still writable and unmoved.  The optimizer
+objects keep one prepared step per (group, dtype) bucket and one keyword dict per group.
+
 Low-precision steps (issue 24): when a parameter is ``ml_dtypes.bfloat16``, a state is
 bfloat16 or a :class:`~fastadam.optim.QuantizedState`, or a float32 ``master`` is given, the
 arrays are checked by ``fastadam/_core/_lowp_validation.py`` and each step is one call of the
