@@ -319,3 +319,26 @@ def test_an_ndarray_subclass_is_still_accepted_in_lists():
     m, v = [np.zeros(4), np.zeros(4)], [np.zeros(4), np.zeros(4)]
     assert fastadam.step_inplace(x, g, m, v, 1, lr=0.1, convention="torch")
     np.testing.assert_allclose(x[1], 0.9)
+
+
+@pytest.mark.parametrize("convention", ["tf", "torch", "onnx"])
+def test_the_c_fold_of_adam_gives_the_python_folds_bits(rng, convention):
+    """adam_coefficients folds exact floats in C (_coeffs.adam_fold); an np.float64 lr takes
+    the Python fold: the two give the same bits for every field, t and option."""
+    from fastadam.optim._coefficients import adam_coefficients
+
+    for _ in range(40):
+        lr = float(10.0 ** rng.uniform(-6, 1))
+        beta1, beta2 = float(rng.uniform(0, 0.999)), float(rng.uniform(0.5, 0.99999))
+        eps = float(10.0 ** rng.uniform(-12, -1))
+        wd = float(rng.choice([0.0, 1e-2, 0.3]))
+        post = float(rng.choice([0.0, 1e-3]))
+        flags = [bool(b) for b in rng.integers(0, 2, 4)]
+        scale = None if rng.random() < 0.5 else float(rng.uniform(0.5, 1024))
+        t = int(rng.choice([1, 2, 7, 1000, 2**40]))
+        args = (beta1, beta2, eps, convention, wd, flags[0], post, flags[1], flags[2],
+                flags[3], scale)
+        fast = adam_coefficients(t, lr, *args).as_dict()
+        slow = adam_coefficients(t, np.float64(lr), *args).as_dict()
+        assert {k: float(v).hex() for k, v in fast.items()} == \
+            {k: float(v).hex() for k, v in slow.items()}

@@ -259,3 +259,81 @@ cdef class StructCoefficients(Coefficients):
         out = {name: self.words[i] for i, name in enumerate(self.names)}
         out["flags"] = self.flags
         return out
+
+
+cdef double F64_MAX = 1.7976931348623157e308
+
+cdef inline bint plain_finite(object v):
+    """An exact float, finite (a subclass, an int or a 0-d array takes the Python path)."""
+    cdef double d
+    if type(v) is not float:
+        return False
+    d = <double>v
+    return -F64_MAX <= d <= F64_MAX
+
+
+def adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay, decoupled_weight_decay,
+              post_decay, amsgrad, nesterov, maximize, grad_scale):
+    """fastadam/optim/_coefficients.adam_coefficients for the common case, in C: every
+    scalar an exact finite float in its range, the flags exact bools, ``t`` an int in
+    [1, 2**63), a known convention.  The same operations in float64 (the same bits); None for
+    anything else, which the Python fold then checks and folds (and names in its error)."""
+    cdef long long k
+    cdef double lr_, b1, b2, eps_, wd, post, scale = 1.0, bc1, bc2, alpha, denom_scale = 1.0
+    cdef double l2 = 0.0, decay_mul = 1.0
+    cdef int flags = 0
+    if type(t) is not int:
+        return None
+    try:
+        k = t
+    except OverflowError:
+        return None
+    if (k < 1 or not plain_finite(lr) or not plain_finite(beta1) or not plain_finite(beta2)
+            or not plain_finite(eps) or not plain_finite(weight_decay)
+            or not plain_finite(post_decay) or type(decoupled_weight_decay) is not bool
+            or type(amsgrad) is not bool or type(nesterov) is not bool
+            or type(maximize) is not bool):
+        return None
+    if not (convention == "tf" or convention == "torch" or convention == "onnx"):
+        return None
+    lr_, b1, b2, eps_ = lr, beta1, beta2, eps
+    wd, post = weight_decay, post_decay
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps_ > 0.0 and 0.0 <= post < 1.0):
+        return None
+    if grad_scale is not None:
+        if not plain_finite(grad_scale) or <double>grad_scale == 0.0:
+            return None
+        scale = grad_scale
+        flags |= FA_SCALE
+    bc1 = 1.0 - pow(b1, <double>k)
+    bc2 = 1.0 - pow(b2, <double>k)
+    if convention == "torch":
+        alpha = lr_ / bc1
+        denom_scale = 1.0 / sqrt(bc2)
+    else:
+        alpha = lr_ * sqrt(bc2) / bc1
+    if wd != 0.0:
+        if decoupled_weight_decay:
+            decay_mul = 1.0 - lr_ * wd
+        else:
+            l2 = wd
+            flags |= FA_L2
+    if amsgrad:
+        flags |= FA_AMSGRAD
+    if nesterov:
+        flags |= FA_NESTEROV
+    cdef AdamCoefficients out = AdamCoefficients.__new__(AdamCoefficients)
+    out.c.alpha = alpha
+    out.c.denom_scale = denom_scale
+    out.c.eps = eps_
+    out.c.beta1 = b1
+    out.c.beta2 = b2
+    out.c.sign = -1.0 if maximize else 1.0
+    out.c.grad_scale = scale
+    out.c.l2 = l2
+    out.c.decay_mul = decay_mul
+    out.c.post_mul = 1.0 - post
+    out.c.flags = flags
+    out.flags = flags
+    out.grad_scale = scale
+    return out

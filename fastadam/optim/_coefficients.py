@@ -14,7 +14,7 @@ import numpy as np
 
 from .._core._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENTUM_NESTEROV,
                              FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
-                             MomentumCoefficients, StructCoefficients)
+                             MomentumCoefficients, StructCoefficients, adam_fold)
 from .._core._registry import OptimizerSpec, register
 
 ADAM_CONVENTIONS = ("tf", "torch", "onnx")
@@ -122,7 +122,14 @@ def adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay=0.0,
                       decoupled_weight_decay=False, post_decay=0.0, amsgrad=False,
                       nesterov=False, maximize=False, grad_scale=None):
     """The AdamCoefficients of step ``t`` (formula: include/fastadam/adam.h).  The arguments
-    may be passed by position (the functional steps do: it is the per-step hot path)."""
+    may be passed by position (the functional steps do: it is the per-step hot path).  The
+    common case (exact floats and bools, an int ``t >= 1``) is checked and folded in C
+    (``_coeffs.adam_fold``, the same operations); anything else, every error included, here."""
+    folded = adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay,
+                       decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize,
+                       grad_scale)
+    if folded is not None:
+        return folded
     lr, beta1, beta2, eps, weight_decay, post_decay, _ = check_adam_hyperparameters(
         lr, beta1, beta2, eps, convention, weight_decay, post_decay)
     flags, divisor = (0, 1.0) if grad_scale is None else _grad_scale(grad_scale)
