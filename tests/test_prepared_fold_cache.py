@@ -342,3 +342,26 @@ def test_the_c_fold_of_adam_gives_the_python_folds_bits(rng, convention):
         slow = adam_coefficients(t, np.float64(lr), *args).as_dict()
         assert {k: float(v).hex() for k, v in fast.items()} == \
             {k: float(v).hex() for k, v in slow.items()}
+
+
+def test_an_objects_num_threads_set_between_steps_is_used_and_checked():
+    x = [np.linspace(-1, 1, 300_000), np.linspace(0, 1, 7)]
+    ref = [a.copy() for a in x]
+    opt = fastadam.Adam(x, lr=0.01, num_threads=1)
+    want = fastadam.Adam(ref, lr=0.01, num_threads=1)
+    g = [np.cos(a) for a in x]
+    for threads in (1, 2, -1, None, 1):
+        opt.num_threads = threads
+        assert opt.step(g) and want.step(g)
+    for a, b in zip(x, ref):  # every thread count gives the same bits
+        assert a.tobytes() == b.tobytes()
+    opt.num_threads = 0
+    before = [a.copy() for a in x]
+    with pytest.raises(ValueError, match=r"^num_threads: expected a non-zero int"):
+        opt.step(g)
+    opt.num_threads = "2"
+    with pytest.raises(TypeError, match=r"^num_threads: expected None or an int, got str"):
+        opt.step(g)
+    for a, b in zip(x, before):
+        np.testing.assert_array_equal(a, b)
+    assert opt.t == 5

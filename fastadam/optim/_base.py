@@ -336,6 +336,9 @@ class Optimizer:
         """The prepared step of bucket ``b``, built at its first use; False when the bucket
         steps through ``dense_step`` (a low-precision or GPU optimizer, or a subclass or patch
         with its own ``dense_step``)."""
+        if self.__dict__.get("_prepared_threads", self.num_threads) != self.num_threads:
+            self._prepared = [None] * len(self._buckets)  # num_threads was set: prepare again
+        self._prepared_threads = self.num_threads
         p = self._prepared[b]
         if p is None:
             idx = self._buckets[b][1]
@@ -370,7 +373,7 @@ class Optimizer:
         gi = self._buckets[b][0]
         cls = type(self)
         prepared = self._prepared[b]
-        if prepared is None:
+        if prepared is None or self.num_threads != self._prepared_threads:
             prepared = self._prepared_for(b)
         if (prepared is False or len(xs) != len(self._buckets[b][1])
                 or cls.dense_step is not cls._prepared_dense_step):

@@ -82,6 +82,7 @@ class PreparedStep:
             raise ValueError(f"slots: unknown state {unknown[0]!r} for {optimizer} (expected "
                              f"names among {self._spec.slots})")
         self._nt = 0 if num_threads is None else resolve_num_threads(num_threads)
+        self._num_threads = num_threads  # resolved again per step (a forked child: one)
         first = params[0] if isinstance(params, (list, tuple)) and params else params
         self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
         self._params_arg, self._slots_arg = params, dict(slots)
@@ -218,7 +219,8 @@ class PreparedStep:
             coeffs.check_float32()
         lists = self._lists_by_flags[coeffs.flags]
         skip = skip_nonfinite is True or bool(skip_nonfinite)
-        done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, self._nt)
+        nt = 0 if self._num_threads is None else resolve_num_threads(self._num_threads)
+        done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, nt)
         if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
             return adaptive_threads.run(_dense.dense_step,
                                         (coeffs, self._xs, gs, lists, self._typenum, skip),
