@@ -62,23 +62,6 @@ cpdef check_array(object a, str name, int typenum=-1, object shape=None, bint wr
     return arr
 
 
-def check_arrays_like(list arrays, str name, int typenum, list shapes, bint single):
-    """check_array on each of ``arrays`` (read-only use: gradients) against dtype ``typenum``
-    and ``shapes[i]``; the label (``name[i]``, or ``name`` when ``single``) is only formatted
-    for the error.  The per-step check of a prepared step's gradients."""
-    cdef Py_ssize_t i, n = len(arrays)
-    cdef object a
-    cdef cnp.ndarray arr
-    for i in range(n):
-        a = arrays[i]
-        if (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
-                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
-                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
-                and cnp.PyArray_ISALIGNED(<cnp.ndarray>a) and (<object>a).shape == shapes[i]):
-            continue  # the common case, without formatting a label
-        check_array(a, label(name, i, single), typenum, shapes[i], False)
-
-
 def plain_gradients(list grads, list arrays):
     """True if ``grads[i]`` is an exact ndarray, C-contiguous, of ``arrays[i]``'s dtype and
     shape for every i (equal lengths assumed): the gradients an optimizer object's single-call
