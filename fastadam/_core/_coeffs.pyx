@@ -96,22 +96,12 @@ cdef class AdamCoefficients(Coefficients):
         fastadam/optim/_coefficients.adam_step_sizes does (the same operations in float64:
         the same bits); None for any other ``t`` (the caller's Python path checks it)."""
         cdef long long k
-        cdef double lr, bc1, bc2
-        if type(t) is not int:
+        cdef double alpha, denom_scale
+        if not step_index(t, &k):
             return None
-        try:
-            k = t
-        except OverflowError:
-            return None
-        if k < 1:
-            return None
-        convention = hyper["convention"]
-        lr = hyper["lr"]
-        bc1 = 1.0 - pow(self.c.beta1, <double>k)
-        bc2 = 1.0 - pow(self.c.beta2, <double>k)
-        if convention == "torch":
-            return self._at_step(lr / bc1, 1.0 / sqrt(bc2))
-        return self._at_step(lr * sqrt(bc2) / bc1, 1.0)
+        adam_step_sizes_c(hyper["lr"], self.c.beta1, self.c.beta2, k,
+                          hyper["convention"] == "torch", &alpha, &denom_scale)
+        return self._at_step(alpha, denom_scale)
 
     def at_step(self, double alpha, double denom_scale):
         """A copy with the two fields that depend on the step number replaced (what a fold
@@ -263,6 +253,33 @@ cdef class StructCoefficients(Coefficients):
 
 cdef double F64_MAX = 1.7976931348623157e308
 
+
+cdef inline bint step_index(object t, long long *k):
+    """``t`` as a step number of the C folds: an exact int in [1, 2**63), else False (the
+    Python fold then checks it and names it in its error)."""
+    if type(t) is not int:
+        return False
+    try:
+        k[0] = t
+    except OverflowError:
+        return False
+    return k[0] >= 1
+
+
+cdef inline void adam_step_sizes_c(double lr, double beta1, double beta2, long long k,
+                                   bint torch, double *alpha, double *denom_scale) noexcept:
+    """fastadam/optim/_coefficients.adam_step_sizes for t = k >= 1: the same float64
+    operations, so the same bits ("torch": lr/bc1 and 1/sqrt(bc2); "tf", "onnx":
+    lr*sqrt(bc2)/bc1 and 1)."""
+    cdef double bc1 = 1.0 - pow(beta1, <double>k)
+    cdef double bc2 = 1.0 - pow(beta2, <double>k)
+    if torch:
+        alpha[0] = lr / bc1
+        denom_scale[0] = 1.0 / sqrt(bc2)
+    else:
+        alpha[0] = lr * sqrt(bc2) / bc1
+        denom_scale[0] = 1.0
+
 cdef inline bint plain_finite(object v):
     """An exact float, finite (a subclass, an int or a 0-d array takes the Python path)."""
     cdef double d
@@ -279,16 +296,10 @@ def adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay, decoupled_weig
     [1, 2**63), a known convention.  The same operations in float64 (the same bits); None for
     anything else, which the Python fold then checks and folds (and names in its error)."""
     cdef long long k
-    cdef double lr_, b1, b2, eps_, wd, post, scale = 1.0, bc1, bc2, alpha, denom_scale = 1.0
+    cdef double lr_, b1, b2, eps_, wd, post, scale = 1.0, alpha, denom_scale
     cdef double l2 = 0.0, decay_mul = 1.0
     cdef int flags = 0
-    if type(t) is not int:
-        return None
-    try:
-        k = t
-    except OverflowError:
-        return None
-    if (k < 1 or not plain_finite(lr) or not plain_finite(beta1) or not plain_finite(beta2)
+    if (not step_index(t, &k) or not plain_finite(lr) or not plain_finite(beta1) or not plain_finite(beta2)
             or not plain_finite(eps) or not plain_finite(weight_decay)
             or not plain_finite(post_decay) or type(decoupled_weight_decay) is not bool
             or type(amsgrad) is not bool or type(nesterov) is not bool
@@ -305,13 +316,7 @@ def adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay, decoupled_weig
             return None
         scale = grad_scale
         flags |= FA_SCALE
-    bc1 = 1.0 - pow(b1, <double>k)
-    bc2 = 1.0 - pow(b2, <double>k)
-    if convention == "torch":
-        alpha = lr_ / bc1
-        denom_scale = 1.0 / sqrt(bc2)
-    else:
-        alpha = lr_ * sqrt(bc2) / bc1
+    adam_step_sizes_c(lr_, b1, b2, k, convention == "torch", &alpha, &denom_scale)
     if wd != 0.0:
         if decoupled_weight_decay:
             decay_mul = 1.0 - lr_ * wd
