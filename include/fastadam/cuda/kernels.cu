@@ -141,11 +141,11 @@ template <int KIND, typename C> struct fa_opt;
 #undef FA_OPTIMIZER
 #undef FA_CUDA_OPT
 
-/* The tensor of the table whose block range holds block b (entries sorted by block0). */
-static __device__ __forceinline__ const fa_cuda_tensor *fa_find_tensor(const unsigned char *table,
-                                                                       int ntensors, fa_i64 b)
+/* The entry of a tensor table (entries sorted by block0) whose block range holds block b: the
+ * dense tables and the low-precision ones search alike. */
+template <typename T>
+static __device__ __forceinline__ const T *fa_find_block(const T *tab, int ntensors, fa_i64 b)
 {
-    const fa_cuda_tensor *tab = (const fa_cuda_tensor *)(table + FA_CUDA_HEADER);
     int lo = 0, hi = ntensors - 1;
     while (lo < hi) {
         const int mid = lo + (hi - lo + 1) / 2;
@@ -153,6 +153,13 @@ static __device__ __forceinline__ const fa_cuda_tensor *fa_find_tensor(const uns
         else hi = mid - 1;
     }
     return tab + lo;
+}
+
+/* The tensor of the dense table whose block range holds block b. */
+static __device__ __forceinline__ const fa_cuda_tensor *fa_find_tensor(const unsigned char *table,
+                                                                       int ntensors, fa_i64 b)
+{
+    return fa_find_block((const fa_cuda_tensor *)(table + FA_CUDA_HEADER), ntensors, b);
 }
 
 /* One element of the optimizer KIND on storage S: load x and the slots it uses with FLAGS,
@@ -375,14 +382,7 @@ static __device__ __forceinline__ const fa_lowp_params *fa_lowp_params_of(const 
 static __device__ __forceinline__ const fa_lowp_tensor *fa_lowp_find(const unsigned char *table,
                                                                      int ntensors, fa_i64 b)
 {
-    const fa_lowp_tensor *tab = (const fa_lowp_tensor *)(table + FA_LOWP_TABLE);
-    int lo = 0, hi = ntensors - 1;
-    while (lo < hi) {
-        const int mid = lo + (hi - lo + 1) / 2;
-        if (tab[mid].block0 <= b) lo = mid;
-        else hi = mid - 1;
-    }
-    return tab + lo;
+    return fa_find_block((const fa_lowp_tensor *)(table + FA_LOWP_TABLE), ntensors, b);
 }
 
 /* Element i of a float32 or bfloat16 array, as float32. */
