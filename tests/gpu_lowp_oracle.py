@@ -193,3 +193,15 @@ def assert_same_bits(got, want, what):
     for i, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
                                       err_msg=f"{what}[{i}]")
+
+
+def assert_same_state(xs, states, scales, masters, want):
+    """A step's parameters, states, block scales and masters equal ``want`` (the same four
+    lists) bit for bit."""
+    wx, wstates, wscales, wmasters = want
+    assert_same_bits(xs, wx, "x")
+    for s, (a, b) in enumerate(zip(states, wstates)):
+        assert_same_bits(a, b, f"slot {s}")
+    for s, (a, b) in enumerate(zip(scales, wscales)):
+        assert_same_bits(a, b, f"scales {s}")
+    assert_same_bits(masters, wmasters, "master")

@@ -22,7 +22,7 @@ from fastadam._core import _lowp
 from fastadam.gpu import _layout, _source
 from gpu_emulation_build import BuildError, build
 from gpu_lowp_oracle import (BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State,
-                             assert_same_bits, case_id, fold)
+                             assert_same_bits, assert_same_state, case_id, fold)
 
 
 HERE = Path(__file__).resolve().parent
@@ -86,13 +86,7 @@ def run_dense(emu, st, arrays, rounding=NEAREST, seed=0, skip_nonfinite=False, t
 
 def check(got, want):
     xs, _, states, scales, masters = got
-    wx, wstates, wscales, wmasters = want
-    assert_same_bits(xs, wx, "x")
-    for s, (a, b) in enumerate(zip(states, wstates)):
-        assert_same_bits(a, b, f"slot {s}")
-    for s, (a, b) in enumerate(zip(scales, wscales)):
-        assert_same_bits(a, b, f"scales {s}")
-    assert_same_bits(masters, wmasters, "master")
+    assert_same_state(xs, states, scales, masters, want)
 
 
 @pytest.mark.parametrize("state", STATES)

@@ -14,7 +14,7 @@ import pytest
 import fastadam
 from fastadam.gpu import _source
 from gpu_lowp_oracle import (BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State,
-                             assert_same_bits, case_id, fold)
+                             assert_same_bits, assert_same_state, case_id, fold)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
@@ -41,13 +41,7 @@ def host(arrays):
 
 def check(got, want):
     xs, states, scales, masters = got
-    wx, wstates, wscales, wmasters = want
-    assert_same_bits(xs, wx, "x")
-    for s, (a, b) in enumerate(zip(states, wstates)):
-        assert_same_bits(a, b, f"slot {s}")
-    for s, (a, b) in enumerate(zip(scales, wscales)):
-        assert_same_bits(a, b, f"scales {s}")
-    assert_same_bits(masters, wmasters, "master")
+    assert_same_state(xs, states, scales, masters, want)
 
 
 def dense(st, arrays, rounding=NEAREST, seed=SEED, skip_nonfinite=False, block=None):
