@@ -108,6 +108,12 @@ def autodiff_kernels(out):
         out[f"transformer/erf/{name}"] = _transformer_kernels.erf(a)
         out[f"transformer/gelu/{name}"] = _transformer_kernels.gelu(a)
         out[f"transformer/gelu_grad/{name}"] = _transformer_kernels.gelu_grad(g, a)
+    rows = rng.standard_normal((50, 37)).astype(np.float32) * 30
+    rows[::3, 5:20] = -np.inf  # masked entries: exactly 0 at every level
+    y = _transformer_kernels.softmax_last_f32(rows)
+    out["transformer/softmax/float32"] = y
+    out["transformer/softmax_vjp/float32"] = _transformer_kernels.softmax_vjp_last_f32(
+        rng.standard_normal(rows.shape).astype(np.float32), y)
     rng = np.random.default_rng(12)
     a, d, b, c = (rng.standard_normal(SIZE).astype(np.float32) for _ in range(4))
     _yardstick.stream_rw_f32(a, d, b, c)

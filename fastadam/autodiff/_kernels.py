@@ -16,6 +16,10 @@ try:
     from .._core import _autodiff_kernels as _C
 except ImportError:  # pragma: no cover - source tree without a build
     _C = None
+try:
+    from . import _transformer_kernels as _TK
+except ImportError:  # pragma: no cover - source tree without a build
+    _TK = None
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -195,11 +199,28 @@ def softmax_cross_entropy_grad(logits, labels, scale):
     return (p * (scale / n)).astype(logits.dtype, copy=False)
 
 
+def _last_axis_f32(x, axis):
+    """True when the float32 row kernels of ``_transformer_kernels`` apply: ``axis`` is the
+    last one (non-empty) and ``x`` a C-contiguous, aligned, native float32 array."""
+    return (_TK is not None and x.dtype == np.float32 and x.ndim > 0
+            and axis in (-1, x.ndim - 1) and x.shape[-1] > 0 and _fast(x))
+
+
 def softmax(x, axis):
+    if _last_axis_f32(x, axis):
+        return _TK.softmax_last_f32(x)
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
     e /= e.sum(axis=axis, keepdims=True)
     return e
+
+
+def softmax_vjp(g, y, axis):
+    """``y * (g - sum(g * y, axis))`` by the float32 row kernel, or None where it does not
+    apply (the caller composes the VJP from the engine's operations)."""
+    if _last_axis_f32(y, axis) and g.dtype == np.float32 and g.shape == y.shape:
+        return _TK.softmax_vjp_last_f32(np.ascontiguousarray(g), y)
+    return None
 
 
 def log_softmax(x, axis):

@@ -89,13 +89,13 @@ cdef extern from *:
     }
     /* exp(y) in float32 for y <= 0 (Cephes' expf: y = n ln2 + r, |r| <= ln2 / 2, a degree-6
        polynomial in r, times 2^n built in the exponent bits); relative error about 2e-7, and
-       it vectorizes.  Below -87 the result is exp(-87) (the caller multiplies by a vanishing
-       factor there). */
+       it vectorizes.  Below -87 the result is exp(-87) (callers that need 0 there select it).
+       n is floor(y log2(e) + 1/2), exact at every level: with AVX2 gcc vectorizes floorf (a
+       truncating conversion next to the clamp's select defeats its if-conversion). */
     static inline float fa_tk_exp_neg_f32(float y) {
         y = y < -87.0f ? -87.0f : y;
-        /* n = y log2(e) rounded to nearest: truncation toward zero of a value <= -0.5 */
-        const int32_t k = (int32_t)(y * 1.44269504088896341f - 0.5f);
-        const float n = (float)k;
+        const float n = __builtin_floorf(y * 1.44269504088896341f + 0.5f);
+        const int32_t k = (int32_t)n;
         float r = y - n * 0.693359375f;
         r = r - n * -2.12194440e-4f;
         float p = 1.9875691500e-4f;
@@ -109,13 +109,72 @@ cdef extern from *:
         scale.i = (k + 127) << 23;
         return p * scale.f;
     }
-    static void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
-                                         Py_ssize_t n) {
+    /* two passes over the chunk (in L1): one loop holding both the erf and the exp selects is
+       not vectorized by gcc at x86-64-v3 */
+    FA_DISPATCH static void tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
+                                                  Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = 0.5f * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) {
             const float v = x[i];
             const float density = 0.39894228040143267794f * fa_tk_exp_neg_f32(-0.5f * v * v);
-            o[i] = g[i] * (0.5f * (1.0f + fa_tk_erf_f32(v * 0.70710678118654752f)) + v * density);
+            o[i] = g[i] * (o[i] + v * density);
+        }
+    }
+    /* Row sums in a fixed order at every CPU level: 16 lanes, lane j adding the elements
+       j, j + 16, ... in turn (a vector of any width does the same), then the lanes added in
+       one fixed order.  The exponentials are written to y and summed from there. */
+    #define FA_TK_LANES 16
+    static inline float fa_tk_lanes_sum(const float *acc) {
+        float s = 0.0f;
+        for (int j = 0; j < FA_TK_LANES; j++) s += acc[j];
+        return s;
+    }
+    /* softmax of rows of n float32 values: exp(x - max) / sum; an entry more than 87 below
+       the row's max (a -inf mask included) is exactly 0 */
+    FA_DISPATCH static void tk_softmax_f32_rows(const float *x, float *y, Py_ssize_t rows,
+                                                Py_ssize_t n) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *xr = x + r * n;
+            float *yr = y + r * n;
+            float m = xr[0];
+            for (Py_ssize_t i = 1; i < n; i++) m = xr[i] > m ? xr[i] : m;
+            #pragma omp simd
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const float d = xr[i] - m;
+                const float e = fa_tk_exp_neg_f32(d);
+                yr[i] = d < -87.0f ? 0.0f : e;
+            }
+            float acc[FA_TK_LANES] = {0.0f};
+            Py_ssize_t i = 0;
+            for (; i + FA_TK_LANES <= n; i += FA_TK_LANES) {
+                #pragma omp simd
+                for (int j = 0; j < FA_TK_LANES; j++) acc[j] += yr[i + j];
+            }
+            for (int j = 0; i + j < n; j++) acc[j] += yr[i + j];
+            const float inv = 1.0f / fa_tk_lanes_sum(acc);
+            #pragma omp simd
+            for (Py_ssize_t k = 0; k < n; k++) yr[k] *= inv;
+        }
+    }
+    /* the VJP of softmax per row: dx = y * (g - sum(g * y)) */
+    FA_DISPATCH static void tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx,
+                                                    Py_ssize_t rows, Py_ssize_t n) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n, *yr = y + r * n;
+            float *o = dx + r * n;
+            float acc[FA_TK_LANES] = {0.0f};
+            Py_ssize_t i = 0;
+            for (; i + FA_TK_LANES <= n; i += FA_TK_LANES) {
+                #pragma omp simd
+                for (int j = 0; j < FA_TK_LANES; j++) acc[j] += gr[i + j] * yr[i + j];
+            }
+            for (int j = 0; i + j < n; j++) acc[j] += gr[i + j] * yr[i + j];
+            const float dot = fa_tk_lanes_sum(acc);
+            #pragma omp simd
+            for (Py_ssize_t k = 0; k < n; k++) o[k] = yr[k] * (gr[k] - dot);
         }
     }
     FA_DISPATCH static void tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
@@ -134,6 +193,20 @@ cdef extern from *:
     FA_DISPATCH_LEVEL_STATE
     FA_CLONES(tk_erf_f32_loop);
     FA_CLONES(tk_gelu_f32_loop);
+    FA_CLONES(tk_gelu_grad_f32_loop);
+    FA_CLONES(tk_softmax_f32_rows);
+    FA_CLONES(tk_softmax_vjp_f32_rows);
+    static void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
+                                         Py_ssize_t n) {
+        FA_AT_LEVEL(tk_gelu_grad_f32_loop)(g, x, o, n);
+    }
+    static void fa_tk_softmax_f32_rows(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_softmax_f32_rows)(x, y, rows, n);
+    }
+    static void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx,
+                                           Py_ssize_t rows, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_softmax_vjp_f32_rows)(g, y, dx, rows, n);
+    }
     static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         FA_AT_LEVEL(tk_erf_f32_loop)(x, y, n);
     }
@@ -144,6 +217,9 @@ cdef extern from *:
     void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
     void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o, Py_ssize_t n) nogil
     void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
+    void fa_tk_softmax_f32_rows(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n) nogil
+    void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx, Py_ssize_t rows,
+                                    Py_ssize_t n) nogil
     float fa_tk_erf_f32(float x) nogil
 
 ctypedef fused real:
@@ -333,6 +409,58 @@ def gelu_grad(cnp.ndarray g, cnp.ndarray x):
             _gelu_grad_f64(<double *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(x),
                            <double *>cnp.PyArray_DATA(o), n, nt)
     return o
+
+
+cdef void _softmax_f32(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n,
+                       int nt) noexcept nogil:
+    cdef Py_ssize_t c, lo, hi, per = max(1, CHUNK // max(n, 1))
+    cdef Py_ssize_t chunks = (rows + per - 1) // per
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * per
+        hi = lo + per if lo + per < rows else rows
+        fa_tk_softmax_f32_rows(x + lo * n, y + lo * n, hi - lo, n)
+
+
+cdef void _softmax_vjp_f32(const float *g, const float *y, float *dx, Py_ssize_t rows,
+                           Py_ssize_t n, int nt) noexcept nogil:
+    cdef Py_ssize_t c, lo, hi, per = max(1, CHUNK // max(n, 1))
+    cdef Py_ssize_t chunks = (rows + per - 1) // per
+    for c in prange(chunks, schedule="static", num_threads=nt):
+        lo = c * per
+        hi = lo + per if lo + per < rows else rows
+        fa_tk_softmax_vjp_f32_rows(g + lo * n, y + lo * n, dx + lo * n, hi - lo, n)
+
+
+def softmax_last_f32(cnp.ndarray x):
+    """Softmax over the last axis of a C-contiguous float32 array with a last axis of at least
+    one element (a new array)."""
+    _check(x, "x", np.float32)
+    if x.ndim == 0 or x.shape[x.ndim - 1] == 0:
+        raise ValueError("x: expected a non-empty last axis")
+    cdef cnp.ndarray y = np.empty_like(x)
+    cdef Py_ssize_t n = x.shape[x.ndim - 1], rows = x.size // n
+    cdef int nt = _threads(x.size)
+    with nogil:
+        _softmax_f32(<float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(y), rows, n, nt)
+    return y
+
+
+def softmax_vjp_last_f32(cnp.ndarray g, cnp.ndarray y):
+    """``y * (g - sum(g * y))`` over the last axis: the VJP of ``y = softmax(x)``; ``g`` and
+    ``y`` C-contiguous float32 arrays of one shape."""
+    _check(y, "y", np.float32)
+    _check(g, "g", np.float32)
+    if g.ndim != y.ndim or any(g.shape[i] != y.shape[i] for i in range(y.ndim)):
+        raise ValueError(f"g: expected shape {(<object>y).shape}, got {(<object>g).shape}")
+    if y.ndim == 0 or y.shape[y.ndim - 1] == 0:
+        raise ValueError("y: expected a non-empty last axis")
+    cdef cnp.ndarray dx = np.empty_like(y)
+    cdef Py_ssize_t n = y.shape[y.ndim - 1], rows = y.size // n
+    cdef int nt = _threads(y.size)
+    with nogil:
+        _softmax_vjp_f32(<float *>cnp.PyArray_DATA(g), <float *>cnp.PyArray_DATA(y),
+                         <float *>cnp.PyArray_DATA(dx), rows, n, nt)
+    return dx
 
 
 def layer_norm(cnp.ndarray x, cnp.ndarray scale, object bias, double eps):
