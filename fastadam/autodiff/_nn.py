@@ -300,7 +300,7 @@ def _take(table, indices):
 def _take_grad(g, indices, shape):
     """Dense scatter-add of rows ``g`` at ``indices`` (used when differentiating twice)."""
     out = np.zeros(shape, dtype=g.dtype)
-    np.add.at(out, indices.reshape(-1), g.reshape((-1,) + tuple(shape[1:])))
+    K.scatter_add_rows(out, indices.reshape(-1), g.reshape((-1,) + tuple(shape[1:])))
     return out
 
 

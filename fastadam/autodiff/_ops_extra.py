@@ -14,6 +14,7 @@ with the slices written instead of read:
 """
 import numpy as np
 
+from . import _kernels as K
 from ._ops import (add, divide, getitem, multiply, negative, reshape, sqrt, subtract,
                    sum as _sum_op, where)
 from ._registry import as_tensor, defvjp, primitive, zero_vjp
@@ -287,7 +288,7 @@ def _gather_grad(g, indices, axis, shape):
     out = np.zeros(shape, dtype=g.dtype)
     moved = np.moveaxis(out, axis, 0)
     gi = np.moveaxis(g, tuple(range(axis, axis + indices.ndim)), tuple(range(indices.ndim)))
-    np.add.at(moved, indices.reshape(-1), gi.reshape((-1,) + moved.shape[1:]))
+    K.scatter_add_rows(moved, indices.reshape(-1), gi.reshape((-1,) + moved.shape[1:]))
     return out
 
 
