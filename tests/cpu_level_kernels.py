@@ -112,6 +112,13 @@ def autodiff_kernels(out):
     rows[::3, 5:20] = -np.inf  # masked entries: exactly 0 at every level
     y = _transformer_kernels.softmax_last_f32(rows)
     out["transformer/softmax/float32"] = y
+    x = rng.standard_normal((41, 37)).astype(np.float32) * 3 + 1
+    scale, bias = (rng.standard_normal(37).astype(np.float32) for _ in range(2))
+    ln_y, ln_mean, ln_rstd = _transformer_kernels.layer_norm(x, scale, bias, 1e-5)
+    out["transformer/layer_norm/float32"] = np.concatenate([ln_y.ravel(), ln_mean, ln_rstd])
+    out["transformer/layer_norm_backward/float32"] = _transformer_kernels.layer_norm_backward(
+        rng.standard_normal(x.shape).astype(np.float32), x, scale, ln_mean, ln_rstd,
+        want_params=False)[0]
     out["transformer/softmax_vjp/float32"] = _transformer_kernels.softmax_vjp_last_f32(
         rng.standard_normal(rows.shape).astype(np.float32), y)
     rng = np.random.default_rng(12)

@@ -177,6 +177,92 @@ cdef extern from *:
             for (Py_ssize_t k = 0; k < n; k++) o[k] = yr[k] * (gr[k] - dot);
         }
     }
+    /* Layer normalisation of float32 rows, statistics in float64: the sums run over 8 lanes
+       (lane j adds the elements j, j + 8, ... in turn, then the lanes in one fixed order), so
+       every CPU level gives the same bits.  Same arithmetic as the float64 Cython loops. */
+    #define FA_TK_DLANES 8
+    static inline double fa_tk_dlanes_sum(const double *acc) {
+        double s = 0.0;
+        for (int j = 0; j < FA_TK_DLANES; j++) s += acc[j];
+        return s;
+    }
+    FA_DISPATCH static void tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
+                                           float *y, float *mean, float *rstd, Py_ssize_t rows,
+                                           Py_ssize_t n, double eps) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *xr = x + r * n;
+            float *yr = y + r * n;
+            double acc[FA_TK_DLANES] = {0.0};
+            Py_ssize_t i = 0;
+            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+                #pragma omp simd
+                for (int j = 0; j < FA_TK_DLANES; j++) acc[j] += (double)xr[i + j];
+            }
+            for (int j = 0; i + j < n; j++) acc[j] += (double)xr[i + j];
+            const double m = fa_tk_dlanes_sum(acc) / (double)n;
+            double acc2[FA_TK_DLANES] = {0.0};
+            i = 0;
+            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+                #pragma omp simd
+                for (int j = 0; j < FA_TK_DLANES; j++) {
+                    const double d = (double)xr[i + j] - m;
+                    acc2[j] += d * d;
+                }
+            }
+            for (int j = 0; i + j < n; j++) {
+                const double d = (double)xr[i + j] - m;
+                acc2[j] += d * d;
+            }
+            const double inv = 1.0 / __builtin_sqrt(fa_tk_dlanes_sum(acc2) / (double)n + eps);
+            mean[r] = (float)m;
+            rstd[r] = (float)inv;
+            if (bias) {
+                #pragma omp simd
+                for (Py_ssize_t k = 0; k < n; k++)
+                    yr[k] = (float)(((double)xr[k] - m) * inv) * scale[k] + bias[k];
+            } else {
+                #pragma omp simd
+                for (Py_ssize_t k = 0; k < n; k++)
+                    yr[k] = (float)(((double)xr[k] - m) * inv) * scale[k];
+            }
+        }
+    }
+    /* dx of layer normalisation per float32 row: rstd * (gs - mean(gs) - xhat * mean(gs xhat)),
+       gs = g * scale, xhat = (x - mean) * rstd, in float64 with the row means (the statistics
+       of the forward, rounded to float32 as stored) */
+    FA_DISPATCH static void tk_ln_backward_f32_rows(const float *g, const float *x,
+                                                    const float *scale, const float *mean,
+                                                    const float *rstd, float *dx,
+                                                    Py_ssize_t rows, Py_ssize_t n) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n, *xr = x + r * n;
+            float *o = dx + r * n;
+            const double m = mean[r], inv = rstd[r];
+            double acc_a[FA_TK_DLANES] = {0.0}, acc_b[FA_TK_DLANES] = {0.0};
+            Py_ssize_t i = 0;
+            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+                #pragma omp simd
+                for (int j = 0; j < FA_TK_DLANES; j++) {
+                    const double gs = (double)gr[i + j] * scale[i + j];
+                    acc_a[j] += gs;
+                    acc_b[j] += gs * ((double)xr[i + j] - m) * inv;
+                }
+            }
+            for (int j = 0; i + j < n; j++) {
+                const double gs = (double)gr[i + j] * scale[i + j];
+                acc_a[j] += gs;
+                acc_b[j] += gs * ((double)xr[i + j] - m) * inv;
+            }
+            const double a = fa_tk_dlanes_sum(acc_a) / (double)n;
+            const double b = fa_tk_dlanes_sum(acc_b) / (double)n;
+            #pragma omp simd
+            for (Py_ssize_t k = 0; k < n; k++) {
+                const double gs = (double)gr[k] * scale[k];
+                const double xh = ((double)xr[k] - m) * inv;
+                o[k] = (float)(inv * (gs - a - xh * b));
+            }
+        }
+    }
     FA_DISPATCH static void tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) y[i] = fa_tk_erf_f32(x[i]);
@@ -196,6 +282,18 @@ cdef extern from *:
     FA_CLONES(tk_gelu_grad_f32_loop);
     FA_CLONES(tk_softmax_f32_rows);
     FA_CLONES(tk_softmax_vjp_f32_rows);
+    FA_CLONES(tk_ln_f32_rows);
+    FA_CLONES(tk_ln_backward_f32_rows);
+    static void fa_tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
+                                  float *y, float *mean, float *rstd, Py_ssize_t rows,
+                                  Py_ssize_t n, double eps) {
+        FA_AT_LEVEL(tk_ln_f32_rows)(x, scale, bias, y, mean, rstd, rows, n, eps);
+    }
+    static void fa_tk_ln_backward_f32_rows(const float *g, const float *x, const float *scale,
+                                           const float *mean, const float *rstd, float *dx,
+                                           Py_ssize_t rows, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_ln_backward_f32_rows)(g, x, scale, mean, rstd, dx, rows, n);
+    }
     static void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
                                          Py_ssize_t n) {
         FA_AT_LEVEL(tk_gelu_grad_f32_loop)(g, x, o, n);
@@ -218,6 +316,12 @@ cdef extern from *:
     void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o, Py_ssize_t n) nogil
     void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
     void fa_tk_softmax_f32_rows(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n) nogil
+    void fa_tk_ln_f32_rows(const float *x, const float *scale, const float *bias, float *y,
+                           float *mean, float *rstd, Py_ssize_t rows, Py_ssize_t n,
+                           double eps) nogil
+    void fa_tk_ln_backward_f32_rows(const float *g, const float *x, const float *scale,
+                                    const float *mean, const float *rstd, float *dx,
+                                    Py_ssize_t rows, Py_ssize_t n) nogil
     void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx, Py_ssize_t rows,
                                     Py_ssize_t n) nogil
     float fa_tk_erf_f32(float x) nogil
@@ -295,8 +399,17 @@ cdef void _gelu_grad_f64(const double *g, const double *x, double *o, Py_ssize_t
 cdef void _ln_rows(const real *x, const real *scale, const real *bias, real *y, real *mean,
                    real *rstd, Py_ssize_t rows, Py_ssize_t cols, double eps,
                    int nt) noexcept nogil:
-    cdef Py_ssize_t r, j
+    cdef Py_ssize_t r, j, c, lo, hi, per, chunks
     cdef double m, v, d, inv
+    if real is float:  # the vectorized rows (same arithmetic), in chunks of rows
+        per = max(1, CHUNK // max(cols, 1))
+        chunks = (rows + per - 1) // per
+        for c in prange(chunks, schedule="static", num_threads=nt):
+            lo = c * per
+            hi = lo + per if lo + per < rows else rows
+            fa_tk_ln_f32_rows(x + lo * cols, scale, bias, y + lo * cols, mean + lo, rstd + lo,
+                              hi - lo, cols, eps)
+        return
     for r in prange(rows, schedule="static", num_threads=nt):
         m = 0
         for j in range(cols):
@@ -320,8 +433,17 @@ cdef void _ln_rows(const real *x, const real *scale, const real *bias, real *y, 
 cdef void _ln_backward_rows(const real *g, const real *x, const real *scale, const real *mean,
                             const real *rstd, real *dx, Py_ssize_t rows, Py_ssize_t cols,
                             int nt) noexcept nogil:
-    cdef Py_ssize_t r, j
+    cdef Py_ssize_t r, j, c, lo, hi, per, chunks
     cdef double a, b, gs, xh, inv, m
+    if real is float:  # the vectorized rows (same arithmetic), in chunks of rows
+        per = max(1, CHUNK // max(cols, 1))
+        chunks = (rows + per - 1) // per
+        for c in prange(chunks, schedule="static", num_threads=nt):
+            lo = c * per
+            hi = lo + per if lo + per < rows else rows
+            fa_tk_ln_backward_f32_rows(g + lo * cols, x + lo * cols, scale, mean + lo,
+                                       rstd + lo, dx + lo * cols, hi - lo, cols)
+        return
     for r in prange(rows, schedule="static", num_threads=nt):
         m = mean[r]
         inv = rstd[r]
