@@ -87,28 +87,8 @@ cdef extern from *:
         q = q * x2 - 1.42647390514189e-02f;
         return x * p / q;
     }
-    /* exp(y) in float32 for y <= 0 (Cephes' expf: y = n ln2 + r, |r| <= ln2 / 2, a degree-6
-       polynomial in r, times 2^n built in the exponent bits); relative error about 2e-7, and
-       it vectorizes.  Below -87 the result is exp(-87) (callers that need 0 there select it).
-       n is floor(y log2(e) + 1/2), exact at every level: with AVX2 gcc vectorizes floorf (a
-       truncating conversion next to the clamp's select defeats its if-conversion). */
-    static inline float fa_tk_exp_neg_f32(float y) {
-        y = y < -87.0f ? -87.0f : y;
-        const float n = __builtin_floorf(y * 1.44269504088896341f + 0.5f);
-        const int32_t k = (int32_t)n;
-        float r = y - n * 0.693359375f;
-        r = r - n * -2.12194440e-4f;
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        p = p * (r * r) + r + 1.0f;
-        union { int32_t i; float f; } scale;
-        scale.i = (k + 127) << 23;
-        return p * scale.f;
-    }
+    /* exp(y) for y <= 0 in float32, vectorizable, the same bits at every level */
+    #include "fastadam/fastexp.h"
     /* two passes over the chunk (in L1): one loop holding both the erf and the exp selects is
        not vectorized by gcc at x86-64-v3 */
     FA_DISPATCH static void tk_gelu_grad_f32_loop(const float *g, const float *x, float *o,
@@ -119,18 +99,9 @@ cdef extern from *:
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) {
             const float v = x[i];
-            const float density = 0.39894228040143267794f * fa_tk_exp_neg_f32(-0.5f * v * v);
+            const float density = 0.39894228040143267794f * fa_exp_neg_f32(-0.5f * v * v);
             o[i] = g[i] * (o[i] + v * density);
         }
-    }
-    /* Row sums in a fixed order at every CPU level: 16 lanes, lane j adding the elements
-       j, j + 16, ... in turn (a vector of any width does the same), then the lanes added in
-       one fixed order.  The exponentials are written to y and summed from there. */
-    #define FA_TK_LANES 16
-    static inline float fa_tk_lanes_sum(const float *acc) {
-        float s = 0.0f;
-        for (int j = 0; j < FA_TK_LANES; j++) s += acc[j];
-        return s;
     }
     /* softmax of rows of n float32 values: exp(x - max) / sum; an entry more than 87 below
        the row's max (a -inf mask included) is exactly 0 */
@@ -144,17 +115,10 @@ cdef extern from *:
             #pragma omp simd
             for (Py_ssize_t i = 0; i < n; i++) {
                 const float d = xr[i] - m;
-                const float e = fa_tk_exp_neg_f32(d);
+                const float e = fa_exp_neg_f32(d);
                 yr[i] = d < -87.0f ? 0.0f : e;
             }
-            float acc[FA_TK_LANES] = {0.0f};
-            Py_ssize_t i = 0;
-            for (; i + FA_TK_LANES <= n; i += FA_TK_LANES) {
-                #pragma omp simd
-                for (int j = 0; j < FA_TK_LANES; j++) acc[j] += yr[i + j];
-            }
-            for (int j = 0; i + j < n; j++) acc[j] += yr[i + j];
-            const float inv = 1.0f / fa_tk_lanes_sum(acc);
+            const float inv = 1.0f / fa_fixed_sum_f32(yr, n);  /* fastexp.h: fixed order */
             #pragma omp simd
             for (Py_ssize_t k = 0; k < n; k++) yr[k] *= inv;
         }
@@ -165,14 +129,14 @@ cdef extern from *:
         for (Py_ssize_t r = 0; r < rows; r++) {
             const float *gr = g + r * n, *yr = y + r * n;
             float *o = dx + r * n;
-            float acc[FA_TK_LANES] = {0.0f};
+            float acc[FA_EXP_LANES] = {0.0f};  /* fastexp.h: the fixed lane order */
             Py_ssize_t i = 0;
-            for (; i + FA_TK_LANES <= n; i += FA_TK_LANES) {
+            for (; i + FA_EXP_LANES <= n; i += FA_EXP_LANES) {
                 #pragma omp simd
-                for (int j = 0; j < FA_TK_LANES; j++) acc[j] += gr[i + j] * yr[i + j];
+                for (int j = 0; j < FA_EXP_LANES; j++) acc[j] += gr[i + j] * yr[i + j];
             }
             for (int j = 0; i + j < n; j++) acc[j] += gr[i + j] * yr[i + j];
-            const float dot = fa_tk_lanes_sum(acc);
+            const float dot = fa_lanes_sum_f32(acc);
             #pragma omp simd
             for (Py_ssize_t k = 0; k < n; k++) o[k] = yr[k] * (gr[k] - dot);
         }
@@ -409,25 +373,25 @@ cdef void _ln_rows(const real *x, const real *scale, const real *bias, real *y, 
             hi = lo + per if lo + per < rows else rows
             fa_tk_ln_f32_rows(x + lo * cols, scale, bias, y + lo * cols, mean + lo, rstd + lo,
                               hi - lo, cols, eps)
-        return
-    for r in prange(rows, schedule="static", num_threads=nt):
-        m = 0
-        for j in range(cols):
-            m = m + x[r * cols + j]
-        m = m / cols
-        v = 0
-        for j in range(cols):
-            d = x[r * cols + j] - m
-            v = v + d * d
-        inv = 1.0 / sqrt(v / cols + eps)
-        mean[r] = <real>m
-        rstd[r] = <real>inv
-        if bias != NULL:
+    else:
+        for r in prange(rows, schedule="static", num_threads=nt):
+            m = 0
             for j in range(cols):
-                y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j] + bias[j]
-        else:
+                m = m + x[r * cols + j]
+            m = m / cols
+            v = 0
             for j in range(cols):
-                y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j]
+                d = x[r * cols + j] - m
+                v = v + d * d
+            inv = 1.0 / sqrt(v / cols + eps)
+            mean[r] = <real>m
+            rstd[r] = <real>inv
+            if bias != NULL:
+                for j in range(cols):
+                    y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j] + bias[j]
+            else:
+                for j in range(cols):
+                    y[r * cols + j] = <real>((x[r * cols + j] - m) * inv) * scale[j]
 
 
 cdef void _ln_backward_rows(const real *g, const real *x, const real *scale, const real *mean,
@@ -443,22 +407,22 @@ cdef void _ln_backward_rows(const real *g, const real *x, const real *scale, con
             hi = lo + per if lo + per < rows else rows
             fa_tk_ln_backward_f32_rows(g + lo * cols, x + lo * cols, scale, mean + lo,
                                        rstd + lo, dx + lo * cols, hi - lo, cols)
-        return
-    for r in prange(rows, schedule="static", num_threads=nt):
-        m = mean[r]
-        inv = rstd[r]
-        a = 0
-        b = 0
-        for j in range(cols):
-            gs = <double>g[r * cols + j] * scale[j]
-            a = a + gs
-            b = b + gs * (x[r * cols + j] - m) * inv
-        a = a / cols
-        b = b / cols
-        for j in range(cols):
-            gs = <double>g[r * cols + j] * scale[j]
-            xh = (x[r * cols + j] - m) * inv
-            dx[r * cols + j] = <real>(inv * (gs - a - xh * b))
+    else:
+        for r in prange(rows, schedule="static", num_threads=nt):
+            m = mean[r]
+            inv = rstd[r]
+            a = 0
+            b = 0
+            for j in range(cols):
+                gs = <double>g[r * cols + j] * scale[j]
+                a = a + gs
+                b = b + gs * (x[r * cols + j] - m) * inv
+            a = a / cols
+            b = b / cols
+            for j in range(cols):
+                gs = <double>g[r * cols + j] * scale[j]
+                xh = (x[r * cols + j] - m) * inv
+                dx[r * cols + j] = <real>(inv * (gs - a - xh * b))
 
 
 cdef void _ln_param_grads(const real *g, const real *x, const real *mean, const real *rstd,

@@ -220,21 +220,29 @@ def softmax_cross_entropy_loss(inputs, attrs, opset, n_outputs=1):
     weight = inputs[2] if len(inputs) > 2 else None
     reduction = attrs.get("reduction", "mean")
     ignore = attrs.get("ignore_index")
-    if scores.ndim == 2 and weight is None and ignore is None and reduction == "mean" \
-            and n_outputs == 1:
+    if scores.ndim == 2 and weight is None and reduction == "mean" and n_outputs == 1 \
+            and not _ignores_any(labels, ignore):
         return [ad.softmax_cross_entropy(scores, labels)]  # fused kernel
     log_prob = ad.log_softmax(scores, axis=1)
     loss = ad.nll_loss(log_prob, labels, weight, reduction=reduction, ignore_index=ignore)
     return [loss, log_prob][:n_outputs]
 
 
+def _ignores_any(labels, ignore):
+    """True when some label equals ``ignore_index`` (None: no index is ignored).  With none
+    ignored, the mean over the kept labels is the plain mean: the fused kernel's loss."""
+    return ignore is not None and bool(np.any(labels.data == ignore))
+
+
 @compiler("SoftmaxCrossEntropyLoss")
 def compile_softmax_cross_entropy_loss(attrs, opset):
-    if attrs.get("reduction", "mean") != "mean" or attrs.get("ignore_index") is not None:
+    if attrs.get("reduction", "mean") != "mean":
         return lambda inputs: softmax_cross_entropy_loss(inputs, attrs, opset)
+    ignore = attrs.get("ignore_index")
 
     def run(inputs):  # the fused kernel's case decided once: only the inputs are left to test
-        if len(inputs) == 2 and inputs[0].data.ndim == 2:
+        if len(inputs) == 2 and inputs[0].data.ndim == 2 \
+                and not _ignores_any(inputs[1], ignore):
             return [ad.softmax_cross_entropy(inputs[0], inputs[1])]
         return softmax_cross_entropy_loss(inputs, attrs, opset)
     return run

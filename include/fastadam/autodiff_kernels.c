@@ -83,38 +83,6 @@ FA_DISPATCH_LEVEL_STATE
                  (const T *restrict x, T *restrict out, ptrdiff_t rows, ptrdiff_t cols,          \
                   ptrdiff_t j0, ptrdiff_t j1),                                                   \
                  (x, out, rows, cols, j0, j1))                                                   \
-    void fa_ad_sce_rows_##S(const T *restrict x, const intptr_t *restrict labels,                \
-                            T *restrict loss, ptrdiff_t cols, ptrdiff_t i0, ptrdiff_t i1)        \
-    {                                                                                            \
-        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
-            const T *restrict row = x + i * cols;                                                \
-            T m = row[0], s = (T)0;                                                              \
-            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
-            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) s += EXP(row[j] - m);                   \
-            /* a label outside [0, cols) (refused by the caller) gives NaN, never a read */     \
-            loss[i] = (uintptr_t)labels[i] < (uintptr_t)cols                                    \
-                          ? m + LOG(s) - row[labels[i]] : (T)NAN;                               \
-        }                                                                                        \
-    }                                                                                            \
-    void fa_ad_sce_grad_rows_##S(const T *restrict x, const intptr_t *restrict labels,           \
-                                 T *restrict out, ptrdiff_t cols, T scale, ptrdiff_t i0,         \
-                                 ptrdiff_t i1)                                                   \
-    {                                                                                            \
-        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
-            const T *restrict row = x + i * cols;                                                \
-            T *restrict o = out + i * cols;                                                      \
-            T m = row[0], s = (T)0;                                                              \
-            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
-            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) {                                 \
-                o[j] = EXP(row[j] - m);                                                          \
-                s += o[j];                                                                       \
-            }                                                                                    \
-            T r = scale / s;                                                                     \
-            FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;                              \
-            if ((uintptr_t)labels[i] < (uintptr_t)cols) o[labels[i]] -= scale;                  \
-            else for (ptrdiff_t j = 0; j < cols; j++) o[j] = (T)NAN; /* refused by the caller */ \
-        }                                                                                        \
-    }                                                                                            \
     void fa_ad_im2col_##S(const T *restrict x, T *restrict cols, const fa_conv_geom *gm,         \
                           ptrdiff_t u0, ptrdiff_t u1)                                            \
     {                                                                                            \
@@ -183,3 +151,114 @@ FA_DISPATCH_LEVEL_STATE
 
 FA_AD_DEFINE(float, f32, expf, logf)
 FA_AD_DEFINE(double, f64, exp, log)
+
+/* Softmax cross-entropy rows.  float64: libm's exp and log, serial sums. */
+#define FA_AD_SCE_PLAIN(T, S, EXP, LOG)                                                         \
+    void fa_ad_sce_rows_##S(const T *restrict x, const intptr_t *restrict labels,                \
+                            T *restrict loss, ptrdiff_t cols, ptrdiff_t i0, ptrdiff_t i1)        \
+    {                                                                                            \
+        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
+            const T *restrict row = x + i * cols;                                                \
+            T m = row[0], s = (T)0;                                                              \
+            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
+            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) s += EXP(row[j] - m);                   \
+            /* a label outside [0, cols) (refused by the caller) gives NaN, never a read */     \
+            loss[i] = (uintptr_t)labels[i] < (uintptr_t)cols                                    \
+                          ? m + LOG(s) - row[labels[i]] : (T)NAN;                               \
+        }                                                                                        \
+    }                                                                                            \
+    void fa_ad_sce_grad_rows_##S(const T *restrict x, const intptr_t *restrict labels,           \
+                                 T *restrict out, ptrdiff_t cols, T scale, ptrdiff_t i0,         \
+                                 ptrdiff_t i1)                                                   \
+    {                                                                                            \
+        for (ptrdiff_t i = i0; i < i1; i++) {                                                    \
+            const T *restrict row = x + i * cols;                                                \
+            T *restrict o = out + i * cols;                                                      \
+            T m = row[0], s = (T)0;                                                              \
+            for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;                    \
+            FA_SIMD_SUM_S for (ptrdiff_t j = 0; j < cols; j++) {                                 \
+                o[j] = EXP(row[j] - m);                                                          \
+                s += o[j];                                                                       \
+            }                                                                                    \
+            T r = scale / s;                                                                     \
+            FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;                              \
+            if ((uintptr_t)labels[i] < (uintptr_t)cols) o[labels[i]] -= scale;                  \
+            else for (ptrdiff_t j = 0; j < cols; j++) o[j] = (T)NAN; /* refused by the caller */ \
+        }                                                                                        \
+    }
+FA_AD_SCE_PLAIN(double, f64, exp, log)
+
+/* float32: the vectorizable exp of fastexp.h and its fixed-order lane sums, so every CPU level
+ * gives the same bits; an entry more than 87 below the row's max contributes exactly 0.  The
+ * selects vectorize only when comparisons may not trap: scoped to these kernels. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "fastadam/fastexp.h"
+
+static inline float fa_ad_row_max_f32(const float *row, ptrdiff_t cols)
+{
+    float m = row[0];
+    for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;
+    return m;
+}
+
+/* o[j] = exp(row[j] - m), 0 more than 87 below m */
+static inline void fa_ad_exp_shifted_f32(const float *restrict row, float m, float *restrict o,
+                                         ptrdiff_t cols)
+{
+    FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) {
+        const float d = row[j] - m;
+        const float e = fa_exp_neg_f32(d);
+        o[j] = d < -87.0f ? 0.0f : e;
+    }
+}
+
+FA_DISPATCH static void ad_sce_rows_f32(const float *restrict x, const intptr_t *restrict labels,
+                                        float *restrict loss, ptrdiff_t cols, ptrdiff_t i0,
+                                        ptrdiff_t i1)
+{
+    float buf[256];
+    for (ptrdiff_t i = i0; i < i1; i++) {
+        const float *restrict row = x + i * cols;
+        const float m = fa_ad_row_max_f32(row, cols);
+        float s = 0.0f;
+        for (ptrdiff_t j0 = 0; j0 < cols; j0 += 256) {  /* 256 at a time through a buffer */
+            const ptrdiff_t w = cols - j0 < 256 ? cols - j0 : 256;
+            fa_ad_exp_shifted_f32(row + j0, m, buf, w);
+            s += fa_fixed_sum_f32(buf, w);
+        }
+        /* a label outside [0, cols) (refused by the caller) gives NaN, never a read */
+        loss[i] = (uintptr_t)labels[i] < (uintptr_t)cols ? m + logf(s) - row[labels[i]]
+                                                         : (float)NAN;
+    }
+}
+FA_AD_EXPORT(ad_sce_rows_f32,
+             (const float *restrict x, const intptr_t *restrict labels, float *restrict loss,
+              ptrdiff_t cols, ptrdiff_t i0, ptrdiff_t i1),
+             (x, labels, loss, cols, i0, i1))
+
+FA_DISPATCH static void ad_sce_grad_rows_f32(const float *restrict x,
+                                             const intptr_t *restrict labels,
+                                             float *restrict out, ptrdiff_t cols, float scale,
+                                             ptrdiff_t i0, ptrdiff_t i1)
+{
+    for (ptrdiff_t i = i0; i < i1; i++) {
+        const float *restrict row = x + i * cols;
+        float *restrict o = out + i * cols;
+        const float m = fa_ad_row_max_f32(row, cols);
+        fa_ad_exp_shifted_f32(row, m, o, cols);
+        const float r = scale / fa_fixed_sum_f32(o, cols);
+        FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;
+        if ((uintptr_t)labels[i] < (uintptr_t)cols) o[labels[i]] -= scale;
+        else for (ptrdiff_t j = 0; j < cols; j++) o[j] = (float)NAN; /* refused by the caller */
+    }
+}
+FA_AD_EXPORT(ad_sce_grad_rows_f32,
+             (const float *restrict x, const intptr_t *restrict labels, float *restrict out,
+              ptrdiff_t cols, float scale, ptrdiff_t i0, ptrdiff_t i1),
+             (x, labels, out, cols, scale, i0, i1))
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
