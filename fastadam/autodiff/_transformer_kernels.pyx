@@ -110,8 +110,7 @@ cdef extern from *:
         for (Py_ssize_t r = 0; r < rows; r++) {
             const float *xr = x + r * n;
             float *yr = y + r * n;
-            float m = xr[0];
-            for (Py_ssize_t i = 1; i < n; i++) m = xr[i] > m ? xr[i] : m;
+            const float m = fa_fixed_max_f32(xr, n);
             #pragma omp simd
             for (Py_ssize_t i = 0; i < n; i++) {
                 const float d = xr[i] - m;

@@ -197,13 +197,6 @@ FA_AD_SCE_PLAIN(double, f64, exp, log)
 #endif
 #include "fastadam/fastexp.h"
 
-static inline float fa_ad_row_max_f32(const float *row, ptrdiff_t cols)
-{
-    float m = row[0];
-    for (ptrdiff_t j = 1; j < cols; j++) m = row[j] > m ? row[j] : m;
-    return m;
-}
-
 /* o[j] = exp(row[j] - m), 0 more than 87 below m */
 static inline void fa_ad_exp_shifted_f32(const float *restrict row, float m, float *restrict o,
                                          ptrdiff_t cols)
@@ -222,7 +215,7 @@ FA_DISPATCH static void ad_sce_rows_f32(const float *restrict x, const intptr_t 
     float buf[256];
     for (ptrdiff_t i = i0; i < i1; i++) {
         const float *restrict row = x + i * cols;
-        const float m = fa_ad_row_max_f32(row, cols);
+        const float m = fa_fixed_max_f32(row, cols);
         float s = 0.0f;
         for (ptrdiff_t j0 = 0; j0 < cols; j0 += 256) {  /* 256 at a time through a buffer */
             const ptrdiff_t w = cols - j0 < 256 ? cols - j0 : 256;
@@ -247,7 +240,7 @@ FA_DISPATCH static void ad_sce_grad_rows_f32(const float *restrict x,
     for (ptrdiff_t i = i0; i < i1; i++) {
         const float *restrict row = x + i * cols;
         float *restrict o = out + i * cols;
-        const float m = fa_ad_row_max_f32(row, cols);
+        const float m = fa_fixed_max_f32(row, cols);
         fa_ad_exp_shifted_f32(row, m, o, cols);
         const float r = scale / fa_fixed_sum_f32(o, cols);
         FA_SIMD for (ptrdiff_t j = 0; j < cols; j++) o[j] *= r;

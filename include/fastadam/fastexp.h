@@ -12,6 +12,7 @@
 #ifndef FASTADAM_FASTEXP_H
 #define FASTADAM_FASTEXP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 static inline float fa_exp_neg_f32(float y)
@@ -61,6 +62,25 @@ static inline float fa_fixed_sum_f32(const float *x, ptrdiff_t n)
     }
     for (int j = 0; i + j < n; j++) acc[j] += x[i + j];
     return fa_lanes_sum_f32(acc);
+}
+
+/* max of x[0, n) (n >= 1) over the same lanes: the maximum does not depend on the order
+ * (a NaN anywhere makes the callers' rows NaN whatever this returns) */
+static inline float fa_fixed_max_f32(const float *x, ptrdiff_t n)
+{
+    float acc[FA_EXP_LANES];
+    for (int j = 0; j < FA_EXP_LANES; j++) acc[j] = x[0];
+    ptrdiff_t i = 0;
+    for (; i + FA_EXP_LANES <= n; i += FA_EXP_LANES) {
+#ifdef _OPENMP
+#pragma omp simd
+#endif
+        for (int j = 0; j < FA_EXP_LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    }
+    for (int j = 0; i + j < n; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    float m = acc[0];
+    for (int j = 1; j < FA_EXP_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
 }
 
 #endif
