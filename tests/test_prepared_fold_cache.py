@@ -365,3 +365,32 @@ def test_an_objects_num_threads_set_between_steps_is_used_and_checked():
     for a, b in zip(x, before):
         np.testing.assert_array_equal(a, b)
     assert opt.t == 5
+
+
+@pytest.mark.parametrize("cls", [fastadam.Adam, fastadam.AdamW, fastadam.Adagrad, fastadam.SGD,
+                                 fastadam.RMSprop, fastadam.Lion])
+def test_precision_checks_fold_without_a_dry_run(cls, monkeypatch):
+    """The constructor, add_param_group, set_hyperparameters, load and step check float32's
+    limits by the fold alone: no functional step runs on empty arrays."""
+    from fastadam.optim import _functional
+    real = _functional.dense_step
+    calls = []
+
+    def spy(coeffs, x, g, slots, skip_nonfinite, num_threads):
+        calls.append([np.shape(a) for a in (x if isinstance(x, list) else [x])])
+        return real(coeffs, x, g, slots, skip_nonfinite, num_threads)
+
+    monkeypatch.setattr(_functional, "dense_step", spy)
+    rng = np.random.default_rng(0)
+    params = [rng.standard_normal(5).astype(np.float32)]
+    opt = cls(params, lr=1e-2)
+    opt.add_param_group({"params": [rng.standard_normal(3).astype(np.float32)], "lr": 1e-3})
+    opt.set_hyperparameters(lr=2e-2)
+    opt.load_state_dict(opt.state_dict())
+    opt.step([rng.standard_normal(5).astype(np.float32),
+              rng.standard_normal(3).astype(np.float32)])
+    assert calls == []  # the step itself went through the prepared step
+    with pytest.raises(ValueError, match="lr"):
+        opt.set_hyperparameters(lr=1e300)  # finite in float64, not in float32
+    assert calls == []
+    assert opt.param_groups[0]["lr"] == 2e-2  # the refused change wrote nothing

@@ -39,6 +39,7 @@ from ._guard import guarded_step, locked, new_lock
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
+from ._functional import check_compute_dtype
 from ._prepared import prepare_step
 from .._core._registry import spec as registry_spec
 
@@ -178,11 +179,22 @@ class Optimizer:
 
     def check_precision(self, hyper: Dict[str, Any], arrays: List[Any]) -> None:
         """The checks that depend on the parameters' dtypes (a value the compute precision
-        cannot hold: ``eps=1e-50`` rounds to 0 in float32): the functional step's own, run on
-        empty arrays of each dtype.  The constructor, ``add_param_group``,
-        ``set_hyperparameters`` and ``load`` all run it, so no step can fail on them later."""
+        cannot hold: ``eps=1e-50`` rounds to 0 in float32): the fold of the optimizer's
+        prepared step and its dtype checks, with no arrays (an optimizer with a ``dense_step``
+        of its own, or low-precision states, runs that step on empty arrays of each dtype).
+        The constructor, ``add_param_group``, ``set_hyperparameters`` and ``load`` all run it,
+        so no step can fail on them later."""
         lr = 0.0 if callable(hyper["lr"]) else hyper["lr"]
-        for dtype in {a.dtype for a in arrays}:
+        if self._lowp is None and self._prepared_capable():
+            # the fold of the prepared step, with no arrays: what its ``check`` runs
+            spec = registry_spec(self.spec_name)
+            kw = self.step_hyper(hyper, lr, None)
+            coeffs = spec.fold(self._step_number(self.t, hyper),
+                               **({**spec.defaults, **kw} if spec.defaults else kw))
+            for dtype in {a.dtype for a in arrays}:
+                check_compute_dtype(coeffs, dtype.num)
+            return
+        for dtype in {a.dtype for a in arrays}:  # a dense_step of its own: run it on nothing
             empty = {name: [np.empty(0, dtype)] for name, _ in self.slot_specs(hyper)}
             self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t, hyper,
                             lr, None, False)
