@@ -12,6 +12,13 @@ either of torch's exporters at a given opset with the batch and sequence axes dy
 (``weights``), so every implementation starts from the same values whatever torch's RNG does;
 LayerNorm scales and biases are drawn too: the exporters merge initializers of equal values
 (fresh LayerNorms are all ones / zeros), which would tie parameters that torch trains apart.
+
+Memory: ``TrainingSession.step`` allocates its arrays from a ``fastadam.MemoryPool`` of its own
+(the default), which hands the same blocks back every step instead of the C library returning
+them to the OS and the next step page-faulting them in again; the hand-written step
+(``autodiff_step``) runs inside a pool too, so the two are compared on equal terms
+(``memory_pool=False`` on either gives NumPy's allocator; asv_bench/mempool_report.py measures
+both ways).
 """
 import io
 import math
@@ -169,18 +176,19 @@ def batch_data(cfg, batch=None, seq=None, seed=1):
 # ---------------------------------------------------------------------------------------------
 
 
-def _session(cfg, exporter="dynamo", opset=20, tied=False):
+def _session(cfg, exporter="dynamo", opset=20, tied=False, memory_pool=True):
     import fastadam.onnx as fo
     model = export(torch_model(cfg, tied), exporter, opset)
     trainer = fo.TrainingSession(fo.make_training_model(model, loss="loss", lr=LR, alpha=BETA1,
-                                                        beta=BETA2, epsilon=EPS))
+                                                        beta=BETA2, epsilon=EPS),
+                                 memory_pool=memory_pool)
     idx, targets = batch_data(cfg)
     feeds = {"idx": idx, "targets": targets}
     return trainer, (lambda: trainer.step(feeds))
 
 
-def session_step(cfg, exporter="dynamo", opset=20, tied=False):
-    return _session(cfg, exporter, opset, tied)[1]
+def session_step(cfg, exporter="dynamo", opset=20, tied=False, memory_pool=True):
+    return _session(cfg, exporter, opset, tied, memory_pool)[1]
 
 
 def check_same_training(cfg, exporter="torchscript", steps=3):
@@ -248,7 +256,9 @@ def autodiff_forward(cfg, p, idx, targets, tied=False):
     return ad.softmax_cross_entropy(logits, targets.reshape(-1))
 
 
-def autodiff_step(cfg, tied=False):
+def autodiff_step(cfg, tied=False, memory_pool=True):
+    """The hand-written step; with ``memory_pool`` (the default, as ``TrainingSession`` does)
+    it runs inside a ``fastadam.MemoryPool`` of its own (see the module note)."""
     import fastadam
     import fastadam.autodiff as ad
     values = weights(cfg, tied)
@@ -257,12 +267,19 @@ def autodiff_step(cfg, tied=False):
     opt = fastadam.Adam([params[n].data for n in names], lr=LR, betas=(BETA1, BETA2), eps=EPS,
                         convention="onnx")
     idx, targets = batch_data(cfg)
+    pool = fastadam.MemoryPool() if memory_pool else None
 
-    def step():
+    def one_step():
         loss = autodiff_forward(cfg, params, idx, targets, tied)
         grads = ad.gradient(loss, [params[n] for n in names])
         opt.step([np.ascontiguousarray(g.data) for g in grads])
         return loss
+
+    def step():
+        if pool is None:
+            return one_step()
+        with pool:
+            return one_step()
     step.params = params
     return step
 
