@@ -7,8 +7,9 @@ the session and the hand-written ``fastadam.autodiff`` step, each with and witho
 and PyTorch eager + fused Adam as the yardstick) and the MLPs of ``bench_onnx``.  1 thread for
 everyone; times are medians of interleaved rounds of the CPU time of this thread
 (``time.thread_time``), so time spent descheduled on a loaded machine does not count.  Minor
-faults (``getrusage``'s ``ru_minflt``) are counted over ``--fault-steps`` steps after warm-up;
-load does not change them.  Usage, from the repository root after ``python setup.py build_ext
+page faults (``getrusage``'s ``ru_minflt``) per step are counted over the same rounds (without
+a pool they depend on what the C library's allocator did before: glibc adapts its thresholds
+to the blocks freed so far); load does not change them.  Usage, from the repository root after ``python setup.py build_ext
 --inplace``, with the BLAS variables of a tuned machine removed::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/mempool_report.py [--quick]
@@ -17,6 +18,7 @@ import argparse
 import os
 import resource
 import sys
+import time
 
 import numpy as np
 
@@ -28,13 +30,29 @@ import bench_onnx as B  # noqa: E402
 import bench_onnx_gpt as GPT  # noqa: E402
 
 
-def faults_per_step(step, steps):
-    """Minor page faults per call of ``step``, averaged over ``steps`` calls (after one)."""
-    step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
-        step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+def interleaved(steps, repeats, min_time):
+    """``{name: (median CPU seconds per call, minor faults per call)}`` over ``repeats``
+    interleaved rounds of at least ``min_time`` each (CPU time of this thread; faults of the
+    process, counted over the same rounds, so both see the same allocator history)."""
+    calls = {}
+    for name, fn in steps.items():
+        start = time.thread_time()
+        fn()
+        calls[name] = max(1, int(min_time / max(time.thread_time() - start, 1e-6)))
+    seconds = {name: [] for name in steps}
+    faults = dict.fromkeys(steps, 0)
+    count = dict.fromkeys(steps, 0)
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.thread_time()
+            for _ in range(calls[name]):
+                fn()
+            seconds[name].append((time.thread_time() - start) / calls[name])
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+            count[name] += calls[name]
+    return {name: (float(np.median(seconds[name])), faults[name] / count[name])
+            for name in steps}
 
 
 def mlp_session(sizes, batch, memory_pool):
@@ -47,13 +65,14 @@ def mlp_session(sizes, batch, memory_pool):
     return lambda: session.step(feeds)
 
 
-def report(steps, repeats, min_time, fault_steps):
+def report(steps, repeats, min_time):
     print(f"{'step':44s} {'CPU time':>10s} {'faults/step':>12s}")
     for label, names in steps:
-        seconds = GPT.cpu_seconds_interleaved(names, repeats, min_time)
-        for name, fn in names.items():
+        measured = interleaved(names, repeats, min_time)
+        seconds = {name: m[0] for name, m in measured.items()}
+        for name in names:
             print(f"{label + ': ' + name:44s} {seconds[name] * 1e3:8.3f} ms "
-                  f"{faults_per_step(fn, fault_steps):12.1f}")
+                  f"{measured[name][1]:12.1f}")
         pooled = [n for n in names if n.endswith("(pool)")]
         for name in pooled:
             plain = name.replace("(pool)", "(no pool)")
@@ -69,7 +88,6 @@ def report(steps, repeats, min_time, fault_steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
-    parser.add_argument("--fault-steps", type=int, default=20)
     parser.add_argument("--no-gpt", action="store_true", help="only the MLPs")
     args = parser.parse_args()
     repeats, min_time = (5, 0.05) if args.quick else (15, 0.1)
@@ -89,9 +107,9 @@ def main():
                 "session (pool)": mlp_session(sizes, batch, True),
                 "session (no pool)": mlp_session(sizes, batch, False)}))
         print("one training step, float32, 1 thread; CPU time: medians of "
-              f"{repeats} interleaved rounds; faults: minor page faults per step over "
-              f"{args.fault_steps} steps")
-        report(workloads, repeats, min_time, args.fault_steps)
+              f"{repeats} interleaved rounds; faults: minor page faults per step over the "
+              "same rounds")
+        report(workloads, repeats, min_time)
     finally:
         undo()
 

@@ -17,6 +17,7 @@ import contextvars
 import numbers
 import sys
 
+from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport uint8_t
 from libc.stdlib cimport calloc, free
@@ -43,7 +44,14 @@ cdef extern from "fastadam/mempool.h":
     size_t FA_POOL_PREFIX
     int FA_POOL_CLASSES
 
-    fa_mempool *fa_mempool_new(size_t max_cached_bytes) nogil
+    ctypedef struct fa_small_allocator:
+        void *ctx
+        void *(*malloc)(void *ctx, size_t size) noexcept nogil
+        void *(*calloc)(void *ctx, size_t nelem, size_t elsize) noexcept nogil
+        void *(*realloc)(void *ctx, void *ptr, size_t new_size) noexcept nogil
+        void (*free)(void *ctx, void *ptr, size_t size) noexcept nogil
+
+    fa_mempool *fa_mempool_new(size_t max_cached_bytes, const fa_small_allocator *small) nogil
     void fa_mempool_destroy(fa_mempool *pool) nogil
     void *fa_mempool_malloc(void *ctx, size_t size) noexcept nogil
     void *fa_mempool_calloc(void *ctx, size_t nelem, size_t elsize) noexcept nogil
@@ -68,6 +76,7 @@ cdef extern from "numpy/arrayobject.h":
 
     object PyDataMem_SetHandler(object handler)
     object PyDataMem_GetHandler()
+    PyObject *PyDataMem_DefaultHandler  # NumPy's own handler capsule (lives forever)
 
 
 #: The name NumPy reports for arrays allocated by a pool (``numpy.lib`` ``get_handler_name``).
@@ -79,6 +88,22 @@ BLOCK_UNIT_BYTES = FA_POOL_PAGE
 #: Distinct block sizes a pool caches; blocks of further sizes are freed, not cached.
 SIZE_CLASSES = FA_POOL_CLASSES
 DEFAULT_MAX_CACHED_BYTES = 256 * 1024 * 1024
+
+cdef fa_small_allocator _small_allocator():
+    """NumPy's default allocator, for the requests a pool does not cache (its small-size cache
+    is faster than malloc)."""
+    cdef PyDataMem_Handler *default = <PyDataMem_Handler *>PyCapsule_GetPointer(
+        <object>PyDataMem_DefaultHandler, "mem_handler")
+    cdef fa_small_allocator small
+    small.ctx = default.allocator.ctx
+    small.malloc = default.allocator.malloc
+    small.calloc = default.allocator.calloc
+    small.realloc = default.allocator.realloc
+    small.free = default.allocator.free
+    return small
+
+
+cdef fa_small_allocator SMALL = _small_allocator()
 
 # the handlers that ``with pool:`` blocks replaced in this context, innermost last: (pool,
 # previous handler capsule) pairs
@@ -131,7 +156,7 @@ cdef class MemoryPool:
       allocator and frees its data into it wherever it is freed (any thread).  The cached
       memory is freed when the pool object and every array it allocated are gone, or by
       :meth:`release`.
-    - Requests under 4 KiB go to ``malloc``/``free`` unchanged.  Larger blocks are rounded up
+    - Requests under 4 KiB go to NumPy's default allocator (with a 16-byte header).  Larger blocks are rounded up
       to a multiple of 4 KiB (a 64-byte header included) and their data is 64-byte aligned;
       freed blocks are cached per exact size, for up to 64 distinct sizes.
     - Thread-safe; after ``fork`` the child may use the pool (the lock is taken around fork).
@@ -161,7 +186,7 @@ cdef class MemoryPool:
         cdef PyDataMem_Handler *handler = <PyDataMem_Handler *>calloc(1, sizeof(PyDataMem_Handler))
         if handler == NULL:
             raise MemoryError("MemoryPool: cannot allocate the handler")
-        cdef fa_mempool *pool = fa_mempool_new(cap)
+        cdef fa_mempool *pool = fa_mempool_new(cap, &SMALL)
         if pool == NULL:
             free(handler)
             raise MemoryError("MemoryPool: cannot allocate the pool")

@@ -12,8 +12,9 @@
  * Layout of a block (p: the data pointer NumPy gets).  The 16 bytes before p hold its
  * fa_block_head {capacity, nbytes}; free and realloc read it and never trust the size NumPy
  * passes.
- *   - a request of fewer than FA_POOL_MIN_BYTES: malloc(16 + n), capacity 0, base p - 16 (data
- *     aligned as malloc aligns, 16 bytes); freed with free();
+ *   - a request of fewer than FA_POOL_MIN_BYTES: 16 + n bytes from the pool's small allocator
+ *     (NumPy's default one, given by the caller, or the C library's), capacity 0, base p - 16
+ *     (data aligned as that allocator aligns: 16 bytes); freed by it, with its size;
  *   - a pooled block: posix_memalign(FA_POOL_PREFIX, total), total = the request plus the
  *     prefix rounded up to a multiple of FA_POOL_PAGE; base p - FA_POOL_PREFIX (data aligned to
  *     64 bytes), capacity total - FA_POOL_PREFIX; while cached, the first word of the base links
@@ -47,7 +48,7 @@
 #include <string.h>
 
 typedef struct {
-    size_t capacity; /* 0: a small block from malloc; else the pooled block's usable bytes */
+    size_t capacity; /* 0: a small block; else the pooled block's usable bytes */
     size_t nbytes;   /* the bytes last requested for this block */
 } fa_block_head;
 
@@ -60,6 +61,7 @@ typedef struct {
 } fa_size_class;
 
 struct fa_mempool {
+    fa_small_allocator small;
     size_t max_cached_bytes;
     size_t cached_bytes;
     size_t cached_blocks;
@@ -78,12 +80,25 @@ static void register_atfork(void)
     pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
 }
 
-fa_mempool *fa_mempool_new(size_t max_cached_bytes)
+static void *libc_malloc(void *ctx, size_t size) { (void)ctx; return malloc(size); }
+static void *libc_calloc(void *ctx, size_t nelem, size_t elsize)
 {
+    (void)ctx;
+    return calloc(nelem, elsize);
+}
+static void *libc_realloc(void *ctx, void *ptr, size_t size) { (void)ctx; return realloc(ptr, size); }
+static void libc_free(void *ctx, void *ptr, size_t size) { (void)ctx; (void)size; free(ptr); }
+
+fa_mempool *fa_mempool_new(size_t max_cached_bytes, const fa_small_allocator *small)
+{
+    static const fa_small_allocator libc = {NULL, libc_malloc, libc_calloc, libc_realloc,
+                                            libc_free};
     fa_mempool *pool;
     pthread_once(&atfork_once, register_atfork);
     pool = calloc(1, sizeof *pool);
-    if (pool != NULL) pool->max_cached_bytes = max_cached_bytes;
+    if (pool == NULL) return NULL;
+    pool->small = small != NULL ? *small : libc;
+    pool->max_cached_bytes = max_cached_bytes;
     return pool;
 }
 
@@ -150,9 +165,10 @@ static void cache_or_free(fa_mempool *pool, char *base, size_t total)
     if (slot == NULL) free(base);
 }
 
-static void *small_alloc(size_t size, int zero)
+static void *small_alloc(const fa_small_allocator *small, size_t size, int zero)
 {
-    fa_block_head *h = zero ? calloc(1, sizeof *h + size) : malloc(sizeof *h + size);
+    fa_block_head *h = zero ? small->calloc(small->ctx, 1, sizeof *h + size)
+                            : small->malloc(small->ctx, sizeof *h + size);
     if (h == NULL) return NULL;
     h->capacity = 0;
     h->nbytes = size;
@@ -179,42 +195,45 @@ static void *pooled_alloc(fa_mempool *pool, size_t size, int zero)
 
 void *fa_mempool_malloc(void *ctx, size_t size)
 {
-    if (size < FA_POOL_MIN_BYTES) return small_alloc(size, 0);
-    return pooled_alloc((fa_mempool *)ctx, size, 0);
+    fa_mempool *pool = ctx;
+    if (size < FA_POOL_MIN_BYTES) return small_alloc(&pool->small, size, 0);
+    return pooled_alloc(pool, size, 0);
 }
 
 void *fa_mempool_calloc(void *ctx, size_t nelem, size_t elsize)
 {
+    fa_mempool *pool = ctx;
     size_t size;
     if (elsize != 0 && nelem > SIZE_MAX / elsize) return NULL;
     size = nelem * elsize;
-    if (size < FA_POOL_MIN_BYTES) return small_alloc(size, 1);
-    return pooled_alloc((fa_mempool *)ctx, size, 1);
+    if (size < FA_POOL_MIN_BYTES) return small_alloc(&pool->small, size, 1);
+    return pooled_alloc(pool, size, 1);
 }
 
 void fa_mempool_free(void *ctx, void *ptr, size_t size)
 {
+    fa_mempool *pool = ctx;
     fa_block_head *h;
     (void)size; /* the block's own head says what it is */
     if (ptr == NULL) return;
     h = HEAD(ptr);
     if (h->capacity == 0) {
-        free(h);
+        pool->small.free(pool->small.ctx, h, sizeof *h + h->nbytes);
         return;
     }
-    cache_or_free((fa_mempool *)ctx, (char *)ptr - FA_POOL_PREFIX,
-                  h->capacity + FA_POOL_PREFIX);
+    cache_or_free(pool, (char *)ptr - FA_POOL_PREFIX, h->capacity + FA_POOL_PREFIX);
 }
 
 void *fa_mempool_realloc(void *ctx, void *ptr, size_t new_size)
 {
+    fa_mempool *pool = ctx;
     fa_block_head *h;
     void *moved;
     size_t keep;
     if (ptr == NULL) return fa_mempool_malloc(ctx, new_size);
     h = HEAD(ptr);
-    if (h->capacity == 0 && new_size < FA_POOL_MIN_BYTES) { /* small to small: realloc() */
-        fa_block_head *n = realloc(h, sizeof *h + new_size);
+    if (h->capacity == 0 && new_size < FA_POOL_MIN_BYTES) { /* small to small */
+        fa_block_head *n = pool->small.realloc(pool->small.ctx, h, sizeof *h + new_size);
         if (n == NULL) return NULL;
         n->nbytes = new_size;
         return n + 1;

@@ -15,7 +15,18 @@
 
 typedef struct fa_mempool fa_mempool;
 
-fa_mempool *fa_mempool_new(size_t max_cached_bytes);
+/* Where requests under FA_POOL_MIN_BYTES go: the layout of NumPy's PyDataMemAllocator (the
+ * pool passes them NumPy's default allocator, whose small-size cache is faster than malloc). */
+typedef struct {
+    void *ctx;
+    void *(*malloc)(void *ctx, size_t size);
+    void *(*calloc)(void *ctx, size_t nelem, size_t elsize);
+    void *(*realloc)(void *ctx, void *ptr, size_t new_size);
+    void (*free)(void *ctx, void *ptr, size_t size);
+} fa_small_allocator;
+
+/* A new pool (NULL when out of memory); `small` is copied; NULL means the C library's. */
+fa_mempool *fa_mempool_new(size_t max_cached_bytes, const fa_small_allocator *small);
 void fa_mempool_destroy(fa_mempool *pool);
 
 /* The four functions of NumPy's PyDataMemAllocator (ctx is the pool). */
