@@ -30,7 +30,9 @@
  * Thread safety.  NumPy may call these functions from any thread, with or without the GIL, so
  * one process-wide mutex guards the free lists and counters of every pool.  It is held only
  * around list and counter updates: malloc, free and memset run outside it, and nothing done
- * under it can call back into Python, wait, or fork.
+ * under it can call back into Python, wait, or fork.  Small requests call the small allocator
+ * unlocked, exactly when NumPy would have called it (NumPy's default allocator is safe under
+ * the conditions NumPy calls its handlers in).
  *
  * fork.  pthread_atfork handlers (registered once, when the first pool is made) take the mutex
  * before fork() and release it after, in the parent and in the child, so a child never inherits
