@@ -2,15 +2,15 @@
 CPU time per step, with the pool (``TrainingSession``'s default) and without
 (``memory_pool=False``: NumPy's allocator, i.e. the C library's malloc), side by side.
 
-Workloads: the GPT of ``bench_onnx_gpt`` (batch 16, sequence 64, d 64, 4 heads, 2 blocks;
-the session and the hand-written ``fastadam.autodiff`` step, each with and without a pool,
-and PyTorch eager + fused Adam as the yardstick) and the MLPs of ``bench_onnx``.  1 thread for
+Workloads: the GPT of ``bench_onnx_gpt`` (batch 16, sequence 64, d 64, 4 heads, 2 blocks; the
+session and the hand-written ``fastadam.autodiff`` step, each with and without a pool, and
+PyTorch eager + fused Adam as the yardstick) and the MLPs of ``bench_onnx``. 1 thread for
 everyone; times are medians of interleaved rounds of the CPU time of this thread
-(``time.thread_time``), so time spent descheduled on a loaded machine does not count.  Minor
-page faults (``getrusage``'s ``ru_minflt``) per step are counted over the same rounds (without
-a pool they depend on what the C library's allocator did before: glibc adapts its thresholds
-to the blocks freed so far); load does not change them.  Usage, from the repository root after ``python setup.py build_ext
---inplace``, with the BLAS variables of a tuned machine removed::
+(``time.thread_time``), so time spent descheduled on a loaded machine does not count. Minor page
+faults (``getrusage``'s ``ru_minflt``) per step are counted over the same rounds (without a pool
+they depend on what the C library's allocator did before: glibc adapts its thresholds to the
+blocks freed so far); load does not change them. Usage, from the repository root after ``python
+setup.py build_ext --inplace``, with the BLAS variables of a tuned machine removed::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/mempool_report.py [--quick]
 """

@@ -156,9 +156,9 @@ cdef class MemoryPool:
       allocator and frees its data into it wherever it is freed (any thread).  The cached
       memory is freed when the pool object and every array it allocated are gone, or by
       :meth:`release`.
-    - Requests under 4 KiB go to NumPy's default allocator (with a 16-byte header).  Larger blocks are rounded up
-      to a multiple of 4 KiB (a 64-byte header included) and their data is 64-byte aligned;
-      freed blocks are cached per exact size, for up to 64 distinct sizes.
+    - Requests under 4 KiB go to NumPy's default allocator (with a 16-byte header).  Larger
+      blocks are rounded up to a multiple of 4 KiB (a 64-byte header included) and their data
+      is 64-byte aligned; freed blocks are cached per exact size, for up to 64 distinct sizes.
     - Thread-safe; after ``fork`` the child may use the pool (the lock is taken around fork).
     - Copying or pickling a pool gives a new, empty pool with the same ``max_cached_bytes``.
 

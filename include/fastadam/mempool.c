@@ -88,7 +88,11 @@ static void *libc_calloc(void *ctx, size_t nelem, size_t elsize)
     (void)ctx;
     return calloc(nelem, elsize);
 }
-static void *libc_realloc(void *ctx, void *ptr, size_t size) { (void)ctx; return realloc(ptr, size); }
+static void *libc_realloc(void *ctx, void *ptr, size_t size)
+{
+    (void)ctx;
+    return realloc(ptr, size);
+}
 static void libc_free(void *ctx, void *ptr, size_t size) { (void)ctx; (void)size; free(ptr); }
 
 fa_mempool *fa_mempool_new(size_t max_cached_bytes, const fa_small_allocator *small)
