@@ -16,9 +16,7 @@ setup.py build_ext --inplace``, with the BLAS variables of a tuned machine remov
 """
 import argparse
 import os
-import resource
 import sys
-import time
 
 import numpy as np
 
@@ -28,31 +26,6 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_onnx as B  # noqa: E402
 import bench_onnx_gpt as GPT  # noqa: E402
-
-
-def interleaved(steps, repeats, min_time):
-    """``{name: (median CPU seconds per call, minor faults per call)}`` over ``repeats``
-    interleaved rounds of at least ``min_time`` each (CPU time of this thread; faults of the
-    process, counted over the same rounds, so both see the same allocator history)."""
-    calls = {}
-    for name, fn in steps.items():
-        start = time.thread_time()
-        fn()
-        calls[name] = max(1, int(min_time / max(time.thread_time() - start, 1e-6)))
-    seconds = {name: [] for name in steps}
-    faults = dict.fromkeys(steps, 0)
-    count = dict.fromkeys(steps, 0)
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.thread_time()
-            for _ in range(calls[name]):
-                fn()
-            seconds[name].append((time.thread_time() - start) / calls[name])
-            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-            count[name] += calls[name]
-    return {name: (float(np.median(seconds[name])), faults[name] / count[name])
-            for name in steps}
 
 
 def mlp_session(sizes, batch, memory_pool):
@@ -68,7 +41,7 @@ def mlp_session(sizes, batch, memory_pool):
 def report(steps, repeats, min_time):
     print(f"{'step':44s} {'CPU time':>10s} {'faults/step':>12s}")
     for label, names in steps:
-        measured = interleaved(names, repeats, min_time)
+        measured = GPT.cpu_seconds_and_faults_interleaved(names, repeats, min_time)
         seconds = {name: m[0] for name, m in measured.items()}
         for name in names:
             print(f"{label + ': ' + name:44s} {seconds[name] * 1e3:8.3f} ms "

@@ -179,9 +179,10 @@ def batch_data(cfg, batch=None, seq=None, seed=1):
 def _session(cfg, exporter="dynamo", opset=20, tied=False, memory_pool=True):
     import fastadam.onnx as fo
     model = export(torch_model(cfg, tied), exporter, opset)
+    # the default is left unsaid: a commit before MemoryPool (history runs) has no such argument
+    kw = {} if memory_pool is True else {"memory_pool": memory_pool}
     trainer = fo.TrainingSession(fo.make_training_model(model, loss="loss", lr=LR, alpha=BETA1,
-                                                        beta=BETA2, epsilon=EPS),
-                                 memory_pool=memory_pool)
+                                                        beta=BETA2, epsilon=EPS), **kw)
     idx, targets = batch_data(cfg)
     feeds = {"idx": idx, "targets": targets}
     return trainer, (lambda: trainer.step(feeds))
@@ -267,7 +268,8 @@ def autodiff_step(cfg, tied=False, memory_pool=True):
     opt = fastadam.Adam([params[n].data for n in names], lr=LR, betas=(BETA1, BETA2), eps=EPS,
                         convention="onnx")
     idx, targets = batch_data(cfg)
-    pool = fastadam.MemoryPool() if memory_pool else None
+    # (a commit before MemoryPool, in a history run, steps without one, as its session did)
+    pool = fastadam.MemoryPool() if memory_pool and hasattr(fastadam, "MemoryPool") else None
 
     def one_step():
         loss = autodiff_forward(cfg, params, idx, targets, tied)
@@ -353,6 +355,34 @@ class OnnxGptStep:
         self.step()
 
 
+def cpu_seconds_and_faults_interleaved(steps, repeats=7, min_time=0.1):
+    """``{name: (median CPU seconds per call, minor page faults per call)}``: as
+    ``cpu_seconds_interleaved``, with the process's minor page faults (``getrusage``) counted
+    over the same rounds, so every implementation sees the same allocator history (glibc adapts
+    its thresholds to the blocks freed so far).  Load does not change the fault counts."""
+    import resource
+    import time
+    calls = {}
+    for name, fn in steps.items():
+        start = time.thread_time()
+        fn()
+        calls[name] = max(1, int(min_time / max(time.thread_time() - start, 1e-6)))
+    seconds = {name: [] for name in steps}
+    faults = dict.fromkeys(steps, 0)
+    count = dict.fromkeys(steps, 0)
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.thread_time()
+            for _ in range(calls[name]):
+                fn()
+            seconds[name].append((time.thread_time() - start) / calls[name])
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            count[name] += calls[name]
+    return {name: (float(np.median(seconds[name])), faults[name] / count[name])
+            for name in steps}
+
+
 def cpu_seconds_interleaved(steps, repeats=7, min_time=0.1):
     """``{name: median seconds per call}`` in CPU time of this thread (``time.thread_time``),
     over ``repeats`` interleaved rounds of at least ``min_time`` each: every implementation runs
@@ -408,3 +438,43 @@ class OnnxGptRatio:
 
     track_session_vs_torch_fused.unit = ("x (torch eager fused-Adam step CPU time / session step "
                                          "CPU time), higher is better")
+
+
+class OnnxGptMemoryPool:
+    """What the session's ``fastadam.MemoryPool`` (its default) gives on the GPT, 1 thread, the
+    session with its pool and with ``memory_pool=False`` in one process (interleaved rounds):
+    ``track_session_pool_speedup``, the no-pool step's CPU time over the pooled one's; and
+    ``track_page_faults_avoided``, the fraction of the no-pool step's minor page faults that
+    the pooled step does not take (1.0: none left; load does not move it)."""
+
+    timeout = 600
+
+    def setup(self):
+        _api.need("MemoryPool", "fastadam.onnx", "fastadam.onnx._transformer_ops")
+        try:
+            import onnxscript  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise NotImplementedError("onnxscript and torch are needed") from None
+        undo = limit_threads()
+        try:
+            steps = {"pool": session_step(BENCH),
+                     "plain": session_step(BENCH, memory_pool=False)}
+            measured = cpu_seconds_and_faults_interleaved(steps, repeats=7, min_time=0.1)
+        finally:
+            undo()
+        (pooled, pooled_faults), (plain, plain_faults) = measured["pool"], measured["plain"]
+        self.speedup = plain / pooled
+        self.avoided = 1.0 if plain_faults == 0 else max(0.0, 1 - pooled_faults / plain_faults)
+
+    def track_session_pool_speedup(self):
+        return self.speedup
+
+    track_session_pool_speedup.unit = ("x (session step CPU time with memory_pool=False / with "
+                                       "its pool), higher is better")
+
+    def track_page_faults_avoided(self):
+        return self.avoided
+
+    track_page_faults_avoided.unit = ("fraction (1 - pooled step's minor page faults / no-pool "
+                                      "step's), higher is better")
