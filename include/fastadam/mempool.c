@@ -20,10 +20,11 @@
  *     64 bytes), capacity total - FA_POOL_PREFIX; while cached, the first word of the base links
  *     it into its size class's free list.
  *
- * Free lists: FA_POOL_CLASSES size classes {total, count, head}, searched linearly (a training
- * step uses a few dozen sizes).  A freed block goes to its class's list; if no class has its
- * size, a class with an empty list takes the new size; if none is empty, or the cap
- * (max_cached_bytes) would be passed, the block is really freed.  calloc zeroes the requested
+ * Free lists: FA_POOL_CLASSES size classes {total, count, head}, given a size in the order
+ * sizes are first freed and searched linearly (a training step uses a few dozen sizes).  A
+ * freed block goes to its size's class; a new size takes the next class, or, once all have a
+ * size, one whose list is empty; if none is empty, or the cap (max_cached_bytes) would be
+ * passed, the block is really freed.  calloc zeroes the requested
  * bytes (a reused block is dirty); realloc keeps a pooled block when the new size fits its
  * capacity and is at least half of it, and otherwise moves the data to a new block.
  *
@@ -39,7 +40,7 @@
  * it held by a thread that does not exist there, nor a free list half updated.  The child
  * inherits the pools' cached blocks with the rest of the heap and may use or free them.
  *
- * Complexity: O(FA_POOL_CLASSES) per pooled allocation or free, plus memset for calloc and a
+ * Complexity: O(sizes seen, at most FA_POOL_CLASSES) per pooled allocation or free, plus memset for calloc and a
  * copy for a realloc that moves.  No globals besides the mutex and its once-flag.
  */
 #include "fastadam/mempool.h"
@@ -57,9 +58,10 @@ typedef struct {
 #define HEAD(p) ((fa_block_head *)((char *)(p) - sizeof(fa_block_head)))
 
 typedef struct {
-    size_t total; /* block size, prefix included, of this class (while count > 0) */
+    size_t total; /* block size, prefix included, of this class */
     size_t count; /* blocks in the list */
-    void *head;   /* the first block's base; each base's first word links to the next */
+    void *head;   /* the first block's base (NULL when count is 0); each base's first word
+                     links to the next */
 } fa_size_class;
 
 struct fa_mempool {
@@ -69,6 +71,7 @@ struct fa_mempool {
     size_t cached_blocks;
     size_t reused;
     size_t fresh;
+    int nclasses; /* classes[0 .. nclasses) have a size */
     fa_size_class classes[FA_POOL_CLASSES];
 };
 
@@ -115,25 +118,33 @@ static size_t block_total(size_t size)
     return (size + FA_POOL_PREFIX + FA_POOL_PAGE - 1) / FA_POOL_PAGE * FA_POOL_PAGE;
 }
 
+/* The class of blocks of `total` bytes, or NULL; the mutex is held. */
+static fa_size_class *find_class(fa_mempool *pool, size_t total)
+{
+    int i;
+    for (i = 0; i < pool->nclasses; i++) {
+        if (pool->classes[i].total == total) return &pool->classes[i];
+    }
+    return NULL;
+}
+
 /* A cached block of `total` bytes taken off its list, or NULL (counted as fresh). */
 static char *take_cached(fa_mempool *pool, size_t total)
 {
     char *base = NULL;
-    int i;
+    fa_size_class *c;
     pthread_mutex_lock(&pool_lock);
-    for (i = 0; i < FA_POOL_CLASSES; i++) {
-        fa_size_class *c = &pool->classes[i];
-        if (c->count > 0 && c->total == total) {
-            base = c->head;
-            c->head = *(void **)base;
-            c->count--;
-            pool->cached_bytes -= total;
-            pool->cached_blocks--;
-            break;
-        }
+    c = find_class(pool, total);
+    if (c != NULL && c->count > 0) {
+        base = c->head;
+        c->head = *(void **)base;
+        c->count--;
+        pool->cached_bytes -= total;
+        pool->cached_blocks--;
+        pool->reused++;
+    } else {
+        pool->fresh++;
     }
-    if (base != NULL) pool->reused++;
-    else pool->fresh++;
     pthread_mutex_unlock(&pool_lock);
     return base;
 }
@@ -141,34 +152,32 @@ static char *take_cached(fa_mempool *pool, size_t total)
 /* Puts a block on its class's list, or frees it (cap reached, no class for its size). */
 static void cache_or_free(fa_mempool *pool, char *base, size_t total)
 {
-    fa_size_class *slot = NULL, *empty = NULL;
+    fa_size_class *c = NULL;
     int i;
     pthread_mutex_lock(&pool_lock);
     if (pool->cached_bytes <= pool->max_cached_bytes
             && total <= pool->max_cached_bytes - pool->cached_bytes) {
-        for (i = 0; i < FA_POOL_CLASSES; i++) {
-            fa_size_class *c = &pool->classes[i];
-            if (c->count > 0 && c->total == total) {
-                slot = c;
-                break;
+        c = find_class(pool, total);
+        if (c == NULL && pool->nclasses < FA_POOL_CLASSES) {
+            c = &pool->classes[pool->nclasses++];
+            c->total = total;
+        }
+        for (i = 0; c == NULL && i < FA_POOL_CLASSES; i++) {  /* table full: an empty class */
+            if (pool->classes[i].count == 0) {
+                c = &pool->classes[i];
+                c->total = total;
             }
-            if (empty == NULL && c->count == 0) empty = c;
         }
-        if (slot == NULL && empty != NULL) {
-            slot = empty;
-            slot->total = total;
-            slot->head = NULL;
-        }
-        if (slot != NULL) {
-            *(void **)base = slot->head;
-            slot->head = base;
-            slot->count++;
+        if (c != NULL) {
+            *(void **)base = c->head;
+            c->head = base;
+            c->count++;
             pool->cached_bytes += total;
             pool->cached_blocks++;
         }
     }
     pthread_mutex_unlock(&pool_lock);
-    if (slot == NULL) free(base);
+    if (c == NULL) free(base);
 }
 
 static void *small_alloc(const fa_small_allocator *small, size_t size, int zero)
@@ -265,7 +274,9 @@ void fa_mempool_release(fa_mempool *pool)
         lists[i] = pool->classes[i].head;
         pool->classes[i].head = NULL;
         pool->classes[i].count = 0;
+        pool->classes[i].total = 0;
     }
+    pool->nclasses = 0;
     pool->cached_bytes = 0;
     pool->cached_blocks = 0;
     pthread_mutex_unlock(&pool_lock);
