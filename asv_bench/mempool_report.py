@@ -13,9 +13,13 @@ blocks freed so far); load does not change them. Usage, from the repository root
 setup.py build_ext --inplace``, with the BLAS variables of a tuned machine removed::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/mempool_report.py [--quick]
+
+``--fresh-faults`` counts instead the GPT's faults per step with each implementation alone in
+a fresh process (what a script that trains only that model sees).
 """
 import argparse
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -58,23 +62,65 @@ def report(steps, repeats, min_time):
                   f"{seconds.get('torch fused', np.nan) / seconds['session (pool)']:.2f}x")
 
 
+GPT_STEPS = {
+    "session (pool)": lambda cfg: GPT.session_step(cfg, memory_pool=True),
+    "session (no pool)": lambda cfg: GPT.session_step(cfg, memory_pool=False),
+    "hand-written (pool)": lambda cfg: GPT.autodiff_step(cfg, memory_pool=True),
+    "hand-written (no pool)": lambda cfg: GPT.autodiff_step(cfg, memory_pool=False),
+    "torch fused": lambda cfg: GPT.torch_step(cfg),
+}
+
+
+def faults_in_fresh_processes(steps=20):
+    """Minor page faults per GPT step, each implementation alone in a fresh process (3 warm-up
+    steps, then ``steps``): what a training script that runs only that step sees."""
+    print(f"GPT b16 s64: minor page faults per step, each alone in a fresh process, "
+          f"{steps} steps after 3")
+    for name in GPT_STEPS:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name,
+                              "--steps", str(steps)], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr)
+        print(f"  {name:24s} {float(out.stdout.split()[-1]):10.1f}")
+
+
+def one_process(name, steps):
+    import resource
+    step = GPT_STEPS[name](GPT.BENCH)
+    for _ in range(3):
+        step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        step()
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
     parser.add_argument("--no-gpt", action="store_true", help="only the MLPs")
+    parser.add_argument("--fresh-faults", action="store_true",
+                        help="only the GPT's faults per step, each step in a fresh process")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # (internal) one fresh process
+    parser.add_argument("--steps", type=int, default=20, help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeats, min_time = (5, 0.05) if args.quick else (15, 0.1)
     undo = GPT.limit_threads()
+    if args.one or args.fresh_faults:
+        try:
+            if args.one:
+                one_process(args.one, args.steps)
+            else:
+                faults_in_fresh_processes(args.steps)
+        finally:
+            undo()
+        return
     try:
         workloads = []
         if not args.no_gpt:
             cfg = GPT.BENCH
-            workloads.append(("GPT b16 s64", {
-                "session (pool)": GPT.session_step(cfg, memory_pool=True),
-                "session (no pool)": GPT.session_step(cfg, memory_pool=False),
-                "hand-written (pool)": GPT.autodiff_step(cfg, memory_pool=True),
-                "hand-written (no pool)": GPT.autodiff_step(cfg, memory_pool=False),
-                "torch fused": GPT.torch_step(cfg)}))
+            workloads.append(("GPT b16 s64", {name: make(cfg)
+                                              for name, make in GPT_STEPS.items()}))
         for label, sizes, batch in B.WORKLOADS:
             workloads.append((label.split(",")[0], {
                 "session (pool)": mlp_session(sizes, batch, True),
