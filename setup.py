@@ -111,6 +111,7 @@ EXTENSIONS = {
     "fastadam._core._lowp": ["fastadam/_core/_lowp.pyx", "include/fastadam/lowp.c"],
     "fastadam._core._autodiff_kernels": ["fastadam/_core/_autodiff_kernels.pyx",
                                          "include/fastadam/autodiff_kernels.c"],
+    "fastadam._core._mempool": ["fastadam/_core/_mempool.pyx", "include/fastadam/mempool.c"],
     # each package's own compiled module
     "fastadam.autodiff._tape": ["fastadam/autodiff/_tape.pyx"],
     "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx"],

@@ -15,6 +15,7 @@ from ._omp_wait import load_core as _load_core
 _load_core()  # before anything loads libgomp: see fastadam/_omp_wait.py
 
 from ._core._config import keep_freed_memory
+from ._core._mempool import MemoryPool
 from ._show_config import config, show_config
 from .optim import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from .optim import sparse_adagrad_step_inplace, sparse_momentum_step_inplace, sparse_step_inplace
@@ -25,7 +26,7 @@ from .optim import (Lion, RMSprop, lion_step_inplace, rmsprop_step_inplace,
                     sparse_lion_step_inplace, sparse_rmsprop_step_inplace)
 from . import autodiff
 
-__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "Optimizer", "RMSprop", "SGD",
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "MemoryPool", "Optimizer", "RMSprop", "SGD",
            "SparseAdam",
            "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config", "keep_freed_memory",
            "lion_step_inplace", "momentum_step_inplace", "rmsprop_step_inplace", "schedules",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The sanitizer job (issue 25): every compiled extension built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (-fsanitize=address,undefined, FASTADAM_SANITIZE=1 in setup.py),
-# Python run with the ASAN runtime preloaded, over the bad-input, concurrency, fork and CSR tests
-# and a bounded property-based fuzz of every compiled entry point (tests/test_fuzz_entry_points.py).
+# Python run with the ASAN runtime preloaded, over the bad-input, concurrency, fork, CSR and
+# memory-pool tests and a bounded property-based fuzz of every compiled entry point
+# (tests/test_fuzz_entry_points.py).
 #
 # Zero reports passes; any ASAN or UBSAN report fails the job (the reports go to files, so one
 # raised in a forked child or a subprocess counts too).  Before the tests, a self-check makes a
@@ -81,7 +82,8 @@ status=0
     tests/test_hostile_inputs.py tests/test_fuzz_entry_points.py \
     tests/test_dense_errors.py tests/test_optimizer_errors.py tests/test_reliability.py \
     tests/test_sparse.py tests/test_sparse_csr.py tests/test_sparse_strided.py \
-    tests/test_autodiff_safety.py tests/test_threads_policy.py) || status=$?
+    tests/test_autodiff_safety.py tests/test_threads_policy.py tests/test_mempool.py) \
+    || status=$?
 
 reports=$(find "$WORK/reports" -type f | wc -l)
 if [ "$reports" -gt 0 ]; then

@@ -12,6 +12,13 @@ either of torch's exporters at a given opset with the batch and sequence axes dy
 (``weights``), so every implementation starts from the same values whatever torch's RNG does;
 LayerNorm scales and biases are drawn too: the exporters merge initializers of equal values
 (fresh LayerNorms are all ones / zeros), which would tie parameters that torch trains apart.
+
+Memory: ``TrainingSession.step`` allocates its arrays from a ``fastadam.MemoryPool`` of its own
+(the default), which hands the same blocks back every step instead of the C library returning
+them to the OS and the next step page-faulting them in again; the hand-written step
+(``autodiff_step``) runs inside a pool too, so the two are compared on equal terms
+(``memory_pool=False`` on either gives NumPy's allocator; asv_bench/mempool_report.py measures
+both ways).
 """
 import io
 import math
@@ -169,18 +176,20 @@ def batch_data(cfg, batch=None, seq=None, seed=1):
 # ---------------------------------------------------------------------------------------------
 
 
-def _session(cfg, exporter="dynamo", opset=20, tied=False):
+def _session(cfg, exporter="dynamo", opset=20, tied=False, memory_pool=True):
     import fastadam.onnx as fo
     model = export(torch_model(cfg, tied), exporter, opset)
+    # the default is left unsaid: a commit before MemoryPool (history runs) has no such argument
+    kw = {} if memory_pool is True else {"memory_pool": memory_pool}
     trainer = fo.TrainingSession(fo.make_training_model(model, loss="loss", lr=LR, alpha=BETA1,
-                                                        beta=BETA2, epsilon=EPS))
+                                                        beta=BETA2, epsilon=EPS), **kw)
     idx, targets = batch_data(cfg)
     feeds = {"idx": idx, "targets": targets}
     return trainer, (lambda: trainer.step(feeds))
 
 
-def session_step(cfg, exporter="dynamo", opset=20, tied=False):
-    return _session(cfg, exporter, opset, tied)[1]
+def session_step(cfg, exporter="dynamo", opset=20, tied=False, memory_pool=True):
+    return _session(cfg, exporter, opset, tied, memory_pool)[1]
 
 
 def check_same_training(cfg, exporter="torchscript", steps=3):
@@ -248,7 +257,9 @@ def autodiff_forward(cfg, p, idx, targets, tied=False):
     return ad.softmax_cross_entropy(logits, targets.reshape(-1))
 
 
-def autodiff_step(cfg, tied=False):
+def autodiff_step(cfg, tied=False, memory_pool=True):
+    """The hand-written step; with ``memory_pool`` (the default, as ``TrainingSession`` does)
+    it runs inside a ``fastadam.MemoryPool`` of its own (see the module note)."""
     import fastadam
     import fastadam.autodiff as ad
     values = weights(cfg, tied)
@@ -257,12 +268,20 @@ def autodiff_step(cfg, tied=False):
     opt = fastadam.Adam([params[n].data for n in names], lr=LR, betas=(BETA1, BETA2), eps=EPS,
                         convention="onnx")
     idx, targets = batch_data(cfg)
+    # (a commit before MemoryPool, in a history run, steps without one, as its session did)
+    pool = fastadam.MemoryPool() if memory_pool and hasattr(fastadam, "MemoryPool") else None
 
-    def step():
+    def one_step():
         loss = autodiff_forward(cfg, params, idx, targets, tied)
         grads = ad.gradient(loss, [params[n] for n in names])
         opt.step([np.ascontiguousarray(g.data) for g in grads])
         return loss
+
+    def step():
+        if pool is None:
+            return one_step()
+        with pool:
+            return one_step()
     step.params = params
     return step
 
@@ -336,6 +355,34 @@ class OnnxGptStep:
         self.step()
 
 
+def cpu_seconds_and_faults_interleaved(steps, repeats=7, min_time=0.1):
+    """``{name: (median CPU seconds per call, minor page faults per call)}``: as
+    ``cpu_seconds_interleaved``, with the process's minor page faults (``getrusage``) counted
+    over the same rounds, so every implementation sees the same allocator history (glibc adapts
+    its thresholds to the blocks freed so far).  Load does not change the fault counts."""
+    import resource
+    import time
+    calls = {}
+    for name, fn in steps.items():
+        start = time.thread_time()
+        fn()
+        calls[name] = max(1, int(min_time / max(time.thread_time() - start, 1e-6)))
+    seconds = {name: [] for name in steps}
+    faults = dict.fromkeys(steps, 0)
+    count = dict.fromkeys(steps, 0)
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.thread_time()
+            for _ in range(calls[name]):
+                fn()
+            seconds[name].append((time.thread_time() - start) / calls[name])
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            count[name] += calls[name]
+    return {name: (float(np.median(seconds[name])), faults[name] / count[name])
+            for name in steps}
+
+
 def cpu_seconds_interleaved(steps, repeats=7, min_time=0.1):
     """``{name: median seconds per call}`` in CPU time of this thread (``time.thread_time``),
     over ``repeats`` interleaved rounds of at least ``min_time`` each: every implementation runs
@@ -391,3 +438,43 @@ class OnnxGptRatio:
 
     track_session_vs_torch_fused.unit = ("x (torch eager fused-Adam step CPU time / session step "
                                          "CPU time), higher is better")
+
+
+class OnnxGptMemoryPool:
+    """What the session's ``fastadam.MemoryPool`` (its default) gives on the GPT, 1 thread, the
+    session with its pool and with ``memory_pool=False`` in one process (interleaved rounds):
+    ``track_session_pool_speedup``, the no-pool step's CPU time over the pooled one's; and
+    ``track_page_faults_avoided``, the fraction of the no-pool step's minor page faults that
+    the pooled step does not take (1.0: none left; load does not move it)."""
+
+    timeout = 600
+
+    def setup(self):
+        _api.need("MemoryPool", "fastadam.onnx", "fastadam.onnx._transformer_ops")
+        try:
+            import onnxscript  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise NotImplementedError("onnxscript and torch are needed") from None
+        undo = limit_threads()
+        try:
+            steps = {"pool": session_step(BENCH),
+                     "plain": session_step(BENCH, memory_pool=False)}
+            measured = cpu_seconds_and_faults_interleaved(steps, repeats=7, min_time=0.1)
+        finally:
+            undo()
+        (pooled, pooled_faults), (plain, plain_faults) = measured["pool"], measured["plain"]
+        self.speedup = plain / pooled
+        self.avoided = 1.0 if plain_faults == 0 else max(0.0, 1 - pooled_faults / plain_faults)
+
+    def track_session_pool_speedup(self):
+        return self.speedup
+
+    track_session_pool_speedup.unit = ("x (session step CPU time with memory_pool=False / with "
+                                       "its pool), higher is better")
+
+    def track_page_faults_avoided(self):
+        return self.avoided
+
+    track_page_faults_avoided.unit = ("fraction (1 - pooled step's minor page faults / no-pool "
+                                      "step's), higher is better")

@@ -14,7 +14,9 @@
   ``FASTADAM_CPU_LEVEL`` (read once; each compiled module sets its kernels' level from it);
 - ``_autodiff_kernels.pyx``: the gradient engine's array kernels
   (include/fastadam/autodiff_kernels.c);
-- ``_threads.py``: thread counts and the measured thread choice of every driver.
+- ``_threads.py``: thread counts and the measured thread choice of every driver;
+- ``_mempool.pyx``: ``fastadam.MemoryPool``, a caching pool for NumPy array data installed per
+  context (NumPy's data-allocator handler; the pool: include/fastadam/mempool.c).
 
 Each extension is listed by name with its sources in setup.py.  The front-ends' own compiled
 modules (fastadam/sklearn/_kernels.pyx, fastadam/sparse/_csr.pyx, fastadam/autodiff/_tape.pyx,

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import MemoryPool
 from .. import autodiff as ad
 from ..autodiff import Tensor, no_grad
 from ..io import atomic_write
@@ -136,9 +137,25 @@ class TrainingSession:
     every ``algorithm`` graph once and applies ``update_binding``; ``run(feeds)`` evaluates the
     inference graph with the current initializers; ``model()`` / ``save(path)`` give the trained
     model (initializers updated, ``training_info`` kept); ``fit(batches)`` loops ``step``.
+
+    ``memory_pool``: the :class:`fastadam.MemoryPool` that ``step`` and ``run`` allocate their
+    arrays from (``True``, the default: a pool of the session's own, with the default cap;
+    ``False``: NumPy's allocator as it is).  A step frees the same large arrays every time;
+    from the pool the next step gets them back without page-faulting them in from the OS.  The
+    pool keeps up to its ``max_cached_bytes`` of freed arrays between steps
+    (``session.memory_pool.release()`` frees them).  A copied or unpickled session gets a new
+    pool.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, *, memory_pool=True):
+        if memory_pool is True:
+            memory_pool = MemoryPool()
+        elif memory_pool is False or memory_pool is None:
+            memory_pool = None
+        elif not isinstance(memory_pool, MemoryPool):
+            raise TypeError(f"memory_pool: expected True, False or a fastadam.MemoryPool, got "
+                            f"{type(memory_pool).__name__}")
+        self._pool = memory_pool
         model = load_model(model)
         self._proto = model
         graph = model.graph
@@ -195,6 +212,12 @@ class TrainingSession:
         # (feed names, schedule's run) of the last step with the default outputs and one
         # algorithm fed as it is: the next such step goes straight to that schedule
         self._fast_step = (None, None)
+
+    @property
+    def memory_pool(self):
+        """The :class:`fastadam.MemoryPool` of ``step`` and ``run``, or None (see the class
+        note)."""
+        return self._pool
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -258,8 +281,12 @@ class TrainingSession:
         algorithm outputs bound to no initializer, e.g. the loss).  A node that would allocate
         more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
         it, before allocating and before any initializer changes."""
+        pool = self._pool
         with step_scope():
-            return self._step(feeds, output_names)
+            if pool is None:
+                return self._step(feeds, output_names)
+            with pool:
+                return self._step(feeds, output_names)
 
     def _step(self, feeds, output_names=None):
         if output_names is None and feeds.__class__ is dict:
@@ -438,6 +465,13 @@ class TrainingSession:
 
     def run(self, feeds, output_names=None):
         """Evaluate the inference graph with the current initializers."""
+        pool = self._pool
+        if pool is None:
+            return self._run(feeds, output_names)
+        with pool:
+            return self._run(feeds, output_names)
+
+    def _run(self, feeds, output_names):
         plan = self._inference
         inits = [t.name for t in self._proto.graph.initializer]
         env = self._env(plan, inits)
