@@ -438,13 +438,23 @@ rng = np.random.default_rng(0)
 x = ad.Tensor(rng.standard_normal((64, 3, 40, 40)).astype(np.float32))
 w = ad.Tensor(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), requires_grad=True)
 z = ad.Tensor(rng.standard_normal((300, 500)).astype(np.float32), requires_grad=True)
+s = ad.Tensor(rng.standard_normal(500).astype(np.float32), requires_grad=True)
+b = ad.Tensor(rng.standard_normal(500).astype(np.float32))
+table = ad.Tensor(rng.standard_normal((50, 1000)).astype(np.float32), requires_grad=True)
+ids = rng.integers(0, 50, 300)
 out = []
 for n in (1, 2, 3):
     with threadpool_limits(n, user_api="openmp"):
         y = ad.relu(ad.conv2d(x, w, padding=1)).mean() + ad.softmax_cross_entropy(
             ad.sigmoid(z), np.arange(300) % 500) + ad.sum(z, axis=0).sum()
         gw, gz = ad.gradient(y, [w, z])
-        out.append((y.data.tobytes(), gw.data.tobytes(), gz.data.tobytes()))
+        # the row kernels of a transformer step, above their one-thread size (65536 elements)
+        a = ad.softmax(ad.layer_norm(z, s, b), axis=-1)
+        e = ad.gather(table, ids, axis=0)  # its gradient: the rows scattered by segment sum
+        t = ad.sum(ad.gelu(z) * a) + ad.sum(e * e)
+        gz2, gs, gt = ad.gradient(t, [z, s, table])
+        out.append((y.data.tobytes(), gw.data.tobytes(), gz.data.tobytes(), a.data.tobytes(),
+                    gz2.data.tobytes(), gs.data.tobytes(), gt.data.tobytes()))
 sys.exit(0 if out[0] == out[1] == out[2] else 1)
 """
 

@@ -305,6 +305,12 @@ cdef inline int _threads(Py_ssize_t work) noexcept nogil:
     return fa_tk_max_threads()
 
 
+cdef inline Py_ssize_t _rows_per_chunk(Py_ssize_t cols) noexcept nogil:
+    """Rows of ``cols`` elements per chunk of a row kernel: about CHUNK elements, at least one
+    row (a row is always computed whole by one thread, so the split never changes a bit)."""
+    return max(1, CHUNK // max(cols, 1))
+
+
 cdef inline real _erf(real v) noexcept nogil:
     if real is float:
         return fa_tk_erf_f32(v)
@@ -365,7 +371,7 @@ cdef void _ln_rows(const real *x, const real *scale, const real *bias, real *y, 
     cdef Py_ssize_t r, j, c, lo, hi, per, chunks
     cdef double m, v, d, inv
     if real is float:  # the vectorized rows (same arithmetic), in chunks of rows
-        per = max(1, CHUNK // max(cols, 1))
+        per = _rows_per_chunk(cols)
         chunks = (rows + per - 1) // per
         for c in prange(chunks, schedule="static", num_threads=nt):
             lo = c * per
@@ -399,7 +405,7 @@ cdef void _ln_backward_rows(const real *g, const real *x, const real *scale, con
     cdef Py_ssize_t r, j, c, lo, hi, per, chunks
     cdef double a, b, gs, xh, inv, m
     if real is float:  # the vectorized rows (same arithmetic), in chunks of rows
-        per = max(1, CHUNK // max(cols, 1))
+        per = _rows_per_chunk(cols)
         chunks = (rows + per - 1) // per
         for c in prange(chunks, schedule="static", num_threads=nt):
             lo = c * per
@@ -498,7 +504,7 @@ def gelu_grad(cnp.ndarray g, cnp.ndarray x):
 
 cdef void _softmax_f32(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n,
                        int nt) noexcept nogil:
-    cdef Py_ssize_t c, lo, hi, per = max(1, CHUNK // max(n, 1))
+    cdef Py_ssize_t c, lo, hi, per = _rows_per_chunk(n)
     cdef Py_ssize_t chunks = (rows + per - 1) // per
     for c in prange(chunks, schedule="static", num_threads=nt):
         lo = c * per
@@ -508,7 +514,7 @@ cdef void _softmax_f32(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n,
 
 cdef void _softmax_vjp_f32(const float *g, const float *y, float *dx, Py_ssize_t rows,
                            Py_ssize_t n, int nt) noexcept nogil:
-    cdef Py_ssize_t c, lo, hi, per = max(1, CHUNK // max(n, 1))
+    cdef Py_ssize_t c, lo, hi, per = _rows_per_chunk(n)
     cdef Py_ssize_t chunks = (rows + per - 1) // per
     for c in prange(chunks, schedule="static", num_threads=nt):
         lo = c * per
