@@ -1,0 +1,159 @@
+"""The float32 row kernels of a transformer step against the same results composed from NumPy
+operations (the path each replaces): ``TransformerKernelRatio.track_numpy_over_kernel``, one
+ratio per kernel, 1 thread, shapes of the GPT benchmark's step (batch 16, sequence 64, d 64,
+4 heads, vocabulary 128: bench_onnx_gpt).  ``cases`` is shared with
+asv_bench/transformer_kernels_report.py, which also checks each kernel against a float64 oracle.
+"""
+import math
+
+import numpy as np
+
+try:
+    from . import _api
+except ImportError:  # imported as a top-level module (the report puts benchmarks/ on sys.path)
+    import _api
+
+NAMES = ("softmax (16,4,64,64), causal", "softmax VJP", "GELU VJP (1024,256)",
+         "LayerNorm (1024,64)", "LayerNorm dx", "cross-entropy VJP (1024,128)",
+         "scatter rows (embedding VJP)")
+
+
+def _kernels():
+    """The kernel modules of this commit (NotImplementedError before the row kernels)."""
+    try:
+        from fastadam._core import _autodiff_kernels as AK
+        from fastadam.autodiff import _kernels as K
+        from fastadam.autodiff import _transformer_kernels as TK
+    except ImportError:
+        raise NotImplementedError("this fastadam has no transformer kernels") from None
+    if not hasattr(TK, "softmax_last_f32") or not hasattr(K, "scatter_add_rows"):
+        raise NotImplementedError("this fastadam has no float32 row kernels")
+    return AK, K, TK
+
+
+def _np_softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    e /= e.sum(-1, keepdims=True)
+    return e
+
+
+def _np_gelu_grad(g, x):
+    from scipy.special import erf
+    return g * (0.5 * (1 + erf(x * np.float32(math.sqrt(0.5))))
+                + x * np.exp(-0.5 * x * x) * np.float32(1 / math.sqrt(2 * math.pi)))
+
+
+def _np_layer_norm(x, scale, bias, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    d = x - m
+    return d / np.sqrt((d * d).mean(-1, keepdims=True) + eps) * scale + bias
+
+
+def _np_sce_grad(logits, labels):
+    p = _np_softmax(logits)
+    p[np.arange(len(labels)), labels] -= 1
+    return p / len(labels)
+
+
+def _np_scatter(n, idx, rows):
+    out = np.zeros((n,) + rows.shape[1:], rows.dtype)
+    np.add.at(out, idx, rows)
+    return out
+
+
+def _k_scatter(n, idx, rows):
+    out = np.zeros((n,) + rows.shape[1:], rows.dtype)
+    _kernels()[1].scatter_add_rows(out, idx, rows)
+    return out
+
+
+def cases(rng):
+    """``[(name, kernel(), numpy(), float64 oracle, tolerance)]`` (tolerance 0: bit for bit)."""
+    AK, K, TK = _kernels()
+    f32 = np.float32
+    scores = rng.standard_normal((16, 4, 64, 64)).astype(f32)
+    scores[..., np.triu_indices(64, 1)[0], np.triu_indices(64, 1)[1]] = -np.inf  # causal mask
+    probs = TK.softmax_last_f32(scores)
+    g_scores = rng.standard_normal(scores.shape).astype(f32)
+    hidden = rng.standard_normal((1024, 256)).astype(f32)
+    g_hidden = rng.standard_normal(hidden.shape).astype(f32)
+    x = rng.standard_normal((1024, 64)).astype(f32)
+    scale, bias = (rng.standard_normal(64).astype(f32) for _ in range(2))
+    _, mean, rstd = TK.layer_norm(x, scale, bias, 1e-5)
+    g_x = rng.standard_normal(x.shape).astype(f32)
+    logits = rng.standard_normal((1024, 128)).astype(f32)
+    labels = rng.integers(0, 128, 1024).astype(np.intp)
+    tokens = rng.integers(0, 128, 1024)
+    g_emb = rng.standard_normal((1024, 64)).astype(f32)
+    d64 = np.float64
+
+    def ln_dx_ref():
+        xd, gd, sd = x.astype(d64), g_x.astype(d64), scale.astype(d64)
+        m = xd.mean(-1, keepdims=True)
+        r = 1 / np.sqrt(((xd - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+        xh, gs = (xd - m) * r, gd * sd
+        return r * (gs - gs.mean(-1, keepdims=True) - xh * (gs * xh).mean(-1, keepdims=True))
+
+    def ln_dx_numpy():
+        m = x.mean(-1, keepdims=True)
+        r = 1 / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + np.float32(1e-5))
+        xh, gs = (x - m) * r, g_x * scale
+        return r * (gs - gs.mean(-1, keepdims=True) - xh * (gs * xh).mean(-1, keepdims=True))
+
+    pd = probs.astype(d64)
+    return [
+        ("softmax (16,4,64,64), causal", lambda: TK.softmax_last_f32(scores),
+         lambda: _np_softmax(scores), _np_softmax(scores.astype(d64)), 1e-6),
+        ("softmax VJP", lambda: TK.softmax_vjp_last_f32(g_scores, probs),
+         lambda: probs * (g_scores - (g_scores * probs).sum(-1, keepdims=True)),
+         pd * (g_scores - (g_scores * pd).sum(-1, keepdims=True)), 1e-5),
+        ("GELU VJP (1024,256)", lambda: TK.gelu_grad(g_hidden, hidden),
+         lambda: _np_gelu_grad(g_hidden, hidden),
+         _np_gelu_grad(g_hidden.astype(d64), hidden.astype(d64)), 1e-5),
+        ("LayerNorm (1024,64)", lambda: TK.layer_norm(x, scale, bias, 1e-5)[0],
+         lambda: _np_layer_norm(x, scale, bias),
+         _np_layer_norm(x.astype(d64), scale.astype(d64), bias.astype(d64)), 1e-5),
+        ("LayerNorm dx", lambda: TK.layer_norm_backward(g_x, x, scale, mean, rstd,
+                                                        want_params=False)[0],
+         ln_dx_numpy, ln_dx_ref(), 1e-4),
+        ("cross-entropy VJP (1024,128)", lambda: AK.sce_backward(logits, labels, 1.0),
+         lambda: _np_sce_grad(logits, labels),
+         _np_sce_grad(logits.astype(d64), labels), 1e-6),
+        ("scatter rows (embedding VJP)", lambda: _k_scatter(128, tokens, g_emb),
+         lambda: _np_scatter(128, tokens, g_emb), _np_scatter(128, tokens, g_emb), 0.0),
+    ]
+
+
+
+
+def limit_threads():
+    try:
+        from bench_onnx import limit_threads as limit
+    except ImportError:  # imported as part of the benchmarks package
+        from .bench_onnx import limit_threads as limit
+    return limit()
+
+
+class TransformerKernelRatio:
+    """NumPy composition time / kernel time, per kernel (1 thread; higher is better)."""
+
+    params = (list(NAMES),)
+    param_names = ["kernel"]
+    timeout = 120
+
+    def setup(self, kernel):
+        found = {c[0]: c for c in cases(np.random.default_rng(0))}
+        if kernel not in found:
+            raise NotImplementedError(f"no case {kernel!r}")
+        _, fast, composed, _, _ = found[kernel]
+        undo = limit_threads()
+        try:
+            t = _api.timer()({"kernel": fast, "numpy": composed}, repeats=7, min_time=0.02)
+        finally:
+            undo()
+        self.ratio = t["numpy"] / t["kernel"]
+
+    def track_numpy_over_kernel(self, kernel):
+        return self.ratio
+
+    track_numpy_over_kernel.unit = "x (NumPy composition time / kernel time), higher is better"
