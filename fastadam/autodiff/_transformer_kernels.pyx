@@ -128,14 +128,7 @@ cdef extern from *:
         for (Py_ssize_t r = 0; r < rows; r++) {
             const float *gr = g + r * n, *yr = y + r * n;
             float *o = dx + r * n;
-            float acc[FA_EXP_LANES] = {0.0f};  /* fastexp.h: the fixed lane order */
-            Py_ssize_t i = 0;
-            for (; i + FA_EXP_LANES <= n; i += FA_EXP_LANES) {
-                #pragma omp simd
-                for (int j = 0; j < FA_EXP_LANES; j++) acc[j] += gr[i + j] * yr[i + j];
-            }
-            for (int j = 0; i + j < n; j++) acc[j] += gr[i + j] * yr[i + j];
-            const float dot = fa_lanes_sum_f32(acc);
+            const float dot = fa_fixed_dot_f32(gr, yr, n);  /* fastexp.h: fixed order */
             #pragma omp simd
             for (Py_ssize_t k = 0; k < n; k++) o[k] = yr[k] * (gr[k] - dot);
         }

@@ -64,6 +64,21 @@ static inline float fa_fixed_sum_f32(const float *x, ptrdiff_t n)
     return fa_lanes_sum_f32(acc);
 }
 
+/* sum of a[k] * b[k] over k in [0, n) in the same fixed lane order */
+static inline float fa_fixed_dot_f32(const float *a, const float *b, ptrdiff_t n)
+{
+    float acc[FA_EXP_LANES] = {0.0f};
+    ptrdiff_t i = 0;
+    for (; i + FA_EXP_LANES <= n; i += FA_EXP_LANES) {
+#ifdef _OPENMP
+#pragma omp simd
+#endif
+        for (int j = 0; j < FA_EXP_LANES; j++) acc[j] += a[i + j] * b[i + j];
+    }
+    for (int j = 0; i + j < n; j++) acc[j] += a[i + j] * b[i + j];
+    return fa_lanes_sum_f32(acc);
+}
+
 /* max of x[0, n) (n >= 1) over the same lanes: the maximum does not depend on the order
  * (a NaN anywhere makes the callers' rows NaN whatever this returns) */
 static inline float fa_fixed_max_f32(const float *x, ptrdiff_t n)
