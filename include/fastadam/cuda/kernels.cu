@@ -320,8 +320,8 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
  *       first FA_CUDA_HEADER bytes, then an fa_lowp_params (FA_LOWP_PARAMS bytes), then
  *       `ntensors` fa_lowp_tensor entries (increasing block0).  Block b updates elements
  *       [(b - block0) * span, +span) of its tensor: with SF == FA_FMT_Q8, span is a multiple
- *       of the quantization block (about FA_CUDA_CHUNK elements, so that the maps are copied to
- *       shared memory once per span) and the thread block does its quantization blocks one
+ *       of the quantization block (about 1024 elements, so that the maps are copied to shared
+ *       memory once per span and a large tensor still makes several waves of blocks) and the thread block does its quantization blocks one
  *       after another (dequantize, update, keep the new states in registers, reduce the block's
  *       absmax by warp shuffles and shared memory, requantize); otherwise span = FA_CUDA_CHUNK.
  *       blockDim.x is a multiple of 32, <= FA_LOWP_THREADS, and for
@@ -347,6 +347,7 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
 #define FA_LOWP_TABLE 192   /* FA_CUDA_HEADER + FA_LOWP_PARAMS: the first tensor entry */
 #define FA_LOWP_THREADS 1024 /* the most threads per block of the low-precision kernels */
 #define FA_Q8_PER_THREAD 4   /* the most elements of one quantization block per thread */
+#define FA_LOWP_UNROLL 4     /* elements per thread loaded together by fa_lowp_elementwise */
 /* The kernels below are compiled with __launch_bounds__(FA_LOWP_THREADS), so that a launch with
  * that many threads (8-bit blocks of 4096) never asks for more registers than a block has. */
 
@@ -436,17 +437,34 @@ static __device__ __forceinline__ void fa_lowp_elementwise(
     fa_u32 key, const void *gbase, fa_i64 gorigin, int gfmt, fa_i64 begin, fa_i64 end)
 {
     const int nslots = fa_opt<KIND, float>::nslots(FLAGS);
-    for (fa_i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        float st[FA_MAX_SLOTS] = {0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < nslots; s++) st[s] = fa_lowp_load((const void *)e->s[s], SF, i);
-        float x = fa_lowp_load_x(p, e, i);
-        const float g = fa_lowp_load(gbase, gfmt, i - gorigin);
-        fa_opt<KIND, float>::apply(k, FLAGS, g, &x, &st[0], &st[1], &st[2]);
-        for (int s = 0; s < nslots; s++) {
-            if (SF == FA_FMT_BF16) ((fa_u16 *)e->s[s])[i] = fa_bf16_nearest(st[s]);
-            else ((float *)e->s[s])[i] = st[s];
+    const fa_i64 stride = blockDim.x;
+    for (fa_i64 base = begin + threadIdx.x; base < end; base += FA_LOWP_UNROLL * stride) {
+        /* the loads of FA_LOWP_UNROLL elements first, so that they are in flight together (the
+         * compiler may not move a load above a store through another pointer) */
+        float st[FA_LOWP_UNROLL][FA_MAX_SLOTS], x[FA_LOWP_UNROLL], g[FA_LOWP_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FA_LOWP_UNROLL; u++) {
+            const fa_i64 i = base + u * stride;
+            st[u][0] = st[u][1] = st[u][2] = 0.0f;
+            x[u] = g[u] = 0.0f;
+            if (i < end) {
+                for (int s = 0; s < nslots; s++)
+                    st[u][s] = fa_lowp_load((const void *)e->s[s], SF, i);
+                x[u] = fa_lowp_load_x(p, e, i);
+                g[u] = fa_lowp_load(gbase, gfmt, i - gorigin);
+            }
         }
-        fa_lowp_store_x(p, e, key, i, x);
+#pragma unroll
+        for (int u = 0; u < FA_LOWP_UNROLL; u++) {
+            const fa_i64 i = base + u * stride;
+            if (i >= end) break;
+            fa_opt<KIND, float>::apply(k, FLAGS, g[u], &x[u], &st[u][0], &st[u][1], &st[u][2]);
+            for (int s = 0; s < nslots; s++) {
+                if (SF == FA_FMT_BF16) ((fa_u16 *)e->s[s])[i] = fa_bf16_nearest(st[u][s]);
+                else ((float *)e->s[s])[i] = st[u][s];
+            }
+            fa_lowp_store_x(p, e, key, i, x[u]);
+        }
     }
 }
 
@@ -490,23 +508,30 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
     float scale[FA_MAX_SLOTS];
     fa_u32 peak[FA_MAX_SLOTS] = {0u, 0u, 0u};
     for (int s = 0; s < nslots; s++) scale[s] = ((const float *)e->scale[s])[qb];
-    float y[FA_Q8_PER_THREAD][FA_MAX_SLOTS];
+    float y[FA_Q8_PER_THREAD][FA_MAX_SLOTS], x[FA_Q8_PER_THREAD], g[FA_Q8_PER_THREAD];
+    /* every load first (in flight together), then the updates */
+#pragma unroll
+    for (int q = 0; q < FA_Q8_PER_THREAD; q++) {
+        const int at = q * nt + tid;
+        y[q][0] = y[q][1] = y[q][2] = 0.0f;
+        x[q] = g[q] = 0.0f;
+        if (at < len) {
+            const fa_i64 i = begin + at;
+            for (int s = 0; s < nslots; s++)
+                y[q][s] = fa_lowp_dequantize(((const fa_u8 *)e->s[s])[i], scale[s],
+                                             maps->map[(p->signed_mask >> s) & 1]);
+            x[q] = fa_lowp_load_x(p, e, i);
+            g[q] = fa_lowp_load(gbase, gfmt, i - gorigin);
+        }
+    }
 #pragma unroll
     for (int q = 0; q < FA_Q8_PER_THREAD; q++) {
         const int at = q * nt + tid;
         if (at >= len) break;
-        const fa_i64 i = begin + at;
-        float st[FA_MAX_SLOTS] = {0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < nslots; s++)
-            st[s] = fa_lowp_dequantize(((const fa_u8 *)e->s[s])[i], scale[s],
-                                       maps->map[(p->signed_mask >> s) & 1]);
-        float x = fa_lowp_load_x(p, e, i);
-        const float g = fa_lowp_load(gbase, gfmt, i - gorigin);
-        fa_opt<KIND, float>::apply(k, FLAGS, g, &x, &st[0], &st[1], &st[2]);
-        fa_lowp_store_x(p, e, key, i, x);
+        fa_opt<KIND, float>::apply(k, FLAGS, g[q], &x[q], &y[q][0], &y[q][1], &y[q][2]);
+        fa_lowp_store_x(p, e, key, begin + at, x[q]);
         for (int s = 0; s < nslots; s++) {
-            const fa_u32 a = fa_f32_bits(st[s]) & 0x7fffffffu;
-            y[q][s] = st[s];
+            const fa_u32 a = fa_f32_bits(y[q][s]) & 0x7fffffffu;
             peak[s] = a > peak[s] ? a : peak[s];
         }
     }
