@@ -89,6 +89,15 @@ def test_struct_layout_follows_the_header(header, struct, kind):
         assert dt.fields[name][0] == (np.dtype(np.float64) if ctype == "double"
                                       else np.dtype(np.int32))
     assert dt.itemsize % 8 == 0 and dt.itemsize <= _layout.HEADER_BYTES
+    # the struct.Struct that writes it each step gives the bytes of a NumPy record of dt
+    values = [np.int32(-7) if dt.fields[name][0] == np.int32 else 0.1 * (i + 1) - 1e300 * (i % 2)
+              for i, name in enumerate(_layout.STRUCT_FIELDS[kind_id])]
+    record = np.zeros(1, dtype=dt)
+    record[0] = tuple(values)
+    packed = np.full(_layout.HEADER_BYTES, 0xAB, dtype=np.uint8)
+    _layout.STRUCT_PACKERS[kind_id].pack_into(packed, 0, *values)
+    np.testing.assert_array_equal(packed[:dt.itemsize], record.view(np.uint8))
+    assert (packed[dt.itemsize:] == 0xAB).all()  # nothing written past the struct
 
 
 @pytest.mark.parametrize("coeffs", [
@@ -261,3 +270,56 @@ def test_lowp_entry_points_without_cupy_say_cupy_is_missing():
     with pytest.raises(TypeError, match=r"^x: a CUDA array was passed but CuPy is not"):
         fastadam.gpu.lowp_rows_step(None, FakeDeviceArray(), None, None, [], [], None, 0, 1,
                                     256, 0, (), 0, 0, 1)
+
+
+class _Span:
+    """A stand-in with the two attributes check_disjoint reads of a device array."""
+
+    def __init__(self, ptr, nbytes):
+        self.data = type("Pointer", (), {"ptr": ptr})()
+        self.nbytes = nbytes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_numpy_overlap_check_agrees_with_the_sweep(seed, monkeypatch):
+    """Above _SWEEP_IN_PYTHON spans, NumPy decides whether check_disjoint's sweep would raise; on
+    random layouts (many touching or overlapping, some read-only) the two must agree, and a
+    layout that overlaps still gets the sweep's message naming both arrays."""
+    from fastadam.gpu import _validation
+
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 120))
+    starts = rng.integers(0, 40 * count, count) * 4
+    sizes = rng.integers(0, 30, count) * 4  # zero-size arrays take part in nothing
+    if seed % 2:  # a clean layout: back to back, read-only ones allowed to repeat
+        starts, sizes = np.cumsum(np.r_[0, sizes[:-1]]), sizes
+    written = rng.random(count) < (0.5 if seed % 3 else 0.95)
+    groups = [("w", [_Span(int(p), int(n)) for p, n, w in zip(starts, sizes, written) if w], True),
+              ("r", [_Span(int(p), int(n)) for p, n, w in zip(starts, sizes, written) if not w],
+               False)]
+    if seed % 5 == 0:  # read-only arrays that share memory among themselves: allowed
+        groups.append(("r2", list(groups[1][1]), False))
+
+    def outcome(limit):
+        monkeypatch.setattr(_validation, "_SWEEP_IN_PYTHON", limit)
+        try:
+            _validation.check_disjoint(groups)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    swept, checked = outcome(10**9), outcome(0)
+    assert swept == checked
+    if swept is not None:
+        assert "share memory" in swept
+
+
+def test_an_overlap_among_many_tensors_is_named():
+    from fastadam.gpu import _validation
+
+    xs = [_Span(1000 * i, 400) for i in range(100)]
+    ms = [_Span(1000 * i + 500, 400) for i in range(100)]
+    _validation.check_disjoint([("x", xs, True), ("m", ms, True)])  # disjoint: passes
+    ms[57] = _Span(1000 * 57 + 300, 400)
+    with pytest.raises(ValueError, match=r"^x\[57\] and m\[57\] share memory"):
+        _validation.check_disjoint([("x", xs, True), ("m", ms, True)])

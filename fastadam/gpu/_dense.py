@@ -16,7 +16,7 @@ def build_table(coeffs, xs, gs, slot_lists):
     """(device table, number of entries, number of blocks) for the non-empty tensors."""
     pointers = [[a.data.ptr for a in lst] for lst in [xs, gs] + slot_lists]
     host, n, nblocks = _layout.host_table(coeffs, [a.size for a in xs], pointers)
-    return cupy.asarray(host), n, nblocks
+    return _kernels.upload_table(host), n, nblocks
 
 
 def dense_step(coeffs, x, g, slots, skip_nonfinite):

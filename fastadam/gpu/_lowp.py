@@ -174,7 +174,7 @@ def lowp_dense_step(coeffs, xs, gs, slots, scales, masters, param_fmt, grad_fmt,
     state = _source_state(state_fmt)
     threads = _layout.lowp_threads(state_fmt == Q8, block)
     with cupy.cuda.Device(device):
-        table = cupy.asarray(host)
+        table = _kernels.upload_table(host)
         step = _kernels.function("lowp", state, coeffs.kind,
                                  _source.lowp_dense_name(state, coeffs.kind, flags))
         if not skip_nonfinite:
@@ -261,7 +261,7 @@ def lowp_rows_step(coeffs, x, rows, values, slots, scales, master, param_fmt, st
         if master is not None:
             pointers["master"] = [master.data.ptr]
         host, _, _ = _layout.lowp_host_table(header, [x.size], pointers, x.size)
-        table = cupy.asarray(host)
+        table = _kernels.upload_table(host)
         parts = row_size // block if state_fmt == Q8 else 1
         state = _source_state(state_fmt)
         step = _kernels.function("lowp", state, coeffs.kind,
@@ -296,9 +296,13 @@ def _first(obj):
 
 def is_lowp_call(x, g, slots):
     """True when the first array of x, g or a slot is bfloat16 bits or an 8-bit slot."""
+    nd = cupy.ndarray
     for obj in [x, g] + [a for _, a in slots]:
         a = _first(obj)
-        if _is_quantized(a) or (isinstance(a, cupy.ndarray) and _is_bf16(a.dtype)):
+        if type(a) is nd:  # the common case: one dtype check (hasattr probes are slow)
+            if a.dtype.itemsize == 2 and _is_bf16(a.dtype):
+                return True
+        elif _is_quantized(a) or (isinstance(a, nd) and _is_bf16(a.dtype)):
             return True
     return False
 

@@ -41,7 +41,7 @@ def check_device_array(cupy, a, name, device):
                             f"and CuPy arrays cannot be mixed in one call (cupy.asarray copies "
                             f"it to the GPU)")
         raise TypeError(f"{name}: expected a cupy.ndarray, got {type(a).__name__}")
-    dev = a.device.id
+    dev = a.data.device_id
     if device is not None and dev != device:
         raise ValueError(f"{name}: on GPU {dev}, but x is on GPU {device}; every array of a "
                          f"call must be on one device")
@@ -98,17 +98,36 @@ def check_step_arrays(x, g, slots):
             raise ValueError(f"{name}: expected a list of {n} arrays like x, got {len(lst)}")
         slot_lists.append(lst)
     dtype, device = None, None
-    for i in range(n):
-        xi = check_array(cupy, xs[i], label("x", i, single), dtype, None, device)
-        if dtype is None:
-            dtype, device = xi.dtype, xi.device.id
-        check_array(cupy, gs[i], label("g", i, single), dtype, xi.shape, device)
-        for (name, _), lst in zip(slots, slot_lists):
-            check_array(cupy, lst[i], label(name, i, single), dtype, xi.shape, device)
+    if n:
+        check_array(cupy, xs[0], label("x", 0, single))
+        dtype, device = xs[0].dtype, xs[0].data.device_id
+    columns = [xs, gs] + slot_lists
+    if not _all_plain(cupy.ndarray, columns, dtype, device):
+        # some array is not the common case: check each, in the CPU path's order, for the
+        # message of the first error (check_array also passes what the shortcut left out)
+        for i in range(n):
+            xi = check_array(cupy, xs[i], label("x", i, single), dtype, None, device)
+            check_array(cupy, gs[i], label("g", i, single), dtype, xi.shape, device)
+            for (name, _), lst in zip(slots, slot_lists):
+                check_array(cupy, lst[i], label(name, i, single), dtype, xi.shape, device)
     groups = [("x", xs, True), ("g", gs, False)]
     groups += [(name, lst, True) for (name, _), lst in zip(slots, slot_lists)]
     check_disjoint(groups, single)
     return xs, gs, slot_lists, dtype or np.dtype(np.float32), device
+
+
+def _all_plain(nd, columns, dtype, device):
+    """Whether every array of ``columns`` (lists as long as the first, which holds the
+    parameters) is a C-contiguous cupy.ndarray of ``dtype`` on ``device`` with its parameter's
+    shape: check_array's conditions, tested column by column with nothing else done per array
+    (the loop of a step over a thousand tensors)."""
+    shapes = [getattr(a, "shape", None) for a in columns[0]]
+    for column in columns:
+        for a, shape in zip(column, shapes):
+            if not (type(a) is nd and a.dtype == dtype and a.shape == shape
+                    and a.data.device_id == device and a.flags.c_contiguous):
+                return False
+    return True
 
 
 def check_parameter_list(params):
@@ -128,11 +147,18 @@ def check_disjoint(groups, single=False):
     """Reject overlapping device memory, as fastadam._core._validation.check_disjoint: groups is a
     list of (name, arrays, written); two buffers may share memory only if neither is written.
     Sort by start address and sweep (O(k log k))."""
-    spans = []
+    starts, ends, where = [], [], []
     for gi, (name, lst, written) in enumerate(groups):
         for i, a in enumerate(lst):
-            if a.nbytes:
-                spans.append((a.data.ptr, a.data.ptr + a.nbytes, gi, i, written))
+            nbytes = a.nbytes
+            if nbytes:
+                ptr = a.data.ptr
+                starts.append(ptr)
+                ends.append(ptr + nbytes)
+                where.append((gi, i, written))
+    if len(starts) > _SWEEP_IN_PYTHON and not _any_overlap(starts, ends, where):
+        return
+    spans = [(p, e, gi, i, w) for p, e, (gi, i, w) in zip(starts, ends, where)]
     spans.sort(key=lambda s: s[0])
     best_any = best_written = None
     for cur in spans:
@@ -144,6 +170,24 @@ def check_disjoint(groups, single=False):
             best_any = cur
         if cur[4] and (best_written is None or cur[1] > best_written[1]):
             best_written = cur
+
+
+_SWEEP_IN_PYTHON = 64  # more spans: NumPy first tells whether the sweep has anything to name
+
+
+def _any_overlap(starts, ends, where):
+    """Whether the sweep of check_disjoint would raise, in NumPy: in start order, a written
+    span must start at or after the end of every span before it, and any span at or after the
+    end of every written span before it."""
+    start, end = np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+    written = np.array([w for _, _, w in where], dtype=bool)
+    order = np.argsort(start, kind="stable")
+    start, end, written = start[order], end[order], written[order]
+    lowest = np.iinfo(np.int64).min
+    before_any = np.concatenate([[lowest], np.maximum.accumulate(end)[:-1]])
+    ends_written = np.where(written, end, lowest)
+    before_written = np.concatenate([[lowest], np.maximum.accumulate(ends_written)[:-1]])
+    return bool(np.any(np.where(written, start < before_any, start < before_written)))
 
 
 def _raise_overlap(groups, a, b, single):

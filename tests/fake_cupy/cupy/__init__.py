@@ -22,6 +22,7 @@ _STORAGE = {"unsigned short": 0, "float": 1, "double": 2}
 class _Pointer:
     def __init__(self, ptr):
         self.ptr = ptr
+        self.device_id = 0
 
 
 class _DeviceId:
@@ -117,6 +118,13 @@ class _Runtime:
     def getDevice():
         return 0
 
+    memcpyHostToDevice = 1
+
+    @staticmethod
+    def memcpyAsync(dst, src, size, kind, stream):
+        assert kind == 1 and stream == 0, "the fake runs host-to-device copies on stream 0"
+        ctypes.memmove(dst, src, size)
+
 
 class _Device:
     def __init__(self, i=None):
@@ -142,11 +150,17 @@ class _Stream:
     def synchronize(self):
         pass
 
+    ptr = 0  # every fake stream is the null stream
+
 
 class cuda:  # noqa: N801 (the module name CuPy uses)
     runtime = _Runtime
     Device = _Device
     Stream = _Stream
+
+    @staticmethod
+    def get_current_stream():
+        return _Stream()
 
 
 def _library():
