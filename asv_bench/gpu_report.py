@@ -6,7 +6,7 @@ prints the table of the issue: fastadam vs the read-4/write-3 stream kernel (fra
 bandwidth) vs ``torch.optim.Adam(fused=True)``; 1000 tensors in one call; the sparse lazy step vs
 ``torch.optim.SparseAdam``; Adam with bfloat16 and 8-bit states (issue 24) against the float32
 step and the ratio of the bytes each moves.  Needs CuPy and a CUDA device (and CUDA torch for its columns).
-NOT YET RUN ON A GPU: no numbers from it exist yet.
+Its figures on an H100 are in docs/guide/gpu.md.
 """
 import statistics
 import sys

@@ -4,7 +4,7 @@ in ``setup`` without CuPy and a CUDA device (asv reports it as skipped), and the
 without a CUDA build of torch.
 
 The ``build_*`` functions return a zero-argument step closure and are shared with
-``asv_bench/gpu_report.py``, which times them side by side.  NOT YET RUN ON A GPU.
+``asv_bench/gpu_report.py``, which times them side by side (figures: docs/guide/gpu.md).
 """
 import numpy as np
 
