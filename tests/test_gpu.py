@@ -217,6 +217,67 @@ def test_overlapping_buffers_are_rejected():
     _assert_untouched(args + [base])
 
 
+def _many(n=100, size=8):
+    return [[cp.full(size, float(i), np.float32) for i in range(n)] for _ in range(4)]
+
+
+def _snapshot(arrays):
+    return [cp.asnumpy(a).copy() for a in arrays]
+
+
+def _assert_same(arrays, before):
+    for i, (a, b) in enumerate(zip(arrays, before)):
+        np.testing.assert_array_equal(cp.asnumpy(a), b, err_msg=f"array {i}")
+
+
+def test_a_bad_array_among_many_tensors_is_named_and_nothing_is_written():
+    xs, gs, ms, vs = _many()
+    before = _snapshot(xs + gs + ms + vs)
+    gs[70] = gs[70].astype(np.float64)
+    with pytest.raises(TypeError, match=r"^g\[70\]: expected dtype float32, got float64"):
+        fastadam.step_inplace(xs, gs, ms, vs, 1, convention="torch")
+    # two bad arrays: the first in the CPU path's order (tensor by tensor, x, g, then slots)
+    xs[30] = cp.ones(16, np.float32)[::2]
+    with pytest.raises(ValueError, match=r"^x\[30\]: expected a C-contiguous array"):
+        fastadam.step_inplace(xs, gs, ms, vs, 1, convention="torch")
+    vs[10] = cp.ones(9, np.float32)
+    with pytest.raises(ValueError, match=r"^v\[10\]: expected shape \(8,\), got \(9,\)"):
+        fastadam.step_inplace(xs, gs, ms, vs, 1, convention="torch")
+    _assert_same([a for i, a in enumerate(xs + gs + ms + vs) if i not in (30, 170, 310)],
+                 [b for i, b in enumerate(before) if i not in (30, 170, 310)])
+
+
+def test_an_overlap_among_many_tensors_is_named_and_nothing_is_written():
+    xs, gs, ms, vs = _many()
+    fastadam.step_inplace(xs, gs, ms, vs, 1, convention="torch")  # disjoint: steps
+    base = cp.zeros(12, np.float32)
+    xs[57], ms[57] = base[:8], base[4:]
+    before = _snapshot(xs + gs + ms + vs + [base])
+    with pytest.raises(ValueError, match=r"^x\[57\] and m\[57\] share memory"):
+        fastadam.step_inplace(xs, gs, ms, vs, 1, convention="torch")
+    _assert_same(xs + gs + ms + vs + [base], before)
+
+
+def test_each_thread_uploads_its_tables_into_its_own_buffer():
+    """A step's table goes into a buffer reused by the next step of the same thread on the same
+    stream; two threads on the null stream must not share one (a race on the GPU)."""
+    import threading
+
+    from fastadam.gpu import _kernels
+
+    host = np.arange(200, dtype=np.uint8)
+    buffers = []
+    worker = threading.Thread(target=lambda: buffers.append(_kernels.upload_table(host)))
+    worker.start()
+    worker.join()
+    buffers.append(_kernels.upload_table(host[::-1].copy()))
+    buffers.append(_kernels.upload_table(host))  # this thread again: its buffer, reused
+    assert buffers[0].data.ptr != buffers[1].data.ptr
+    assert buffers[2].data.ptr == buffers[1].data.ptr
+    np.testing.assert_array_equal(cp.asnumpy(buffers[0])[:200], host)
+    np.testing.assert_array_equal(cp.asnumpy(buffers[2])[:200], host)
+
+
 def test_list_length_mismatch_is_rejected():
     xs = [cp.ones(4, np.float32)] * 1
     with pytest.raises(ValueError, match=r"^g: expected a list of 1 arrays like x, got 2"):

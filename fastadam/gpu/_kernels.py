@@ -8,6 +8,8 @@ it is needed on that device; ``_source.module_names`` lists what each module ins
 ``_layout.py``) to the device; ``upload_table(host)`` copies a step's table into a buffer that
 the next step on the same stream reuses.
 """
+import threading
+
 import cupy
 import numpy as np
 
@@ -18,7 +20,7 @@ THREADS = 256
 
 _modules = {}    # (device, family, dtype, kind) -> RawModule
 _functions = {}  # (device, name expression) -> kernel
-_tables = {}     # (device, stream) -> the device buffer of the step tables launched there
+_tables = {}     # (device, stream, thread) -> the buffer of the step tables launched there
 _MAX_TABLE_BUFFERS = 64
 
 
@@ -62,13 +64,15 @@ def upload_table(host):
     """The uint8 table ``host`` in device memory, for the kernels launched next on the current
     stream; returns a uint8 device array of at least ``host.nbytes`` bytes.
 
-    One cudaMemcpyAsync into a buffer kept per (device, stream): the host does not wait for the
-    GPU (a pageable source is staged by the driver before the call returns), and the copy is
-    ordered after the kernels already launched on that stream, which read the buffer's previous
-    table.  (``cupy.asarray`` took a pinned staging buffer and recorded an event for every
-    step.)  A buffer freed here goes back to CuPy's pool, which reuses it only on its stream."""
+    One cudaMemcpyAsync into a buffer kept per (device, stream, thread): the host does not wait
+    for the GPU (a pageable source is staged by the driver before the call returns), and the
+    copy is ordered after the kernels this thread already launched on that stream, which read
+    the buffer's previous table.  Per thread, because two threads share the null stream: one
+    thread's upload could otherwise land between another's upload and launch.
+    (``cupy.asarray`` took a pinned staging buffer and recorded an event for every step.)  A
+    buffer dropped here goes back to CuPy's pool, which reuses it only on its stream."""
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.runtime.getDevice(), stream.ptr)
+    key = (cupy.cuda.runtime.getDevice(), stream.ptr, threading.get_ident())
     buf = _tables.get(key)
     if buf is None or buf.nbytes < host.nbytes:
         if len(_tables) >= _MAX_TABLE_BUFFERS:  # streams made and dropped: forget them all
