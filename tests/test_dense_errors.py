@@ -1,4 +1,6 @@
 """Every bad input raises a clear exception naming the argument, and changes no array."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,76 @@ def test_same_parameter_twice_in_list():
     x[1] = x[0]
     with pytest.raises(ValueError, match=r"x\[0\] and x\[1\] share memory"):
         fastadam.step_inplace(x, g, m, v, 1)
+
+
+@pytest.mark.parametrize("a,b", list(itertools.combinations("xgmv", 2)))
+def test_single_arrays_sharing_one_element_are_named_and_nothing_is_written(a, b):
+    # the one-array-each case is checked from the headers first (plain_single_step); an
+    # overlap of a single element at either end must still reach the full check and its name
+    buf = np.arange(15, dtype=np.float64)
+    arrays = {k: np.full(8, 0.5) for k in "xgmv"}
+    arrays[a], arrays[b] = buf[:8], buf[7:]
+    before = {k: arr.copy() for k, arr in arrays.items()}
+    with pytest.raises(ValueError, match=rf"({a} and {b}|{b} and {a}) share memory"):
+        fastadam.step_inplace(arrays["x"], arrays["g"], arrays["m"], arrays["v"], 1)
+    for k in "xgmv":
+        np.testing.assert_array_equal(arrays[k], before[k])
+
+
+LIST_BUFFERS = [(name, i) for name in "xgmv" for i in range(2)]
+
+
+@pytest.mark.parametrize("a,b", [pair for pair in itertools.combinations(LIST_BUFFERS, 2)
+                                 if pair != (("g", 0), ("g", 1))])
+def test_listed_arrays_sharing_one_element_are_named_and_nothing_is_written(a, b):
+    # the same for two tensors per argument (checked from the headers first when small)
+    buf = np.arange(15, dtype=np.float64)
+    arrays = {k: [np.full(8, 0.5), np.full(8, 0.5)] for k in "xgmv"}
+    arrays[a[0]][a[1]], arrays[b[0]][b[1]] = buf[:8], buf[7:]
+    before = {k: [arr.copy() for arr in lst] for k, lst in arrays.items()}
+    la, lb = f"{a[0]}\\[{a[1]}\\]", f"{b[0]}\\[{b[1]}\\]"
+    with pytest.raises(ValueError, match=rf"({la} and {lb}|{lb} and {la}) share memory"):
+        fastadam.step_inplace(arrays["x"], arrays["g"], arrays["m"], arrays["v"], 1)
+    for k in "xgmv":
+        for arr, old in zip(arrays[k], before[k]):
+            np.testing.assert_array_equal(arr, old)
+
+
+def test_two_gradients_may_share_memory():
+    # only a written array may not share: one gradient array given for two parameters is fine
+    x, g, m, v = fresh()
+    x2, _, m2, v2 = (snapshot(lst) for lst in (x, g, m, v))
+    shared = g[0]
+    assert fastadam.step_inplace(x, [shared, shared], m, v, 1)
+    assert fastadam.step_inplace(x2, [shared.copy(), shared.copy()], m2, v2, 1)
+    for a, b in zip(x + m + v, x2 + m2 + v2):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_adjacent_single_arrays_do_not_overlap():
+    # one buffer cut into four touching pieces steps like four separate arrays
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal((4, 8)).astype(np.float32)
+    start[2:] = np.abs(start[2:])
+    buf = start.copy().ravel()
+    views = [buf[i * 8:(i + 1) * 8] for i in range(4)]
+    separate = [row.copy() for row in start]
+    for t in (1, 2):
+        assert fastadam.step_inplace(*views, t, convention="torch")
+        assert fastadam.step_inplace(*separate, t, convention="torch")
+    for view, arr in zip(views, separate):
+        assert view.tobytes() == arr.tobytes()
+
+
+def test_an_ndarray_subclass_is_still_accepted():
+    class Sub(np.ndarray):
+        pass
+
+    x, g, m, v = (np.ones(8, np.float32).view(Sub) for _ in range(4))
+    plain = [np.ones(8, np.float32) for _ in range(4)]
+    assert fastadam.step_inplace(x, g, m, v, 1)
+    assert fastadam.step_inplace(*plain, 1)
+    assert np.asarray(x).tobytes() == plain[0].tobytes()
 
 
 def test_empty_arrays_never_overlap():

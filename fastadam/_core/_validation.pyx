@@ -133,6 +133,81 @@ cdef inline bint plain_like(object a, int typenum, cnp.ndarray ref, bint writabl
     return True
 
 
+cdef enum:
+    SMALL_STEP_BUFFERS = 16
+
+
+cdef inline bint small_step_member(object a, int t, cnp.ndarray ref, bint writable,
+                                   uintptr_t *lo, Py_ssize_t *n):
+    """plain_like(a, t, ref, writable), recording a's start address at lo[n[0]++]."""
+    if not plain_like(a, t, ref, writable):
+        return False
+    lo[n[0]] = <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>a)
+    n[0] += 1
+    return True
+
+
+cdef object plain_small_step(object x, object g, list slots):
+    """check_step_arrays' common small case read from the headers alone: one ndarray each, or
+    lists (exact lists) of the same length of at most SMALL_STEP_BUFFERS arrays in all; every
+    array an exact ndarray that plain_like the parameter it belongs to accepts (one float dtype,
+    its shape, C-contiguous, aligned, native; written ones writable), and no two non-empty
+    buffers overlapping (stricter than check_disjoint, which lets two gradients share).  Returns
+    check_step_arrays' result, or None to send the caller to the full checks, which raise with
+    the label or accept what this does not look at (subclasses, tuples, many tensors)."""
+    cdef Py_ssize_t i, k, j, q, n = 0, count, nslots = len(slots)
+    cdef uintptr_t lo[SMALL_STEP_BUFFERS]
+    cdef uintptr_t hi[SMALL_STEP_BUFFERS]
+    cdef cnp.ndarray xa
+    cdef uintptr_t nbytes
+    cdef int t = -1
+    cdef bint single = type(x) is cnp.ndarray
+    for q in range(nslots):
+        pair = slots[q]
+        if type(pair) is not tuple or len(<tuple>pair) != 2:
+            return None
+    if single:
+        count = 1
+    elif type(x) is list and type(g) is list and len(<list>x) == len(<list>g):
+        count = len(<list>x)
+    else:
+        return None
+    if count == 0 or count * (2 + nslots) > SMALL_STEP_BUFFERS:
+        return None
+    if not single:
+        for q in range(nslots):
+            s = (<tuple>slots[q])[1]
+            if type(s) is not list or len(<list>s) != count:
+                return None
+    for i in range(count):
+        xo = x if single else (<list>x)[i]
+        if type(xo) is not cnp.ndarray:
+            return None
+        xa = <cnp.ndarray>xo
+        if t < 0:
+            t = cnp.PyArray_TYPE(xa)
+            if t != cnp.NPY_FLOAT and t != cnp.NPY_DOUBLE and t != cnp.NPY_FLOAT16:
+                return None
+        if not small_step_member(xo, t, xa, True, lo, &n):
+            return None
+        if not small_step_member(g if single else (<list>g)[i], t, xa, False, lo, &n):
+            return None
+        for q in range(nslots):
+            s = (<tuple>slots[q])[1]
+            if not small_step_member(s if single else (<list>s)[i], t, xa, True, lo, &n):
+                return None
+        nbytes = <uintptr_t>cnp.PyArray_NBYTES(xa)  # the tensor's arrays all have its size
+        for k in range(n - 2 - nslots, n):
+            hi[k] = lo[k] + nbytes if nbytes != 0 else lo[k]  # empty: overlaps nothing
+    for k in range(n):
+        for j in range(k + 1, n):
+            if lo[k] < hi[j] and lo[j] < hi[k]:
+                return None
+    if single:
+        return [x], [g], [[(<tuple>pair)[1]] for pair in slots], t
+    return list(x), list(g), [list((<tuple>pair)[1]) for pair in slots], t
+
+
 def check_step_arrays(x, g, list slots):
     """Validate a dense step's arrays: ndarrays, or equal-length lists of ndarrays.
 
@@ -145,6 +220,9 @@ def check_step_arrays(x, g, list slots):
     cdef Py_ssize_t n, i, q, nslots = len(slots)
     cdef int typenum = -1
     cdef cnp.ndarray xi
+    fast = plain_small_step(x, g, slots)
+    if fast is not None:
+        return fast
     if isinstance(x, cnp.ndarray) and isinstance(g, cnp.ndarray) and all(
             isinstance(a, cnp.ndarray) for _, a in slots):
         # One tensor per argument: the common case, without the lists.
