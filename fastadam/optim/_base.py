@@ -497,7 +497,8 @@ class Optimizer:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
         if skip_nonfinite is not False:
             skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
-        if len(self._arrays) == 1 and (type(grads) is np.ndarray or is_device_array(grads)):
+        if (type(grads) is not list and len(self._arrays) == 1
+                and (type(grads) is np.ndarray or is_device_array(grads))):
             grads = [grads]
         if (self._clip is None and len(self._buckets) == 1 and self.dense_gradients
                 and type(grads) in (list, tuple) and len(grads) == len(self._arrays)
