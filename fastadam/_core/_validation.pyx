@@ -198,7 +198,7 @@ cdef object plain_small_step(object x, object g, list slots):
                 return None
         nbytes = <uintptr_t>cnp.PyArray_NBYTES(xa)  # the tensor's arrays all have its size
         for k in range(n - 2 - nslots, n):
-            hi[k] = lo[k] + nbytes if nbytes != 0 else lo[k]  # empty: overlaps nothing
+            hi[k] = lo[k] + nbytes  # empty: [lo, lo), inside another buffer: full checks
     for k in range(n):
         for j in range(k + 1, n):
             if lo[k] < hi[j] and lo[j] < hi[k]:
