@@ -37,10 +37,33 @@ REPO = os.path.dirname(HERE)
 STORE = os.path.join(HERE, "instructions")
 THRESHOLD = 1.25
 REPEATS = 4
+LAYOUT_STRIDE = 1024  # bytes between the page offsets of a dense case's arrays (see placed)
 WARMUP = 10  # uncounted calls first: CPython 3.11 specialises a code object after ~8 runs
 
 
 # ---- the cases: name -> a function returning the call to count (run inside valgrind) ------
+
+def placed(arrays):
+    """Copies of `arrays`, the k-th starting LAYOUT_STRIDE * k bytes after a page boundary.
+
+    Where the heap puts a step's arrays relative to each other moves a 1e5-element step's
+    wall time by up to 20% on one machine (the same loads and stores, other cache sets), and
+    the heap depends on what the process did before: the base and the candidate of the
+    wall-time gate import different modules.  A fixed layout makes their ratio about the code.
+    """
+    import numpy as np
+
+    out = []
+    for k, a in enumerate(arrays):
+        a = np.ascontiguousarray(a)
+        offset = LAYOUT_STRIDE * (k % 4)
+        buf = np.empty(a.nbytes + offset + 4096, np.uint8)
+        start = -buf.ctypes.data % 4096 + offset
+        view = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        out.append(view)
+    return out
+
 
 def _dense_arrays(n, seed=0):
     import numpy as np
@@ -63,7 +86,7 @@ def _optimizer_classes():
 
 def _optimizer_case(cls, n):
     def build():
-        x, g = _dense_arrays(n)
+        x, g = placed(_dense_arrays(n))
         opt = cls([x], lr=1e-3, num_threads=1)
         return lambda: opt.step([g])
     return build
@@ -76,7 +99,7 @@ def _functional_case(n):
         import fastadam
 
         x, g = _dense_arrays(n)
-        m, v = np.zeros_like(x), np.zeros_like(x)
+        x, g, m, v = placed([x, g, np.zeros_like(x), np.zeros_like(x)])
         return lambda: fastadam.step_inplace(x, g, m, v, 1, num_threads=1)
     return build
 

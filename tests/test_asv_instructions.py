@@ -45,6 +45,33 @@ def test_the_cases_cover_every_exported_optimizer():
             assert f"optimizer_step/{cls.__name__}/{n}" in names
 
 
+def test_placed_arrays_keep_their_values_at_the_fixed_page_offsets():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(n).astype(dt) for n, dt in
+              ((1000, np.float32), (7, np.float64), (100_000, np.float32), (3, np.int64),
+               (5, np.float32))]
+    junk = [np.empty(k * 977, np.uint8) for k in range(1, 9)]  # another heap history
+    out = instructions.placed(arrays)
+    del junk
+    for k, (a, b) in enumerate(zip(arrays, out)):
+        assert b.ctypes.data % 4096 == instructions.LAYOUT_STRIDE * (k % 4)
+        assert b.dtype == a.dtype and b.shape == a.shape and b.flags.c_contiguous
+        np.testing.assert_array_equal(a, b)
+        assert not np.shares_memory(a, b)
+
+
+def test_the_dense_step_case_places_its_four_arrays():
+    import numpy as np
+
+    call = instructions.cases()["step_inplace/adam/100000"]()
+    arrays = [c.cell_contents for c in call.__closure__
+              if isinstance(c.cell_contents, np.ndarray)]
+    assert sorted(a.ctypes.data % 4096 for a in arrays) == [
+        instructions.LAYOUT_STRIDE * k for k in range(4)]
+
+
 def test_stored_ancestor_is_the_newest_stored_ancestor(tmp_path, monkeypatch):
     history = ["c3", "c2", "c1", "c0"]  # newest first, as git rev-list prints it
     monkeypatch.setattr(instructions, "git", lambda *args: "\n".join(history))
