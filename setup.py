@@ -116,6 +116,7 @@ EXTENSIONS = {
     "fastadam.autodiff._tape": ["fastadam/autodiff/_tape.pyx"],
     "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx"],
     "fastadam.sparse._csr": ["fastadam/sparse/_csr.pyx"],
+    "fastadam.optim._step_path": ["fastadam/optim/_step_path.pyx"],
     "fastadam.sklearn._kernels": ["fastadam/sklearn/_kernels.pyx"],
     "fastadam.bench._yardstick": ["fastadam/bench/_yardstick.pyx", "include/fastadam/yardstick.c"],
 }

@@ -251,7 +251,7 @@ def test_an_array_made_read_only_after_prepare_is_refused():
 def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch):
     """Two dtypes: two prepared calls of the driver; a SIGINT raised after the first is
     delivered after the second, with t advanced."""
-    from fastadam._core import _dense
+    from fastadam.optim import PreparedStep
 
     params = [np.linspace(-1, 1, 50), np.linspace(1, 2, 50).astype(np.float32)]
     opt = fastadam.Adam(params, lr=0.01)
@@ -261,7 +261,7 @@ def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch)
     ref.step(grads)
     ref.step(grads)
     opt.step(grads)
-    real = _dense.dense_step
+    real = PreparedStep._step  # each bucket's prepared step: one driver call
     calls = []
 
     def interrupted_after_first(*args):
@@ -272,7 +272,7 @@ def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch)
         return out
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    monkeypatch.setattr(_dense, "dense_step", interrupted_after_first)
+    monkeypatch.setattr(PreparedStep, "_step", interrupted_after_first)
     with pytest.raises(KeyboardInterrupt):
         opt.step(grads)
     monkeypatch.undo()

@@ -109,8 +109,8 @@ def has_kernel(Coefficients coeffs, int typenum):
     return fa_dense_kernel(coeffs.kind, storage_type(typenum)) != NULL
 
 
-def dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
-               bint skip_nonfinite, int num_threads):
+cpdef object dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
+                        bint skip_nonfinite, int num_threads):
     """One step of the optimizer `coeffs` describes over validated tensors.
 
     slots: the optimizer's state lists in slot order, as many as it uses with these flags

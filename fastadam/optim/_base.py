@@ -36,6 +36,7 @@ from ..sparse import IndexedSlices
 from . import _checkpoint, _lowp_objects
 from .._core._lowp_state import is_bfloat16
 from ._guard import guarded_step, locked, new_lock
+from ._step_path import keep_common_step, optimizer_step
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
@@ -116,6 +117,10 @@ class Optimizer:
 
     #: False for an optimizer of sparse gradients only (SparseAdam): a dense one is refused
     dense_gradients = True
+
+    # the common step's reads, kept by _any_step for the compiled step (_step_path.KeptStep);
+    # None: the next step is the Python one
+    _step_kept = None
 
     def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):
         self._lock = new_lock()  # steps and checkpoints one at a time (_guard.py)
@@ -332,6 +337,7 @@ class Optimizer:
         self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
         self._prepared = [None] * len(self._buckets)  # built at a bucket's first step
         self._step_hypers = [None] * len(self._groups)
+        self._step_kept = None
 
     # ---- prepared steps: one per (group, dtype) bucket, kept across steps ------------------
     def _prepared_capable(self) -> bool:
@@ -436,6 +442,7 @@ class Optimizer:
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: Optional[float]) -> None:
         self._clip = check_clip(value)
+        self._step_kept = None
 
     @locked
     def set_hyperparameters(self, group: Optional[int] = 0, **hyper: Any) -> None:
@@ -461,6 +468,7 @@ class Optimizer:
             self.check_precision(h, [self._arrays[i] for i in self._group_params[gi]])
         for gi, h in zip(targets, updated):
             self._groups[gi] = h
+        self._step_kept = None
 
     # ---- stepping --------------------------------------------------------------------------
     def _lr(self, gi: int) -> float:
@@ -474,24 +482,16 @@ class Optimizer:
             raise type(exc)(f"lr: the schedule of group {gi} returned {value!r} at step "
                             f"{self.t}; expected a finite number >= 0") from None
 
-    @guarded_step
-    def step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
-             skip_nonfinite: bool = False) -> bool:
-        """Apply one step; returns True, or False if ``skip_nonfinite`` found a NaN or an
-        infinity in a gradient (then nothing changes and ``t`` does not advance).
+    # ``opt.step(grads, *, grad_scale=None, skip_nonfinite=False)``: the common case (one plain
+    # list of dense gradients, one bucket, no clipping) compiled in fastadam/optim/_step_path.pyx,
+    # which calls _any_step for everything else
+    step = optimizer_step
 
-        Parameters
-        ----------
-        grads : list, optional
-            One gradient per parameter (``None``: leave that parameter and its state alone this
-            step): ndarray, ``fastadam.autodiff.Tensor``, ``IndexedSlices`` or SciPy CSR, mixed
-            freely.  A single gradient may be passed bare when there is one parameter.  Omitted:
-            the ``.grad`` of each ``fastadam.autodiff.Tensor`` parameter.
-        grad_scale : float, optional
-            Loss-scaling factor: gradients are divided by it (non-zero, finite).
-        skip_nonfinite : bool
-            Skip the whole step if any gradient (divided by ``grad_scale``) is not finite.
-        """
+    @guarded_step
+    def _any_step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
+                  skip_nonfinite: bool = False) -> bool:
+        """:meth:`step`, any case (the compiled ``step`` takes the common one first)."""
+        self._step_kept = None
         scale = 1.0 if grad_scale is None else check_real(grad_scale, "grad_scale", None)
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
@@ -516,6 +516,8 @@ class Optimizer:
                                         None if scale == 1.0 else scale, skip_nonfinite)
             if applied is True and not self._tensor_params:
                 self.t += 1
+                if scale == 1.0 and skip_nonfinite is False:
+                    keep_common_step(self)  # the next such step runs compiled
                 return True
             return self._finish(applied, range(len(grads)))
         return self._general_step(grads, scale, skip_nonfinite)
@@ -663,6 +665,7 @@ class Optimizer:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.  Everything is checked first (keys, types, group
         layout, array dtypes and shapes); a failed load raises and changes nothing."""
+        self._step_kept = None
         _checkpoint.load_state_dict(self, state)
 
     @locked
@@ -679,6 +682,7 @@ class Optimizer:
         parameter values into the parameters).  The file is not trusted: its layout, every key,
         type and array header are checked before any array is read, and a failed load changes
         nothing."""
+        self._step_kept = None
         _checkpoint.load(self, path, params=params)
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -688,6 +692,7 @@ class Optimizer:
         state["_prepared"] = None  # prepared steps and their folds are rebuilt on use
         state["_step_hypers"] = None
         state.pop("sparse_step", None)
+        state.pop("_step_kept", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -30,17 +30,17 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from .. import gpu as _gpu
-from .._core import _dense
 from .._core._registry import spec as _spec
-from .._core._threads import adaptive_threads, resolve_num_threads
+from .._core._threads import resolve_num_threads
 from .._core._validation import (PreparedArrays, as_array_list, cacheable_scalars,
-                                  check_array, check_disjoint, same_scalars)
+                                  check_array, check_disjoint)
 from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
                                  check_block_size, check_quant_map)
 from .._core._lowp_validation import (ROUND_CODES, check_lowp_grads, check_lowp_step,
                                       check_rounding, check_seed, is_lowp_input)
 from .._core import _config
-from ._functional import KIND_DENSE, check_compute_dtype
+from ._functional import check_compute_dtype
+from ._step_path import CpuStep, prepared_step
 
 __all__ = ["PreparedStep", "prepare_step"]
 
@@ -90,6 +90,7 @@ class PreparedStep:
         self._lists_by_flags = {}
         self._folded = None  # (hyper, t, coeffs, hyper with defaults): see _coefficients
         self._lowp = self._gpu_lowp = None
+        self._cpu = None  # a CPU float step's arrays and driver call (_step_path.CpuStep)
         if self.device == "cpu" and (is_lowp_input(params, slots, master)
                                      or param_rounding != "nearest"):
             self._lowp = check_lowp_step(self._spec, params, slots, master=master,
@@ -137,6 +138,8 @@ class PreparedStep:
                                   and not _config.has_float16())
         self._check32 = bool(xs) and self._typenum != _DOUBLE
         self.slot_names = tuple(slot_lists)
+        self._cpu = CpuStep(self._arrays, xs, self._typenum, self._check32,
+                            self._half_unsupported, num_threads, self._lists_by_flags)
 
     def _fold(self, t, hyper):
         if self._spec.defaults:
@@ -180,52 +183,15 @@ class PreparedStep:
         a NaN or an infinity (nothing written), else True."""
         return self._step(grads, t, hyper, skip_nonfinite)
 
-    def _step(self, grads, t, hyper, skip_nonfinite):
-        """``step`` with the hyper-parameters as a dict (the optimizer objects pass one dict
-        per group, which they never change, so the fold is reused by identity).
+    # the fold, the gradients' check and the driver call of every step, compiled (one body for
+    # the CPU, low-precision and GPU steps): fastadam/optim/_step_path.pyx
+    _step = prepared_step
 
-        The fold is kept: a set of hyper-parameters is folded (and so checked) once; while a
-        step passes the same set (same keys, same exact types, equal values, the sign of a
-        zero included: :func:`same_scalars`), only ``t`` is checked and the fields that
-        depend on it recomputed, by the spec's ``retime``.  Values that could change in place
-        (0-d arrays) or compare equal across types are never kept."""
-        folded = self._folded
-        if folded is not None and (hyper is folded[0] or same_scalars(hyper, folded[0])):
-            if type(t) is int and t == folded[1]:
-                coeffs = folded[2]
-            elif self._spec.retime is not None:
-                coeffs = folded[2].retimed(t, folded[3])  # in C where it can (Adam's)
-                if coeffs is None:
-                    coeffs = self._spec.retime(folded[2], t, folded[3])
-                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
-            else:
-                coeffs = self._fold_and_keep(t, hyper)
-        else:
-            coeffs = self._fold_and_keep(t, hyper)
-        names = self._names_by_flags.get(coeffs.flags)
-        if names is None:
-            names = self._slots_for(coeffs)
-        if self._lowp is not None:
-            return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
-        if self.device == "gpu":
-            if self._gpu_lowp is not None:
-                return self._gpu_lowp_step(coeffs, names, grads, t, skip_nonfinite)
-            return _gpu.dense_step(coeffs, self._params_arg, grads,
-                                   [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
-        gs = self._arrays.check_grads(grads)
-        if self._check32:
-            if self._half_unsupported:
-                check_compute_dtype(coeffs, self._typenum, "params")
-            coeffs.check_float32()
-        lists = self._lists_by_flags[coeffs.flags]
-        skip = skip_nonfinite is True or bool(skip_nonfinite)
-        nt = 0 if self._num_threads is None else resolve_num_threads(self._num_threads)
-        done = _dense.dense_step(coeffs, self._xs, gs, lists, self._typenum, skip, nt)
-        if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
-            return adaptive_threads.run(_dense.dense_step,
-                                        (coeffs, self._xs, gs, lists, self._typenum, skip),
-                                        sum([x.size for x in self._xs]), KIND_DENSE)
-        return done
+    def _gpu_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
+        if self._gpu_lowp is not None:
+            return self._gpu_lowp_step(coeffs, names, grads, t, skip_nonfinite)
+        return _gpu.dense_step(coeffs, self._params_arg, grads,
+                               [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
 
     def _lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
         from .._core import _lowp

@@ -1,0 +1,258 @@
+"""The code every training step runs, compiled: ``Optimizer.step`` and ``PreparedStep._step``.
+
+Design.  Issue 20 asks ``Adam.step`` on one 1e3-element float32 tensor for at most 1.5 us.
+In Python, the step's attribute reads, tuple checks and method calls cost about 2 us above the
+kernel.  Three pieces here:
+
+- ``prepared_step`` is ``PreparedStep._step`` (bound in fastadam/optim/_prepared.py): the fold
+  kept across steps, then the low-precision, GPU or CPU call;
+- ``CpuStep`` is a CPU float prepared step's arrays and its one driver call (the gradients'
+  check, the float32 check of the fold, the thread count, ``_dense.dense_step`` called as C);
+- ``optimizer_step`` is ``Optimizer.step`` (bound in fastadam/optim/_base.py).  Its common
+  case, one plain list of dense gradients through a single bucket's prepared step at a fixed
+  learning rate, without ``grad_scale``, ``skip_nonfinite`` or clipping, runs through a
+  ``KeptStep``: what that case reads, kept by the Python step (``Optimizer._any_step``) after
+  it took the case itself.  Each step re-reads, under the object's lock, the few attributes
+  that any change to the optimizer replaces (the group's dict, its kept fold keywords, the
+  bucket's prepared step, ``num_threads``, the clipping threshold), and takes the Python step
+  when one differs; every Python step drops the kept one first, and methods that change the
+  optimizer drop it too.  So nothing here decides differently from the Python step: every
+  other case, and every error, is ``_any_step``'s.
+"""
+import os
+
+cimport numpy as cnp
+
+from fastadam._core._coeffs cimport Coefficients
+from fastadam._core._dense cimport dense_step as driver_step
+
+from fastadam._core._dense import dense_step as _dense_step_py  # for the thread chooser
+from fastadam._core._threads import adaptive_threads, resolve_num_threads
+from fastadam._core._validation import plain_gradients, same_scalars
+
+from fastadam.optim._functional import KIND_DENSE, check_compute_dtype
+
+cnp.import_array()
+
+cdef object _run_adaptive = adaptive_threads.run
+
+# a forked child resolves every thread count through _threads (one thread, one warning)
+cdef bint _forked = False
+
+
+def _mark_forked():
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+cdef class CpuStep:
+    """The CPU float arrays of a prepared step, checked once by ``PreparedStep``, and the one
+    driver call of each step."""
+    cdef object arrays       # fastadam._core._validation.PreparedArrays
+    cdef list xs
+    cdef int typenum
+    cdef bint check32        # float32/float16 steps check the fold in float32
+    cdef bint half_unsupported
+    cdef object num_threads  # the user's value
+    cdef int fixed_threads   # num_threads when a plain count resolve_num_threads returns as is
+    cdef dict lists_by_flags  # the PreparedStep's: the slot lists the flags use
+
+    def __init__(self, arrays, list xs, int typenum, bint check32, bint half_unsupported,
+                 num_threads, dict lists_by_flags):
+        self.arrays = arrays
+        self.xs = xs
+        self.typenum = typenum
+        self.check32 = check32
+        self.half_unsupported = half_unsupported
+        self.num_threads = num_threads
+        self.fixed_threads = 0
+        if (type(num_threads) is int and num_threads > 0
+                and resolve_num_threads(num_threads) == num_threads):
+            self.fixed_threads = num_threads
+        self.lists_by_flags = lists_by_flags
+
+    cdef object run(self, Coefficients coeffs, grads, bint skip):
+        cdef int nt
+        gs = self.arrays.check_grads(grads)
+        if self.check32:
+            if self.half_unsupported:
+                check_compute_dtype(coeffs, self.typenum, "params")
+            coeffs.check_float32()
+        lists = self.lists_by_flags[coeffs.flags]
+        if self.fixed_threads > 0 and not _forked:
+            nt = self.fixed_threads
+        elif self.num_threads is None:
+            nt = 0
+        else:
+            nt = resolve_num_threads(self.num_threads)
+        done = driver_step(coeffs, self.xs, gs, lists, self.typenum, skip, nt)
+        if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
+            return _run_adaptive(_dense_step_py, (coeffs, self.xs, gs, lists, self.typenum, skip),
+                                 sum([x.size for x in self.xs]), KIND_DENSE)
+        return done
+
+
+def prepared_step(self, grads, t, hyper, skip_nonfinite):
+    """``step`` with the hyper-parameters as a dict (the optimizer objects pass one dict
+    per group, which they never change, so the fold is reused by identity).
+
+    The fold is kept: a set of hyper-parameters is folded (and so checked) once; while a
+    step passes the same set (same keys, same exact types, equal values, the sign of a
+    zero included: :func:`same_scalars`), only ``t`` is checked and the fields that
+    depend on it recomputed, by the spec's ``retime``.  Values that could change in place
+    (0-d arrays) or compare equal across types are never kept."""
+    cdef tuple folded
+    f = self._folded
+    if f is not None and (hyper is (<tuple>f)[0] or same_scalars(hyper, (<tuple>f)[0])):
+        folded = <tuple>f
+        if type(t) is int and t == folded[1]:
+            coeffs = folded[2]
+        else:
+            retime = self._spec.retime
+            if retime is not None:
+                coeffs = folded[2].retimed(t, folded[3])  # in C where it can (Adam's)
+                if coeffs is None:
+                    coeffs = retime(folded[2], t, folded[3])
+                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
+            else:
+                coeffs = self._fold_and_keep(t, hyper)
+    else:
+        coeffs = self._fold_and_keep(t, hyper)
+    names = self._names_by_flags.get(coeffs.flags)
+    if names is None:
+        names = self._slots_for(coeffs)
+    cpu = self._cpu
+    if cpu is not None:
+        return (<CpuStep>cpu).run(coeffs, grads, skip_nonfinite is True or bool(skip_nonfinite))
+    if self._lowp is not None:
+        return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
+    return self._gpu_step(coeffs, names, grads, t, skip_nonfinite)
+
+
+cdef class KeptStep:
+    """What an optimizer object's common step reads (see the module's docstring), kept by
+    :func:`keep_common_step`."""
+    cdef object lock
+    cdef Py_ssize_t gi, n
+    cdef object h            # the group's hyper-parameter dict
+    cdef object kept         # opt._step_hypers[gi]: (h, lr, None, fold keywords, t offset)
+    cdef object hyper        # kept[3]
+    cdef object offset       # kept[4]
+    cdef object prepared
+    cdef CpuStep cpu
+    cdef object num_threads
+    cdef object cls          # type(opt), whose dense_step must stay its _prepared_dense_step
+    cdef object dense_fn
+    cdef list arrays
+    cdef object retime       # the spec's retime (Adam's coefficients retime themselves)
+    cdef object merged       # the fold's keywords with the spec's defaults
+    cdef object t_coeffs     # the step number of coeffs
+    cdef Coefficients coeffs
+
+    cdef object run(self, opt, grads):
+        cdef list gl
+        if type(grads) is list:
+            gl = <list>grads
+        elif type(grads) is cnp.ndarray:
+            gl = [grads]
+        else:
+            return None
+        lock = self.lock
+        lock.acquire()
+        try:
+            if (opt._step_kept is not self or opt._groups[self.gi] is not self.h
+                    or opt._step_hypers[self.gi] is not self.kept
+                    or opt._prepared[0] is not self.prepared
+                    or opt.num_threads is not self.num_threads or opt._clip is not None
+                    or type(opt) is not self.cls or self.cls.dense_step is not self.dense_fn):
+                return None
+            if len(gl) != self.n or not plain_gradients(gl, self.arrays):
+                return None
+            t = opt.t + self.offset
+            if not (type(t) is int and t == self.t_coeffs):
+                c = self.coeffs.retimed(t, self.merged)
+                if c is None:
+                    c = self.retime(self.coeffs, t, self.merged)
+                self.coeffs = <Coefficients?>c
+                self.t_coeffs = t
+            done = self.cpu.run(self.coeffs, gl, False)
+            if done is True:
+                opt.t += 1
+                return True
+            return opt._finish(done, range(self.n))
+        finally:
+            lock.release()
+
+
+def keep_common_step(opt):
+    """Called by ``Optimizer._any_step`` right after it applied a step of the common case (one
+    bucket, no clipping, no ``grad_scale`` or ``skip_nonfinite``, plain dense gradients):
+    keeps a :class:`KeptStep` when the bucket's prepared step is a CPU float one and the
+    group's learning rate a number, else keeps none."""
+    cdef KeptStep k
+    cdef tuple kept
+    opt._step_kept = None
+    gi = opt._buckets[0][0]
+    h = opt._groups[gi]
+    prepared = opt._prepared[0]
+    kt = opt._step_hypers[gi]
+    if (callable(h["lr"]) or prepared is None or prepared is False or prepared._cpu is None
+            or kt is None or opt._tensor_params or opt.__dict__.get("_sparse_seen")
+            or opt.num_threads != opt._prepared_threads):
+        return
+    kept = <tuple>kt
+    folded = prepared._folded
+    if kept[0] is not h or kept[2] is not None or folded is None or folded[0] is not kept[3]:
+        return
+    k = KeptStep.__new__(KeptStep)
+    k.lock = opt._lock
+    k.gi = gi
+    k.h = h
+    k.kept = kept
+    k.hyper = kept[3]
+    k.offset = kept[4]
+    k.prepared = prepared
+    k.cpu = <CpuStep?>prepared._cpu
+    k.num_threads = opt.num_threads
+    k.cls = type(opt)
+    k.dense_fn = k.cls._prepared_dense_step
+    if k.cls.dense_step is not k.dense_fn:
+        return
+    k.arrays = list(opt._arrays)
+    k.n = len(k.arrays)
+    k.retime = prepared._spec.retime
+    k.merged = folded[3]
+    k.t_coeffs = folded[1]
+    k.coeffs = <Coefficients?>folded[2]
+    if k.retime is None:  # a fold that does not retime: the Python step folds every step
+        return
+    opt._step_kept = k
+
+
+def optimizer_step(self, grads=None, *, grad_scale=None, skip_nonfinite=False):
+    """Apply one step; returns True, or False if ``skip_nonfinite`` found a NaN or an
+    infinity in a gradient (then nothing changes and ``t`` does not advance).
+
+    Parameters
+    ----------
+    grads : list, optional
+        One gradient per parameter (``None``: leave that parameter and its state alone this
+        step): ndarray, ``fastadam.autodiff.Tensor``, ``IndexedSlices`` or SciPy CSR, mixed
+        freely.  A single gradient may be passed bare when there is one parameter.  Omitted:
+        the ``.grad`` of each ``fastadam.autodiff.Tensor`` parameter.
+    grad_scale : float, optional
+        Loss-scaling factor: gradients are divided by it (non-zero, finite).
+    skip_nonfinite : bool
+        Skip the whole step if any gradient (divided by ``grad_scale``) is not finite.
+    """
+    if grad_scale is None and skip_nonfinite is False:
+        k = self._step_kept
+        if k is not None:
+            done = (<KeptStep?>k).run(self, grads)
+            if done is not None:
+                return done
+    return self._any_step(grads, grad_scale=grad_scale, skip_nonfinite=skip_nonfinite)

@@ -1,0 +1,241 @@
+"""The compiled common step of the optimizer objects (fastadam/optim/_step_path.pyx).
+
+``opt.step(list_of_arrays)`` takes a kept step once the Python step has taken the same case;
+``opt.step(tuple_of_arrays)`` always takes the Python step (``_any_step``), which decides
+everything anew.  Two twins stepped side by side, one each way, must hold the same bits after
+every change an optimizer can go through between steps, and the kept one must really have run
+compiled where nothing changed (its ``_step_kept`` object survives a compiled step; every
+Python step replaces or drops it)."""
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import fastadam
+from fastadam.optim import schedules
+
+N = 257  # not a multiple of any vector width
+
+
+def make(cls=fastadam.Adam, dtype=np.float32, n_params=2, **kw):
+    rng = np.random.default_rng(7)
+    params = [rng.standard_normal(N + 3 * i).astype(dtype) for i in range(n_params)]
+    return cls([p.copy() for p in params], **kw), cls([p.copy() for p in params], **kw)
+
+
+def grads_for(opt, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(a.shape).astype(a.dtype) for a in opt._arrays]
+
+
+def assert_twins(kept, python):
+    assert kept.t == python.t
+    for a, b in zip(kept._arrays, python._arrays):
+        assert a.tobytes() == b.tobytes()
+    for name in python.slot_names:
+        for a, b in zip(kept._slots[name], python._slots[name]):
+            assert a.tobytes() == b.tobytes(), name
+
+
+def step_both(kept, python, seed, compiled=True):
+    g = grads_for(python, seed)
+    before = kept._step_kept
+    assert kept.step(list(g)) is True
+    assert python.step(tuple(g)) is True
+    if compiled:
+        assert before is not None and kept._step_kept is before, "the kept step did not run"
+    assert_twins(kept, python)
+
+
+OPTIMIZERS = [
+    (fastadam.Adam, dict(lr=1e-2)),
+    (fastadam.Adam, dict(lr=1e-2, amsgrad=True, weight_decay=0.1)),
+    (fastadam.AdamW, dict(lr=1e-2, weight_decay=0.05)),
+    (fastadam.Adagrad, dict(lr=0.1, lr_decay=0.01)),
+    (fastadam.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    (fastadam.RMSprop, dict(lr=1e-2, centered=True, momentum=0.5)),
+    (fastadam.Lion, dict(lr=1e-3, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("cls,kw", OPTIMIZERS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_compiled_steps_hold_the_python_steps_bits(cls, kw, dtype):
+    kept, python = make(cls, dtype, **kw)
+    step_both(kept, python, 0, compiled=False)  # the Python step keeps it
+    for seed in range(1, 12):
+        step_both(kept, python, seed, compiled=kept._step_kept is not None)
+    if cls in (fastadam.Adam, fastadam.AdamW):
+        assert kept._step_kept is not None  # Adam's fold retimes in C: always kept
+
+
+def test_a_bare_array_for_one_parameter_is_kept_too():
+    kept, python = make(n_params=1, lr=1e-2)
+    for seed in range(5):
+        g = grads_for(python, seed)[0]
+        before = kept._step_kept
+        kept.step(g)
+        python.step((g,))
+        if seed:
+            assert kept._step_kept is before is not None
+        assert_twins(kept, python)
+
+
+CHANGES = {
+    "lr": lambda o: o.set_hyperparameters(lr=3e-3),
+    "betas and weight decay": lambda o: o.set_hyperparameters(betas=(0.8, 0.95),
+                                                              weight_decay=0.2),
+    "num_threads": lambda o: setattr(o, "num_threads", 2),
+    "clipping": lambda o: setattr(o, "clip_grad_norm", 0.05),
+    "t set by hand": lambda o: setattr(o, "t", 40),
+    "zero_state": lambda o: o.zero_state(),
+}
+
+
+def step_both_any(kept, python, seed):
+    g = grads_for(python, seed)
+    assert kept.step(list(g)) is True
+    assert python.step(tuple(g)) is True
+    assert_twins(kept, python)
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_every_change_between_steps_gives_the_python_bits(change):
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    assert kept._step_kept is not None
+    CHANGES[change](kept)
+    CHANGES[change](python)
+    for seed in range(3, 7):
+        step_both_any(kept, python, seed)
+    if change != "clipping":  # kept again after one Python step, and then it runs
+        step_both(kept, python, 7)
+
+
+def test_a_checkpoint_loaded_between_steps_is_stepped_from():
+    kept, python = make(lr=1e-2)
+    step_both_any(kept, python, 0)
+    state = kept.state_dict()
+    for seed in range(1, 4):
+        step_both_any(kept, python, seed)
+    kept.load_state_dict(state)
+    python.load_state_dict(state)
+    for seed in range(4, 7):
+        step_both_any(kept, python, seed)
+
+
+def test_a_schedule_steps_through_python_with_its_rate_each_step():
+    kept, python = make(lr=schedules.cosine(1e-2, 50))
+    for seed in range(6):
+        step_both_any(kept, python, seed)
+    assert kept._step_kept is None  # a schedule's rate changes: nothing to keep
+
+
+def test_a_group_added_between_steps():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    for opt in (kept, python):
+        opt.add_param_group({"params": [np.linspace(0, 1, 33, dtype=np.float32)], "lr": 0.5})
+    for seed in range(3, 6):
+        step_both_any(kept, python, seed)
+
+
+def test_grad_scale_and_skip_nonfinite_take_the_python_step():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    g = grads_for(python, 9)
+    assert kept.step(list(g), grad_scale=4.0) and python.step(tuple(g), grad_scale=4.0)
+    assert_twins(kept, python)
+    bad = [a.copy() for a in g]
+    bad[1][5] = np.nan
+    assert kept.step(list(bad), skip_nonfinite=True) is False
+    assert python.step(tuple(bad), skip_nonfinite=True) is False
+    assert_twins(kept, python)
+    for seed in range(10, 13):
+        step_both_any(kept, python, seed)
+
+
+def test_a_dense_gradient_after_sparse_ones_still_warns():
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((20, 4)).astype(np.float32)
+    opt = fastadam.Adam([table], lr=1e-2)
+    dense = np.ones_like(table)
+    opt.step([dense])
+    opt.step([dense])
+    assert opt._step_kept is not None
+    opt.step([fastadam.IndexedSlices(np.ones((2, 4), np.float32), np.array([1, 3]), (20, 4))])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        opt.step([dense])
+    assert any("had sparse gradients" in str(w.message) for w in seen)
+
+
+def test_bad_gradients_after_kept_steps_get_the_python_steps_errors():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    g = grads_for(python, 5)
+    cases = [
+        (lambda o: [g[0], g[1].astype(np.float64)], TypeError),
+        (lambda o: [g[0], g[1][:-1]], ValueError),
+        (lambda o: [g[0]], ValueError),
+        (lambda o: [g[0], o._arrays[1]], ValueError),  # a gradient that is a parameter
+        (lambda o: [g[0], o._slots["m"][0][:g[1].size]], ValueError),  # inside a state
+        (lambda o: [g[0], np.stack([g[1], g[1]], axis=1)[:, 0]], None),  # strided: read as is
+    ]
+    for grads, exc in cases:
+        if exc is None:
+            assert kept.step(list(grads(kept))) and python.step(tuple(grads(python)))
+            assert_twins(kept, python)
+            continue
+        with pytest.raises(exc) as got:
+            kept.step(list(grads(kept)))
+        with pytest.raises(exc) as want:
+            python.step(tuple(grads(python)))
+        assert str(got.value) == str(want.value)
+        assert_twins(kept, python)  # nothing written, t unchanged
+    step_both_any(kept, python, 6)
+
+
+def test_a_parameter_made_read_only_or_resized_is_refused():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    kept._arrays[0].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kept.step(grads_for(python, 3))
+    assert kept.t == 3
+
+
+def test_a_class_level_dense_step_patch_is_called(monkeypatch):
+    opt, _ = make(lr=1e-2)
+    for seed in range(3):
+        opt.step(grads_for(opt, seed))
+    assert opt._step_kept is not None
+    calls = []
+    real = type(opt).dense_step
+
+    def patched(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(type(opt), "dense_step", patched)
+    opt.step(grads_for(opt, 4))
+    assert calls == [1]
+
+
+def test_a_pickled_optimizer_steps_like_the_original():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    copy = pickle.loads(pickle.dumps(kept))
+    assert copy._step_kept is None
+    for seed in range(3, 6):
+        g = grads_for(python, seed)
+        copy.step(list(g))
+        python.step(tuple(g))
+    assert_twins(copy, python)
