@@ -10,56 +10,14 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .._core import _config, _dense
-from .. import gpu as _gpu
-from .._core._threads import adaptive_threads, resolve_num_threads
-from .._core._validation import check_step_arrays
+from .._core._coeffs import adam_fold
+# the dense step's validation and driver call, compiled (shared with the prepared steps)
+from ._step_path import KIND_DENSE, check_compute_dtype, dense_step  # noqa: F401
 from ._coefficients import adagrad_coefficients, adam_coefficients, momentum_coefficients
 
 __all__ = ["step_inplace", "adagrad_step_inplace", "momentum_step_inplace"]
 
-KIND_DENSE = 0  # the chooser's kind for dense steps; the driver holds its serial countdowns
-adaptive_threads.fast_paths[KIND_DENSE] = _dense.set_serial_left
-
 Arrays = Union[np.ndarray, Sequence[np.ndarray]]  # one array, or a list updated in one call
-
-_HALF = np.dtype(np.float16).num
-_DOUBLE = np.dtype(np.float64).num
-
-
-def check_compute_dtype(coeffs, typenum, name="x"):
-    """The dtype checks every step shares once the arrays are validated: float16 needs a build
-    with _Float16, and float32/float16 steps need hyper-parameters that float32 can hold."""
-    if typenum == _HALF and not _config.has_float16():
-        raise TypeError(f"{name}: float16 is not supported by this build of fastadam (its "
-                        f"compiler has no _Float16; see fastadam.show_config()); use float32")
-    if typenum != _DOUBLE:
-        coeffs.check_float32()
-
-
-def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
-    """Validate and run one dense step of the optimizer ``coeffs`` describes; ``slots`` are its
-    state arguments as (name, array or list) pairs in slot order."""
-    if type(x) is not np.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
-        return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
-    # None: the measured choice of fastadam/_threads.py (0 here); a bad count raises first
-    nt = 0 if num_threads is None else resolve_num_threads(num_threads)
-    try:
-        xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
-    except TypeError:
-        _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
-        raise
-    if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
-        check_compute_dtype(coeffs, typenum)
-    skip = bool(skip_nonfinite)
-    # nt == 0: one thread below PARALLEL_MIN and between the chooser's looks, decided in the
-    # driver; None back means "not run: the chooser runs it" (fastadam/_threads.py)
-    done = _dense.dense_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
-    if done is None:
-        return adaptive_threads.run(_dense.dense_step,
-                                    (coeffs, xs, gs, slot_lists, typenum, skip),
-                                    sum([a.size for a in xs]), KIND_DENSE)
-    return done
 
 
 def step_inplace(x: Arrays, g: Arrays, m: Arrays, v: Arrays, t: int, *, lr: float = 1e-3,
@@ -121,9 +79,13 @@ def step_inplace(x: Arrays, g: Arrays, m: Arrays, v: Arrays, t: int, *, lr: floa
     if amsgrad and v_max is None:
         raise ValueError("v_max: amsgrad=True needs v_max, an array like v updated in place "
                          "(start it at zeros)")
-    coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
-                               decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize,
-                               grad_scale)
+    # the common case folded in C; anything else (every error included) by adam_coefficients
+    coeffs = adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay,
+                       decoupled_weight_decay, post_decay, amsgrad, nesterov, maximize, grad_scale)
+    if coeffs is None:
+        coeffs = adam_coefficients(t, lr, beta1, beta2, eps, convention, weight_decay,
+                                   decoupled_weight_decay, post_decay, amsgrad, nesterov,
+                                   maximize, grad_scale)
     slots = [("m", m), ("v", v), ("v_max", v_max)] if amsgrad else [("m", m), ("v", v)]
     return dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads)
 

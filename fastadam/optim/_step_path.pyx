@@ -26,15 +26,56 @@ cimport numpy as cnp
 from fastadam._core._coeffs cimport Coefficients
 from fastadam._core._dense cimport dense_step as driver_step
 
+from fastadam import gpu as _gpu
+from fastadam._core import _config
 from fastadam._core._dense import dense_step as _dense_step_py  # for the thread chooser
+from fastadam._core._dense import set_serial_left
 from fastadam._core._threads import adaptive_threads, resolve_num_threads
-from fastadam._core._validation import plain_gradients, same_scalars
-
-from fastadam.optim._functional import KIND_DENSE, check_compute_dtype
+from fastadam._core._validation import check_step_arrays, plain_gradients, same_scalars
 
 cnp.import_array()
 
+KIND_DENSE = 0  # the chooser's kind for dense steps; the driver holds its serial countdowns
+adaptive_threads.fast_paths[KIND_DENSE] = set_serial_left
+
 cdef object _run_adaptive = adaptive_threads.run
+cdef int _HALF = cnp.NPY_FLOAT16
+cdef int _DOUBLE = cnp.NPY_DOUBLE
+
+
+def check_compute_dtype(coeffs, typenum, name="x"):
+    """The dtype checks every step shares once the arrays are validated: float16 needs a build
+    with _Float16, and float32/float16 steps need hyper-parameters that float32 can hold."""
+    if typenum == _HALF and not _config.has_float16():
+        raise TypeError(f"{name}: float16 is not supported by this build of fastadam (its "
+                        f"compiler has no _Float16; see fastadam.show_config()); use float32")
+    if typenum != _DOUBLE:
+        coeffs.check_float32()
+
+
+def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
+    """The functional steps' dense step (fastadam/optim/_functional.py): validate and run one
+    dense step of the optimizer ``coeffs`` describes; ``slots`` are its state arguments as
+    (name, array or list) pairs in slot order."""
+    if type(x) is not cnp.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
+        return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
+    # None: the measured choice of fastadam/_threads.py (0 here); a bad count raises first
+    nt = 0 if num_threads is None else resolve_num_threads(num_threads)
+    try:
+        xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)
+    except TypeError:
+        _gpu.explain_mix([("g", g)] + slots)  # a CuPy array beside a NumPy x: say so
+        raise
+    if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
+        check_compute_dtype(coeffs, typenum)
+    skip = bool(skip_nonfinite)
+    # nt == 0: one thread below PARALLEL_MIN and between the chooser's looks, decided in the
+    # driver; None back means "not run: the chooser runs it" (fastadam/_threads.py)
+    done = driver_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
+    if done is None:
+        return _run_adaptive(_dense_step_py, (coeffs, xs, gs, slot_lists, typenum, skip),
+                             sum([a.size for a in xs]), KIND_DENSE)
+    return done
 
 # a forked child resolves every thread count through _threads (one thread, one warning)
 cdef bint _forked = False
