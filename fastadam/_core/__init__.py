@@ -20,6 +20,7 @@
 
 Each extension is listed by name with its sources in setup.py.  The front-ends' own compiled
 modules (fastadam/sklearn/_kernels.pyx, fastadam/sparse/_csr.pyx, fastadam/autodiff/_tape.pyx,
-fastadam/bench/_yardstick.pyx) stay with their packages.  Nothing here imports a package above
+fastadam/bench/_yardstick.pyx, and fastadam/optim/_step_path.pyx, the compiled every-step path of
+the optimizer objects, the prepared and the functional steps) stay with their packages.  Nothing here imports a package above
 it (tests/test_layering.py).
 """

@@ -454,6 +454,24 @@ def same_scalars(dict hyper, dict cached):
     return True
 
 
+# NumPy's header accessors on a borrowed array pointer (no reference counting in the per-step
+# loops below; the arrays are kept alive by the lists that hold them)
+cdef extern from "numpy/arrayobject.h":
+    int raw_flags "PyArray_FLAGS"(cnp.PyArrayObject *a) nogil
+    void *raw_data "PyArray_DATA"(cnp.PyArrayObject *a) nogil
+    int raw_ndim "PyArray_NDIM"(cnp.PyArrayObject *a) nogil
+    cnp.npy_intp *raw_dims "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
+    int raw_type "PyArray_TYPE"(cnp.PyArrayObject *a) nogil
+    bint raw_notswapped "PyArray_ISNOTSWAPPED"(cnp.PyArrayObject *a) nogil
+
+cdef extern from "Python.h":
+    PyObject *PyList_GET_ITEM(PyObject *lst, Py_ssize_t i) nogil
+    void *Py_TYPE(PyObject *o) nogil
+
+cdef void *NDARRAY_TYPE = <void *>cnp.ndarray
+cdef int PLAIN_GRAD = (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED)
+
+
 cdef class PreparedArrays:
     """The arrays of a prepared dense step (fastadam/optim/_prepared.py), checked once by
     the caller (types, dtype, shapes, contiguity, writability, no two written buffers
@@ -555,6 +573,72 @@ cdef class PreparedArrays:
                 hi = mid
         return lo < self.nsorted and self.lo[lo] < ghi
 
+    cdef inline bint raw_same_dims(self, cnp.PyArrayObject *a, Py_ssize_t tensor) noexcept:
+        cdef Py_ssize_t d, nd = self.ndim[tensor]
+        cdef cnp.npy_intp *ad
+        cdef cnp.npy_intp *xd
+        if raw_ndim(a) != nd:
+            return False
+        ad = raw_dims(a)
+        xd = &self.dims[self.dim_start[tensor]]
+        for d in range(nd):
+            if ad[d] != xd[d]:
+                return False
+        return True
+
+    cdef inline bint same_dims(self, cnp.ndarray a, Py_ssize_t tensor):
+        # a has the shape tensor `tensor` was prepared with (every written array of a tensor
+        # has its parameter's shape; ndarray.resize changes it or the data pointer)
+        cdef Py_ssize_t d, nd = self.ndim[tensor]
+        cdef cnp.npy_intp *ad
+        cdef cnp.npy_intp *xd
+        if cnp.PyArray_NDIM(a) != nd:
+            return False
+        ad = cnp.PyArray_DIMS(a)
+        xd = &self.dims[self.dim_start[tensor]]
+        for d in range(nd):
+            if ad[d] != xd[d]:
+                return False
+        return True
+
+    def plain_grads(self, list grads):
+        """``grads`` itself when it is the plain case, else None (nothing raised: the caller
+        then takes the general path, whose checks name any problem): as many exact ndarrays
+        as parameters, each of the step's dtype and its parameter's shape, C-contiguous,
+        aligned, in native byte order and overlapping no written array; and every written
+        array still writable and unmoved.  One pass over the headers, without a reference
+        taken."""
+        cdef Py_ssize_t i, k, t
+        cdef PyObject *o
+        cdef cnp.PyArrayObject *g
+        cdef uintptr_t glo, nb
+        if self.single or len(grads) != self.n:
+            return None
+        for i in range(self.n):
+            o = PyList_GET_ITEM(<PyObject *>grads, i)
+            if Py_TYPE(o) != NDARRAY_TYPE:
+                return None
+            g = <cnp.PyArrayObject *>o
+            if (raw_type(g) != self.typenum or (raw_flags(g) & PLAIN_GRAD) != PLAIN_GRAD
+                    or not raw_notswapped(g) or not self.raw_same_dims(g, i)):
+                return None
+            nb = self.nbytes[i]
+            if nb and self.nsorted:
+                glo = <uintptr_t>raw_data(g)
+                if self.overlaps_written(glo, glo + nb):
+                    return None
+        k = 0
+        t = 0
+        for i in range(self.nflat):  # tensor t of written list k
+            g = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
+            if (not (raw_flags(g) & cnp.NPY_ARRAY_WRITEABLE)
+                    or <uintptr_t>raw_data(g) != self.data[i] or not self.raw_same_dims(g, t)):
+                return None
+            t += 1
+            if t == self.n:
+                t = 0
+        return grads
+
     def check_grads(self, grads):
         """The gradients of one step as a list: like the parameters (one array or a list of
         as many), each of the step's dtype, the parameter's shape, C-contiguous, aligned, in
@@ -597,7 +681,7 @@ cdef class PreparedArrays:
                     if gd[d] != xd[d]:
                         check_array(go, label("grads", i, single), self.typenum,
                                     self.shapes[i], False)
-            nb = <uintptr_t>cnp.PyArray_NBYTES(g)
+            nb = self.nbytes[i]  # the parameter's: g has its dtype and shape
             if nb and self.nsorted:
                 glo = <uintptr_t>cnp.PyArray_DATA(g)
                 if self.overlaps_written(glo, glo + nb):
@@ -609,7 +693,7 @@ cdef class PreparedArrays:
                 raise ValueError(f"{label(name, k, self.single)}: is read-only, but it is "
                                  f"updated in place")
             if (<uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]
-                    or <uintptr_t>cnp.PyArray_NBYTES(<cnp.ndarray>go) != self.nbytes[i]):
+                    or not self.same_dims(<cnp.ndarray>go, i % self.n)):
                 name, k = self.flat_labels[i]
                 raise ValueError(f"{label(name, k, self.single)}: its buffer moved or changed "
                                  f"size since the step was prepared (ndarray.resize); "

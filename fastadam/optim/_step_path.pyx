@@ -31,7 +31,7 @@ from fastadam._core import _config
 from fastadam._core._dense import dense_step as _dense_step_py  # for the thread chooser
 from fastadam._core._dense import set_serial_left
 from fastadam._core._threads import adaptive_threads, resolve_num_threads
-from fastadam._core._validation import check_step_arrays, plain_gradients, same_scalars
+from fastadam._core._validation import check_step_arrays, same_scalars
 
 cnp.import_array()
 
@@ -117,8 +117,11 @@ cdef class CpuStep:
         self.lists_by_flags = lists_by_flags
 
     cdef object run(self, Coefficients coeffs, grads, bint skip):
+        return self.drive(coeffs, self.arrays.check_grads(grads), skip)
+
+    cdef object drive(self, Coefficients coeffs, list gs, bint skip):
+        """The step on gradients that passed check_grads or plain_grads."""
         cdef int nt
-        gs = self.arrays.check_grads(grads)
         if self.check32:
             if self.half_unsupported:
                 check_compute_dtype(coeffs, self.typenum, "params")
@@ -188,7 +191,6 @@ cdef class KeptStep:
     cdef object num_threads
     cdef object cls          # type(opt), whose dense_step must stay its _prepared_dense_step
     cdef object dense_fn
-    cdef list arrays
     cdef object retime       # the spec's retime (Adam's coefficients retime themselves)
     cdef object merged       # the fold's keywords with the spec's defaults
     cdef object t_coeffs     # the step number of coeffs
@@ -211,7 +213,8 @@ cdef class KeptStep:
                     or opt.num_threads is not self.num_threads or opt._clip is not None
                     or type(opt) is not self.cls or self.cls.dense_step is not self.dense_fn):
                 return None
-            if len(gl) != self.n or not plain_gradients(gl, self.arrays):
+            gs = self.cpu.arrays.plain_grads(gl)  # None: not the plain case
+            if gs is None:
                 return None
             t = opt.t + self.offset
             if not (type(t) is int and t == self.t_coeffs):
@@ -220,7 +223,7 @@ cdef class KeptStep:
                     c = self.retime(self.coeffs, t, self.merged)
                 self.coeffs = <Coefficients?>c
                 self.t_coeffs = t
-            done = self.cpu.run(self.coeffs, gl, False)
+            done = self.cpu.drive(self.coeffs, <list>gs, False)
             if done is True:
                 opt.t += 1
                 return True
@@ -263,8 +266,7 @@ def keep_common_step(opt):
     k.dense_fn = k.cls._prepared_dense_step
     if k.cls.dense_step is not k.dense_fn:
         return
-    k.arrays = list(opt._arrays)
-    k.n = len(k.arrays)
+    k.n = len(opt._arrays)
     k.retime = prepared._spec.retime
     k.merged = folded[3]
     k.t_coeffs = folded[1]
