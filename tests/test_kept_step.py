@@ -239,3 +239,37 @@ def test_a_pickled_optimizer_steps_like_the_original():
         copy.step(list(g))
         python.step(tuple(g))
     assert_twins(copy, python)
+
+
+def test_a_state_resized_in_place_after_kept_steps_is_refused_before_any_write():
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    before = [a.copy() for a in kept._arrays]
+    m0 = kept.state(0)["m"]
+    m0.resize(m0.size + 64, refcheck=False)  # a bigger buffer the step must not walk off
+    with pytest.raises(ValueError, match="moved or changed size"):
+        kept.step(grads_for(python, 3))
+    assert kept.t == 3
+    for a, b in zip(kept._arrays, before):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("make_grad", [
+    lambda a: a.astype(a.dtype.newbyteorder()),  # byte-swapped: read through the Python step
+    lambda a: np.frombuffer(b"\0" + a.tobytes(), a.dtype, offset=1),  # misaligned, read-only
+], ids=["swapped", "misaligned"])
+def test_unusual_gradients_after_kept_steps_take_the_python_step(make_grad):
+    kept, python = make(lr=1e-2)
+    for seed in range(3):
+        step_both_any(kept, python, seed)
+    g = grads_for(python, 3)
+    odd = [g[0], make_grad(g[1])]
+    outcomes = []
+    for opt, grads in ((kept, list(odd)), (python, tuple(odd))):
+        try:
+            outcomes.append(opt.step(grads))
+        except (TypeError, ValueError) as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    assert_twins(kept, python)
