@@ -573,7 +573,9 @@ cdef class PreparedArrays:
                 hi = mid
         return lo < self.nsorted and self.lo[lo] < ghi
 
-    cdef inline bint raw_same_dims(self, cnp.PyArrayObject *a, Py_ssize_t tensor) noexcept:
+    cdef inline bint same_dims(self, cnp.PyArrayObject *a, Py_ssize_t tensor) noexcept:
+        # a has the shape tensor `tensor` was prepared with (every written array of a tensor
+        # has its parameter's shape; ndarray.resize changes it or the data pointer)
         cdef Py_ssize_t d, nd = self.ndim[tensor]
         cdef cnp.npy_intp *ad
         cdef cnp.npy_intp *xd
@@ -586,58 +588,46 @@ cdef class PreparedArrays:
                 return False
         return True
 
-    cdef inline bint same_dims(self, cnp.ndarray a, Py_ssize_t tensor):
-        # a has the shape tensor `tensor` was prepared with (every written array of a tensor
-        # has its parameter's shape; ndarray.resize changes it or the data pointer)
-        cdef Py_ssize_t d, nd = self.ndim[tensor]
-        cdef cnp.npy_intp *ad
-        cdef cnp.npy_intp *xd
-        if cnp.PyArray_NDIM(a) != nd:
-            return False
-        ad = cnp.PyArray_DIMS(a)
-        xd = &self.dims[self.dim_start[tensor]]
-        for d in range(nd):
-            if ad[d] != xd[d]:
-                return False
-        return True
-
-    def plain_grads(self, list grads):
-        """``grads`` itself when it is the plain case, else None (nothing raised: the caller
-        then takes the general path, whose checks name any problem): as many exact ndarrays
-        as parameters, each of the step's dtype and its parameter's shape, C-contiguous,
-        aligned, in native byte order and overlapping no written array; and every written
-        array still writable and unmoved.  One pass over the headers, without a reference
-        taken."""
-        cdef Py_ssize_t i, k, t
+    cdef bint plain(self, list gs):
+        # True when gs is the plain case: as many exact ndarrays as parameters, each of the
+        # step's dtype and its parameter's shape, C-contiguous, aligned, in native byte order
+        # and overlapping no written array; and every written array still writable and
+        # unmoved.  One pass over the headers, without a reference taken; nothing raised.
+        cdef Py_ssize_t i, t
         cdef PyObject *o
         cdef cnp.PyArrayObject *g
         cdef uintptr_t glo, nb
-        if self.single or len(grads) != self.n:
-            return None
+        if len(gs) != self.n:
+            return False
         for i in range(self.n):
-            o = PyList_GET_ITEM(<PyObject *>grads, i)
+            o = PyList_GET_ITEM(<PyObject *>gs, i)
             if Py_TYPE(o) != NDARRAY_TYPE:
-                return None
+                return False
             g = <cnp.PyArrayObject *>o
             if (raw_type(g) != self.typenum or (raw_flags(g) & PLAIN_GRAD) != PLAIN_GRAD
-                    or not raw_notswapped(g) or not self.raw_same_dims(g, i)):
-                return None
-            nb = self.nbytes[i]
+                    or not raw_notswapped(g) or not self.same_dims(g, i)):
+                return False
+            nb = self.nbytes[i]  # the parameter's: g has its dtype and shape
             if nb and self.nsorted:
                 glo = <uintptr_t>raw_data(g)
                 if self.overlaps_written(glo, glo + nb):
-                    return None
-        k = 0
+                    return False
         t = 0
-        for i in range(self.nflat):  # tensor t of written list k
+        for i in range(self.nflat):  # tensor t of its written list
             g = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
             if (not (raw_flags(g) & cnp.NPY_ARRAY_WRITEABLE)
-                    or <uintptr_t>raw_data(g) != self.data[i] or not self.raw_same_dims(g, t)):
-                return None
+                    or <uintptr_t>raw_data(g) != self.data[i] or not self.same_dims(g, t)):
+                return False
             t += 1
             if t == self.n:
                 t = 0
-        return grads
+        return True
+
+    def plain_grads(self, list grads):
+        """``grads`` itself when it is the plain case (see ``check_grads``), else None:
+        nothing raised, the caller then takes the general path, whose checks name any
+        problem (the optimizer objects' compiled step, fastadam/optim/_step_path.pyx)."""
+        return grads if not self.single and self.plain(grads) else None
 
     def check_grads(self, grads):
         """The gradients of one step as a list: like the parameters (one array or a list of
@@ -663,6 +653,9 @@ cdef class PreparedArrays:
         if single != self.single or len(gs) != self.n:
             raise ValueError(f"grads: expected {'one array' if self.single else self.n} like "
                              f"params, got {'one array' if single else len(gs)}")
+        if self.plain(gs):
+            return gs
+        # not the plain case: each check again, naming the first argument that fails
         for i in range(self.n):
             go = gs[i]
             nd = self.ndim[i]
@@ -693,7 +686,7 @@ cdef class PreparedArrays:
                 raise ValueError(f"{label(name, k, self.single)}: is read-only, but it is "
                                  f"updated in place")
             if (<uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]
-                    or not self.same_dims(<cnp.ndarray>go, i % self.n)):
+                    or not self.same_dims(<cnp.PyArrayObject *>go, i % self.n)):
                 name, k = self.flat_labels[i]
                 raise ValueError(f"{label(name, k, self.single)}: its buffer moved or changed "
                                  f"size since the step was prepared (ndarray.resize); "
