@@ -15,7 +15,9 @@ Per-step cost (issue 20).  A step keeps its last fold: while the hyper-parameter
 that depend on it recomputed by the spec's ``retime`` (Adam's in C); the gradients are checked
 in one Cython pass (``PreparedArrays.check_grads``) against the written buffers sorted once,
 which also re-reads that every written array is still writable and unmoved.  The optimizer
-objects keep one prepared step per (group, dtype) bucket and one keyword dict per group.
+objects keep one prepared step per (group, dtype) bucket and one keyword dict per group.  The
+step itself (``_step``), and a CPU float step's check and driver call (``CpuStep``), are
+compiled in fastadam/optim/_step_path.pyx.
 
 Low-precision steps (issue 24): when a parameter is ``ml_dtypes.bfloat16``, a state is
 bfloat16 or a :class:`~fastadam.optim.QuantizedState`, or a float32 ``master`` is given, the
