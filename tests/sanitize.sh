@@ -82,7 +82,8 @@ status=0
     tests/test_hostile_inputs.py tests/test_fuzz_entry_points.py \
     tests/test_dense_errors.py tests/test_optimizer_errors.py tests/test_reliability.py \
     tests/test_sparse.py tests/test_sparse_csr.py tests/test_sparse_strided.py \
-    tests/test_autodiff_safety.py tests/test_threads_policy.py tests/test_mempool.py) \
+    tests/test_autodiff_safety.py tests/test_threads_policy.py tests/test_mempool.py \
+    tests/test_kept_step.py) \
     || status=$?
 
 reports=$(find "$WORK/reports" -type f | wc -l)
