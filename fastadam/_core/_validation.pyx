@@ -5,6 +5,8 @@ A failed check raises TypeError / ValueError naming the argument (``x``, or ``m[
 list), what was expected and what was received.  Written in Cython because a multi-tensor step
 checks four arrays per tensor and the per-array cost must stay far below a microsecond.
 """
+import weakref
+
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport uintptr_t
@@ -478,11 +480,15 @@ cdef class PreparedArrays:
     overlapping), and what every step still checks in one pass: the gradients (exact dtype,
     shape and layout; none overlapping a written array, by a binary search in the written
     buffers sorted once) and that each written array is still writable and still holds the
-    buffer it was prepared with (``ndarray.resize`` can move it)."""
+    buffer it was prepared with.  It keeps a weak reference to each written array, so NumPy
+    refuses to resize one while the step lives (``ndarray.resize`` refuses an array with weak
+    references, ``refcheck`` or not): the buffer's size cannot change under the step."""
 
     cdef list written        # [(name, list of arrays, True), ...]: the labels of messages
     cdef list flat           # every written array
     cdef list flat_labels    # (name, index) of each, formatted only for an error
+    cdef list pins           # a weak reference to each written array: NumPy then refuses
+                             # to resize it (ndarray.resize, refcheck or not)
     cdef list shapes         # the shape of each parameter (for check_array's message)
     cdef bint single
     cdef int typenum
@@ -511,6 +517,7 @@ cdef class PreparedArrays:
                 self.flat.append(lst[i])
                 self.flat_labels.append((name, i))
         self.nflat = len(self.flat)
+        self.pins = [weakref.ref(a) for a in self.flat]
         for i in range(self.n):
             total += cnp.PyArray_NDIM(<cnp.ndarray>xs[i])
         self.ndim = <Py_ssize_t *>malloc((self.n + 1) * sizeof(Py_ssize_t))
@@ -591,9 +598,10 @@ cdef class PreparedArrays:
     cdef bint plain(self, list gs):
         # True when gs is the plain case: as many exact ndarrays as parameters, each of the
         # step's dtype and its parameter's shape, C-contiguous, aligned, in native byte order
-        # and overlapping no written array; and every written array still writable and
-        # unmoved.  One pass over the headers, without a reference taken; nothing raised.
-        cdef Py_ssize_t i, t
+        # and overlapping no written array; and every written array still writable and at its
+        # data pointer (its size cannot change: the pins).  One pass over the headers, without
+        # a reference taken; nothing raised.
+        cdef Py_ssize_t i
         cdef PyObject *o
         cdef cnp.PyArrayObject *g
         cdef uintptr_t glo, nb
@@ -612,15 +620,11 @@ cdef class PreparedArrays:
                 glo = <uintptr_t>raw_data(g)
                 if self.overlaps_written(glo, glo + nb):
                     return False
-        t = 0
-        for i in range(self.nflat):  # tensor t of its written list
+        for i in range(self.nflat):
             g = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
             if (not (raw_flags(g) & cnp.NPY_ARRAY_WRITEABLE)
-                    or <uintptr_t>raw_data(g) != self.data[i] or not self.same_dims(g, t)):
+                    or <uintptr_t>raw_data(g) != self.data[i]):
                 return False
-            t += 1
-            if t == self.n:
-                t = 0
         return True
 
     def plain_grads(self, list grads):

@@ -278,6 +278,8 @@ def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,
 
     The arrays are checked once here: C-contiguous, writable, one float dtype, each slot like
     its parameter, no two of them overlapping; the device (NumPy or CuPy) is decided once.
+    While the prepared step lives, NumPy refuses to resize the parameters and states it updates
+    (``ndarray.resize``: the step holds a weak reference to each NumPy array).
     Then ``prepared.check(**hyper)`` validates and folds hyper-parameters without writing, and
     ``prepared.step(grads, t, **hyper)`` folds, checks the gradients only and makes one
     compiled call -- what a training loop, an ONNX training operator or a distributed
