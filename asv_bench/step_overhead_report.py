@@ -10,13 +10,12 @@ Prints medians (interleaved rounds) for float32 tensors of 1e3 elements:
      the bare driver (goal: ``Adam.step``'s per tensor <= the driver's per tensor + 30 ns).
 """
 import argparse
-import time
 
 import numpy as np
 
 import fastadam
 from fastadam._core import _dense
-from fastadam.bench import median_seconds_interleaved
+from fastadam.bench import median_seconds_interleaved, sample_seconds_interleaved
 from fastadam.optim._coefficients import adam_coefficients
 
 try:
@@ -96,17 +95,7 @@ def main(argv=None):
     cases = {}
     for k, fns in ((1, contenders(1)), (100, contenders(100))):
         cases.update({(name, k): fns[name] for name in names})
-    inner = {1: 2000, 100: 100}
-    calls = {key: inner[key[1]] for key in cases}
-    rounds = {key: [] for key in cases}
-    for fn in cases.values():
-        fn()
-    for _ in range(args.repeat):
-        for key, fn in cases.items():
-            t0 = time.perf_counter()
-            for _ in range(calls[key]):
-                fn()
-            rounds[key].append((time.perf_counter() - t0) / calls[key])
+    rounds = sample_seconds_interleaved(cases, repeats=args.repeat, min_time=0.004)
     per = {name: (np.asarray(rounds[(name, 100)]) - np.asarray(rounds[(name, 1)])) / 99
            for name in names}
     for name in names:
