@@ -62,7 +62,32 @@ INJECT = "FASTADAM_AB_SLOWDOWN"
 
 # ---- the worker: one process per build, answering "case calls" lines -------------------------
 
+def fixed_layout():
+    """Make where a worker's large arrays land independent of what the process did before.
+
+    With identical kernels, segment_sum ran 1.2x apart between a base and a candidate worker
+    (CI, twice; 30.6 against 47.2 us here): its output and scratch arrays land where the heap
+    puts them, and the heap depends on the modules each build imports.  So every allocation of
+    64 KiB or more is its own mmap (page-aligned, the same offsets in every process), and NumPy
+    asks for no transparent huge pages (whether a table gets them depends on the kernel's free
+    memory at that moment).  Both sides run the same allocations; only the code differs."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD (glibc)
+    except (AttributeError, OSError):
+        pass
+    import numpy as np
+
+    for where in ("_core", "core"):
+        mod = getattr(getattr(np, where, None), "multiarray", None)
+        if hasattr(mod, "_set_madvise_hugepage"):
+            mod._set_madvise_hugepage(False)
+            break
+
+
 def worker():
+    fixed_layout()
     sys.path.insert(0, HERE)
     import instructions
     import fastadam
