@@ -82,6 +82,25 @@ def test_lion_defaults_follow_the_paper(rng):
     np.testing.assert_array_equal(x0, [-0.5, 0.5, 0.0, -0.5])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("maximize", [False, True])
+def test_lion_sign_at_the_edges_of_the_type(dtype, maximize):
+    """sgn of the smallest subnormals, both zeros, the infinities and the largest finite values,
+    with beta1 = 0 (so c = g exactly); 17 elements, so both the vector body and the scalar tail
+    of each compiled level see them."""
+    info = np.finfo(dtype)
+    edge = [info.smallest_subnormal, -info.smallest_subnormal, 0.0, -0.0, np.inf, -np.inf,
+            info.max, -info.max]
+    g = np.array(edge + edge + [info.smallest_subnormal], dtype)
+    moved = [-0.5, 0.5, 0.0, 0.0, -0.5, 0.5, -0.5, 0.5]
+    want = np.array(moved + moved + [-0.5], dtype)
+    x = np.zeros(17, dtype)
+    fastadam.lion_step_inplace(x, g, np.zeros(17, dtype), 1, lr=0.5, beta1=0.0,
+                               maximize=maximize)
+    np.testing.assert_array_equal(x, -want if maximize else want)
+    assert not np.signbit(x[[2, 3, 10, 11]]).any()  # x = +0 - lr * (+-0) is +0
+
+
 def test_lion_propagates_nan_and_skips_with_skip_nonfinite():
     x, m = np.zeros(3), np.zeros(3)
     g = np.array([1.0, np.nan, -1.0])

@@ -10,10 +10,11 @@
  *   - an instantiated part, compiled once per compute type: the includer defines
  *       FA_C        the compute type (float or double),
  *       FA_SQRT     its square root (sqrtf or sqrt),
+ *       FA_FABS, FA_COPYSIGN  its absolute value and copysign (fabsf/fabs, copysignf/copysign),
  *       FA_FN(name) name with the type's suffix (_f32 or _f64),
  *     and includes the header again; formulas.h does exactly that for float and double.
  * The code is plain C99 that a CUDA compiler accepts too: no system header (the includer
- * provides sqrt/sqrtf: math.h on the host, built-ins on the device), no restrict, no
+ * provides sqrt, fabs, copysign: math.h on the host, built-ins on the device), no restrict, no
  * host-only construct.  FA_INLINE marks the element functions inline on both sides.
  *
  * Every optimizer's element function has one signature, fa_<name>_math_<suffix>(k, flags, g,

@@ -41,19 +41,20 @@ FA_INLINE int fa_lion_nslots(const int flags)
 
 #ifdef FA_C
 typedef struct {
-    FA_C lr, b1, omb1, b2, omb2, dmul, sign, gscale;
+    FA_C lr, b1, omb1, b2, omb2, dmul, gscale;
 } FA_FN(fa_lion_k);
 
 FA_INLINE FA_FN(fa_lion_k) FA_FN(fa_lion_prepare)(const fa_lion_coeffs *c)
 {
     FA_FN(fa_lion_k) k;
+    /* sign (+-1) rides on the gradient's two weights: (+-w) * g == +-(w * g) exactly, as
+     * rounding is symmetric, so this is sign * g's result bit for bit, one multiply fewer */
     k.lr = (FA_C)c->lr;
     k.b1 = (FA_C)c->beta1;
-    k.omb1 = (FA_C)(1.0 - c->beta1);
+    k.omb1 = (FA_C)c->sign * (FA_C)(1.0 - c->beta1);
     k.b2 = (FA_C)c->beta2;
-    k.omb2 = (FA_C)(1.0 - c->beta2);
+    k.omb2 = (FA_C)c->sign * (FA_C)(1.0 - c->beta2);
     k.dmul = (FA_C)c->decay_mul;
-    k.sign = (FA_C)c->sign;
     k.gscale = (FA_C)c->grad_scale;
     return k;
 }
@@ -66,12 +67,11 @@ FA_INLINE void FA_FN(fa_lion_math)(const FA_FN(fa_lion_k) *k, const int flags, F
     (void)unused2;
     FA_C gi = g;
     if (flags & FA_SCALE) gi = gi / k->gscale;
-    gi = k->sign * gi;
     const FA_C mi = *m;
     const FA_C c = k->b1 * mi + k->omb1 * gi;
-    /* branch-free, so the loop vectorizes: +-1 by comparisons, c itself for a zero or a NaN */
-    const FA_C one = (FA_C)(c > (FA_C)0) - (FA_C)(c < (FA_C)0);
-    const FA_C u = (c == (FA_C)0 || c != c) ? c : one;
+    /* branch-free, so the loop vectorizes in few instructions: +-1 carrying c's sign bit where
+     * |c| > 0, c itself for a zero or a NaN (an ordered comparison is false for both) */
+    const FA_C u = FA_FABS(c) > (FA_C)0 ? FA_COPYSIGN((FA_C)1, c) : c;
     *x = k->dmul * *x - k->lr * u;
     *m = k->b2 * mi + k->omb2 * gi;
 }
