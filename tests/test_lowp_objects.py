@@ -705,3 +705,68 @@ def test_pickles_from_before_min_8bit_size_keep_every_tensor_in_8_bits():
     back.add_param_group({"params": [np.ones(50, np.float32)]})
     assert _formats(back) == ["int8", "int8"]
     assert back.state_dict()["state_format"]["min_8bit_size"] == 0
+
+
+# ---- the objects' low-precision buckets step through prepared steps (and the compiled step) ----
+@pytest.mark.parametrize("cls, kw, kept", [
+    (Adam, dict(lr=1e-3), True),                         # step number t + 1: the compiled step
+    (Adagrad, dict(lr=0.05, convention="torch"), True),
+    (Adagrad, dict(lr=0.05, convention="onnx"), False),  # ONNX's T counts from 0: dense_step
+])
+def test_stochastic_rounding_keys_count_the_objects_steps(cls, kw, kept):
+    """Each step's stochastic rounding draws its bits from (seed, the object's step count,
+    tensor, element), whichever path takes the step: checked step by step against a float32
+    twin followed by the spec's rounding."""
+    rng = np.random.default_rng(11)
+    xb = rng.standard_normal(3000).astype(np.float32).astype(BF16)
+    x32 = xb.astype(np.float32)
+    opt = cls([xb], param_rounding="stochastic", seed=3, **kw)
+    twin = cls([x32], **kw)  # float32 x and states (the object's states are float32 too)
+    for t in range(1, 6):
+        g = rng.standard_normal(3000).astype(np.float32).astype(BF16)  # the parameters' dtype
+        x32[...] = xb.astype(np.float32)
+        assert opt.step([g]) and twin.step([g.astype(np.float32)])
+        np.testing.assert_array_equal(xb.astype(np.float32), O.stochastic_bf16(x32, 3, t, 0),
+                                      err_msg=f"step {t}")
+    assert (opt._step_kept is not None) is kept
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("master_weights", [False, True])
+def test_compiled_low_precision_steps_equal_the_python_steps(state_dtype, master_weights):
+    """The compiled step (kept after the first) and the Python step give the same bits: one
+    optimizer steps with plain gradients, its twin with a tuple (always the Python path)."""
+    rng = np.random.default_rng(12)
+    dtype = BF16 if master_weights else np.float32
+    x0 = rng.standard_normal((4, 512)).astype(np.float32).astype(dtype)
+    a, b = x0.copy(), x0.copy()
+    kw = dict(lr=1e-2, state_dtype=state_dtype, master_weights=master_weights,
+              min_8bit_size=0)
+    oa, ob = Adam([a], **kw), Adam([b], **kw)
+    for _ in range(5):
+        g = rng.standard_normal(x0.shape).astype(np.float32).astype(dtype)
+        assert oa.step([g]) and ob.step((g,))
+    assert oa._step_kept is not None
+    assert raw(a) == raw(b)
+    for name in ("m", "v"):
+        np.testing.assert_array_equal(values(oa.state(0)[name]), values(ob.state(0)[name]))
+
+
+def test_compiled_low_precision_step_checks_its_gradients():
+    """A gradient the compiled step cannot take (another dtype, a view, one aliasing a state)
+    goes to the Python step, which converts or refuses it before any write."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(2048).astype(np.float32)
+    opt = Adam([x], lr=1e-2, state_dtype="bfloat16")
+    opt.step([rng.standard_normal(2048).astype(np.float32)])
+    assert opt._step_kept is not None
+    before = (x.copy(), values(opt.state(0)["m"]).copy(), opt.t)
+    with pytest.raises((TypeError, ValueError)):
+        opt.step([np.ones(2048)])  # float64
+    with pytest.raises(ValueError, match="overlap|share"):
+        opt.step([x])  # the parameter itself
+    np.testing.assert_array_equal(x, before[0])
+    np.testing.assert_array_equal(values(opt.state(0)["m"]), before[1])
+    assert opt.t == before[2]
+    g = np.ones(4096, np.float32)[::2]  # not contiguous: the Python step copies it
+    assert opt.step([g]) and opt.t == before[2] + 1

@@ -44,6 +44,8 @@ from ._functional import check_compute_dtype
 from ._prepared import prepare_step
 from .._core._registry import spec as registry_spec
 
+_FLOAT32_NUM = np.dtype(np.float32).num
+
 ParamsLike = Union[Any, Sequence[Any], Sequence[Dict[str, Any]]]
 
 
@@ -190,14 +192,16 @@ class Optimizer:
         The constructor, ``add_param_group``, ``set_hyperparameters`` and ``load`` all run it,
         so no step can fail on them later."""
         lr = 0.0 if callable(hyper["lr"]) else hyper["lr"]
-        if self._lowp is None and self._prepared_capable():
+        if self._prepared_capable():
             # the fold of the prepared step, with no arrays: what its ``check`` runs
             spec = registry_spec(self.spec_name)
             kw = self.step_hyper(hyper, lr, None)
             coeffs = spec.fold(self._step_number(self.t, hyper),
                                **({**spec.defaults, **kw} if spec.defaults else kw))
             for dtype in {a.dtype for a in arrays}:
-                check_compute_dtype(coeffs, dtype.num)
+                # low-precision states and bfloat16 parameters are computed in float32
+                check_compute_dtype(coeffs, _FLOAT32_NUM if self._lowp is not None
+                                    else dtype.num)
             return
         for dtype in {a.dtype for a in arrays}:  # a dense_step of its own: run it on nothing
             empty = {name: [np.empty(0, dtype)] for name, _ in self.slot_specs(hyper)}
@@ -345,7 +349,11 @@ class Optimizer:
         optimizer whose ``dense_step`` is still the one written beside its ``step_hyper``
         (``_prepared_dense_step``); a subclass or a patch that replaces ``dense_step`` is
         called instead."""
-        if self._lowp is not None or "dense_step" in self.__dict__ or self.spec_name is None:
+        if self.spec_name is None:
+            return False
+        own = self.__dict__.get("dense_step")  # bound on the instance: its own step
+        if own is not None and not (self._lowp is not None and getattr(own, "__func__", None)
+                                    is _lowp_objects.dense_step):
             return False
         cls = type(self)
         return cls.dense_step is cls._prepared_dense_step
@@ -364,10 +372,12 @@ class Optimizer:
             if self._prepared_capable() and type(self._arrays[idx[0]]) is np.ndarray:
                 spec = registry_spec(self.spec_name)
                 functional = dict(zip(spec.object_slots, spec.slots))
-                p = prepare_step(self.spec_name, [self._arrays[i] for i in idx],
+                xs = [self._arrays[i] for i in idx]
+                lowp = {} if self._lowp is None else _lowp_objects.prepare_options(self, xs)
+                p = prepare_step(self.spec_name, xs,
                                  {functional[name]: arrays
                                   for name, arrays in self._bucket_slots[b].items()},
-                                 num_threads=self.num_threads)
+                                 num_threads=self.num_threads, **lowp)
             self._prepared[b] = p
         return p
 
@@ -403,6 +413,8 @@ class Optimizer:
                 or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
             kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
                                             self._step_number(0, h))
+        if prepared._lowp is not None and not _lowp_objects.prepared_takes(self, kept[4], gs):
+            return self.dense_step(xs, gs, slots, self.t, h, lr, grad_scale, skip_nonfinite)
         return prepared._step(gs, self.t + kept[4], kept[3], skip_nonfinite)
 
     @property

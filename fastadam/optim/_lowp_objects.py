@@ -4,14 +4,19 @@ dense and lazy sparse steps through the low-precision driver, and memory account
 Design.  An optimizer built with ``state_dtype="bfloat16"`` or ``"int8"``, with bfloat16
 parameters, ``master_weights=True`` or ``param_rounding="stochastic"`` keeps a
 :class:`LowpOptions` in ``opt._lowp``; otherwise ``opt._lowp`` is None and nothing here runs
-(the float32 path is today's, call for call).  With it, the optimizer's ``dense_step`` and
-``sparse_step`` are this module's (bound on the instance when the options are set), so the
-base class's step driver -- gradient checks, clipping, ``skip_nonfinite``, schedules, the
-all-or-nothing rule -- is the same for every format.  Each step folds the subclass's
-coefficient object (``opt.coefficients``) and makes one ``_lowp.dense_step`` call per
-(group, dtype, state format), or one ``_lowp.rows_step`` per sparse gradient (coalesced
-first: sorted unique rows, summed values).  A bucket whose parameters, states and gradients
-are all float32 keeps the float driver.
+(the float32 path is today's, call for call).  With it, the base class's step driver --
+gradient checks, clipping, ``skip_nonfinite``, schedules, the all-or-nothing rule -- is the
+same for every format, and each (group, dtype, state format) bucket steps through a
+:class:`~fastadam.optim.PreparedStep` built with the object's formats
+(:func:`prepare_options`): one ``_lowp.dense_step`` call per bucket, and the compiled common
+step (``fastadam/optim/_step_path.pyx``) once a step has taken it.  The optimizer's
+``dense_step`` and ``sparse_step`` are this module's (bound on the instance when the options
+are set): the dense one takes what a prepared step must not (:func:`prepared_takes`: a step
+number other than the object's ``t + 1``, which keys stochastic rounding, or gradients of
+mixed dtypes, read as float32) and the steps of some of a bucket's parameters; the sparse one
+makes one ``_lowp.rows_step`` per sparse gradient (coalesced first: sorted unique rows,
+summed values).  A bucket whose parameters, states and gradients are all float32 keeps the
+float driver.
 
 Small tensors (``min_8bit_size``, bitsandbytes' rule and default): with ``state_dtype="int8"``
 a parameter of fewer than ``min_8bit_size`` elements keeps float32 states (one scale per
@@ -215,6 +220,33 @@ def dense_step(opt, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool
                                  param_fmt, grad_fmt, state_fmt, o.block_size,
                                  MAP_CODES[o.quant_map], signed, ROUND_CODES[o.param_rounding],
                                  o.seed, t + 1, bool(skip_nonfinite), _threads(opt)))
+
+
+def prepare_options(opt, xs: List[np.ndarray]) -> Dict[str, Any]:
+    """``prepare_step``'s low-precision keywords for one bucket of parameters ``xs`` (one
+    dtype): the format options, and for bfloat16 parameters their rounding and masters."""
+    o = opt._lowp
+    kw: Dict[str, Any] = dict(block_size=o.block_size, quant_map=o.quant_map, seed=o.seed)
+    if xs and is_bfloat16(xs[0].dtype):
+        kw["param_rounding"] = o.param_rounding
+        if o.master_weights:
+            masters = opt._masters
+            kw["master"] = [masters[id(x)] for x in xs]
+    return kw
+
+
+def prepared_takes(opt, offset: int, gs: List[Any]) -> bool:
+    """Whether a low-precision bucket's prepared step takes this step exactly as
+    :func:`dense_step` would: the functional step number is the object's ``t + 1`` (the
+    stochastic rounding key's step; Adagrad's and SGD's "onnx" conventions count from ``t``)
+    and the gradients share one dtype (:func:`dense_step` reads a mix as float32)."""
+    if offset != 1:
+        return False
+    dtype = gs[0].dtype if gs else None
+    for g in gs:
+        if g.dtype is not dtype and g.dtype != dtype:
+            return False
+    return True
 
 
 def check_sparse(opt, i: int) -> None:

@@ -40,7 +40,7 @@ from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, Quantized
                                  check_block_size, check_quant_map)
 from .._core._lowp_validation import (ROUND_CODES, check_lowp_grads, check_lowp_step,
                                       check_rounding, check_seed, is_lowp_input)
-from .._core import _config
+from .._core import _config, _lowp
 from ._functional import check_compute_dtype
 from ._step_path import CpuStep, prepared_step
 
@@ -102,6 +102,9 @@ class PreparedStep:
             self._slot_lists = self._lowp.slot_lists
             self.slot_names = self._lowp.slot_names
             self._typenum = np.dtype(np.float32).num  # computed in float32
+            # gradients of the parameters' dtype pass a header-only check (PreparedArrays.plain)
+            self._arrays = (PreparedArrays(self._lowp.written, self._single,
+                                           self._xs[0].dtype.num) if self._xs else None)
             return
         check_block_size(block_size)  # the options of the low-precision path, checked anyway
         check_quant_map(quant_map)
@@ -196,11 +199,18 @@ class PreparedStep:
                                [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
 
     def _lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
-        from .._core import _lowp
         plan = self._lowp
-        gs, grad_fmt = check_lowp_grads(plan, grads)
+        gs = (self._arrays.plain_grads(grads)
+              if type(grads) is list and self._arrays is not None else None)
+        if gs is not None:  # the parameters' dtype: float32 or bfloat16, as the parameters
+            grad_fmt = plan.param_fmt
+        else:
+            gs, grad_fmt = check_lowp_grads(plan, grads)
         coeffs.check_float32()
-        slots, scales, signed = plan.driver_lists(names)
+        lists = self._lists_by_flags.get(coeffs.flags)  # the arrays as prepared
+        if lists is None:
+            lists = self._lists_by_flags[coeffs.flags] = plan.driver_lists(names)
+        slots, scales, signed = lists
         nt = self._nt or resolve_num_threads(None)
         return bool(_lowp.dense_step(coeffs, plan.xs, gs, slots, scales, plan.masters,
                                      plan.param_fmt, grad_fmt, plan.state_fmt, plan.block,

@@ -187,7 +187,8 @@ cdef class KeptStep:
     cdef object hyper        # kept[3]
     cdef object offset       # kept[4]
     cdef object prepared
-    cdef CpuStep cpu
+    cdef CpuStep cpu         # a CPU float step; None for a low-precision one
+    cdef object arrays       # the prepared step's PreparedArrays (the gradients' check)
     cdef object num_threads
     cdef object cls          # type(opt), whose dense_step must stay its _prepared_dense_step
     cdef object dense_fn
@@ -213,7 +214,7 @@ cdef class KeptStep:
                     or opt.num_threads is not self.num_threads or opt._clip is not None
                     or type(opt) is not self.cls or self.cls.dense_step is not self.dense_fn):
                 return None
-            gs = self.cpu.arrays.plain_grads(gl)  # None: not the plain case
+            gs = self.arrays.plain_grads(gl)  # None: not the plain case
             if gs is None:
                 return None
             t = opt.t + self.offset
@@ -223,7 +224,13 @@ cdef class KeptStep:
                     c = self.retime(self.coeffs, t, self.merged)
                 self.coeffs = <Coefficients?>c
                 self.t_coeffs = t
-            done = self.cpu.drive(self.coeffs, <list>gs, False)
+            if self.cpu is not None:
+                done = self.cpu.drive(self.coeffs, <list>gs, False)
+            else:  # low-precision states or bfloat16 parameters: the plain gradients
+                names = self.prepared._names_by_flags.get(self.coeffs.flags)
+                if names is None:
+                    return None
+                done = self.prepared._lowp_step(self.coeffs, names, gs, t, False)
             if done is True:
                 opt.t += 1
                 return True
@@ -235,8 +242,10 @@ cdef class KeptStep:
 def keep_common_step(opt):
     """Called by ``Optimizer._any_step`` right after it applied a step of the common case (one
     bucket, no clipping, no ``grad_scale`` or ``skip_nonfinite``, plain dense gradients):
-    keeps a :class:`KeptStep` when the bucket's prepared step is a CPU float one and the
-    group's learning rate a number, else keeps none."""
+    keeps a :class:`KeptStep` when the bucket's prepared step is a CPU float one, or a
+    low-precision one whose step number is the object's ``t + 1`` (the stochastic rounding
+    key's; see ``_lowp_objects.prepared_takes``), and the group's learning rate a number, else
+    keeps none."""
     cdef KeptStep k
     cdef tuple kept
     opt._step_kept = None
@@ -244,11 +253,14 @@ def keep_common_step(opt):
     h = opt._groups[gi]
     prepared = opt._prepared[0]
     kt = opt._step_hypers[gi]
-    if (callable(h["lr"]) or prepared is None or prepared is False or prepared._cpu is None
+    if (callable(h["lr"]) or prepared is None or prepared is False
             or kt is None or opt._tensor_params or opt.__dict__.get("_sparse_seen")
             or opt.num_threads != opt._prepared_threads):
         return
     kept = <tuple>kt
+    if prepared._cpu is None and (prepared._lowp is None or prepared._arrays is None
+                                  or kept[4] != 1):
+        return
     folded = prepared._folded
     if kept[0] is not h or kept[2] is not None or folded is None or folded[0] is not kept[3]:
         return
@@ -260,7 +272,8 @@ def keep_common_step(opt):
     k.hyper = kept[3]
     k.offset = kept[4]
     k.prepared = prepared
-    k.cpu = <CpuStep?>prepared._cpu
+    k.cpu = <CpuStep?>prepared._cpu if prepared._cpu is not None else None
+    k.arrays = prepared._arrays if k.cpu is None else k.cpu.arrays
     k.num_threads = opt.num_threads
     k.cls = type(opt)
     k.dense_fn = k.cls._prepared_dense_step
