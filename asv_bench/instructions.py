@@ -167,7 +167,8 @@ def _lowp_case(state_dtype, n):
 
         # an Adam object with low-precision states (fastadam/_core/_lowp.pyx's kernels)
         x, g = _dense_arrays(n)
-        opt = fastadam.Adam([x], lr=1e-3, num_threads=1, state_dtype=state_dtype)
+        opt = fastadam.Adam([x], lr=1e-3, num_threads=1, state_dtype=state_dtype,
+                            min_8bit_size=0)  # 8-bit states at any size
         return lambda: opt.step([g])
     return build
 
@@ -231,6 +232,8 @@ def cases():
     for state_dtype in ("bfloat16", "int8"):
         if state_dtype != "bfloat16" or _have("ml_dtypes"):
             table[f"lowp/Adam/{state_dtype}/100000"] = _lowp_case(state_dtype, 100_000)
+            # one small tensor: the object's per-step path (its prepared and compiled step)
+            table[f"lowp/Adam/{state_dtype}/1000"] = _lowp_case(state_dtype, 1_000)
     table["autodiff/mlp64x64x10/b64"] = _autodiff_case()
     if _have("onnx"):
         table["onnx/session_step/mlp64x64x10/b64"] = _onnx_case()
