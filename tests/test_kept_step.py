@@ -279,3 +279,26 @@ def test_unusual_gradients_after_kept_steps_take_the_python_step(make_grad):
             outcomes.append(str(exc))
     assert outcomes[0] == outcomes[1]
     assert_twins(kept, python)
+
+
+def test_a_state_reshaped_in_place_steps_the_same_elements_on_every_path():
+    """A written array whose shape is set in place keeps its buffer: the header pass and the
+    full check (a gradient subclass takes it) both accept it, and the step updates the same
+    flat elements as on the untouched twin."""
+    class Sub(np.ndarray):
+        pass
+
+    rng = np.random.default_rng(7)
+    x0 = rng.standard_normal((8, 16)).astype(np.float32)
+    grads = [rng.standard_normal(x0.shape).astype(np.float32) for _ in range(2)]
+    results = []
+    for reshape in (False, True):
+        x, m, v = x0.copy(), np.zeros_like(x0), np.zeros_like(x0)
+        ps = fastadam.optim.prepare_step("adam", [x], {"m": [m], "v": [v]})
+        if reshape:
+            m.shape = (16, 8)
+        assert ps.step([grads[0]], 1, lr=1e-2)  # the header pass
+        assert ps.step([grads[1].view(Sub)], 2, lr=1e-2)  # the full check
+        results.append([x.tobytes(), m.tobytes(), v.tobytes()])
+    assert results[0] == results[1]
+    assert results[0][0] != x0.tobytes()

@@ -689,8 +689,9 @@ cdef class PreparedArrays:
                 name, k = self.flat_labels[i]
                 raise ValueError(f"{label(name, k, self.single)}: is read-only, but it is "
                                  f"updated in place")
-            if (<uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]
-                    or not self.same_dims(<cnp.PyArrayObject *>go, i % self.n)):
+            if <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]:
+                # (its size cannot change while the pins live; its shape may be set in place,
+                # which moves no byte: the kernels read flat buffers, as plain() does)
                 name, k = self.flat_labels[i]
                 raise ValueError(f"{label(name, k, self.single)}: its buffer moved or changed "
                                  f"size since the step was prepared (ndarray.resize); "

@@ -68,9 +68,14 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
         raise
     if typenum != _DOUBLE and xs:  # no tensor, no dtype: nothing to check it in
         check_compute_dtype(coeffs, typenum)
-    skip = bool(skip_nonfinite)
-    # nt == 0: one thread below PARALLEL_MIN and between the chooser's looks, decided in the
-    # driver; None back means "not run: the chooser runs it" (fastadam/_threads.py)
+    return _drive(coeffs, xs, gs, slot_lists, typenum, bool(skip_nonfinite), nt)
+
+
+cdef object _drive(Coefficients coeffs, list xs, list gs, list slot_lists, int typenum,
+                   bint skip, int nt):
+    """The driver call on checked arrays.  nt == 0: one thread below PARALLEL_MIN and between
+    the chooser's looks, decided in the driver; None back from it means "not run: the
+    measured thread choice runs it" (fastadam/_core/_threads.py)."""
     done = driver_step(coeffs, xs, gs, slot_lists, typenum, skip, nt)
     if done is None:
         return _run_adaptive(_dense_step_py, (coeffs, xs, gs, slot_lists, typenum, skip),
@@ -133,11 +138,14 @@ cdef class CpuStep:
             nt = 0
         else:
             nt = resolve_num_threads(self.num_threads)
-        done = driver_step(coeffs, self.xs, gs, lists, self.typenum, skip, nt)
-        if done is None:  # the measured thread choice runs it (fastadam/_core/_threads.py)
-            return _run_adaptive(_dense_step_py, (coeffs, self.xs, gs, lists, self.typenum, skip),
-                                 sum([x.size for x in self.xs]), KIND_DENSE)
-        return done
+        return _drive(coeffs, self.xs, gs, <list?>lists, self.typenum, skip, nt)
+
+
+cdef object _retimed(Coefficients coeffs, t, merged, retime):
+    """``coeffs`` (folded from the keywords ``merged``) for step ``t``: in C where the
+    coefficients can (Adam's), else by the spec's ``retime``."""
+    c = coeffs.retimed(t, merged)
+    return c if c is not None else retime(coeffs, t, merged)
 
 
 def prepared_step(self, grads, t, hyper, skip_nonfinite):
@@ -158,9 +166,7 @@ def prepared_step(self, grads, t, hyper, skip_nonfinite):
         else:
             retime = self._spec.retime
             if retime is not None:
-                coeffs = folded[2].retimed(t, folded[3])  # in C where it can (Adam's)
-                if coeffs is None:
-                    coeffs = retime(folded[2], t, folded[3])
+                coeffs = _retimed(<Coefficients?>folded[2], t, folded[3], retime)
                 self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
             else:
                 coeffs = self._fold_and_keep(t, hyper)
@@ -219,10 +225,7 @@ cdef class KeptStep:
                 return None
             t = opt.t + self.offset
             if not (type(t) is int and t == self.t_coeffs):
-                c = self.coeffs.retimed(t, self.merged)
-                if c is None:
-                    c = self.retime(self.coeffs, t, self.merged)
-                self.coeffs = <Coefficients?>c
+                self.coeffs = <Coefficients?>_retimed(self.coeffs, t, self.merged, self.retime)
                 self.t_coeffs = t
             if self.cpu is not None:
                 done = self.cpu.drive(self.coeffs, <list>gs, False)
