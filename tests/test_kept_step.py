@@ -35,6 +35,9 @@ def assert_twins(kept, python):
         assert a.tobytes() == b.tobytes()
     for name in python.slot_names:
         for a, b in zip(kept._slots[name], python._slots[name]):
+            if hasattr(a, "codes"):  # an 8-bit state: its codes and scales
+                assert a.codes.tobytes() == b.codes.tobytes(), name
+                a, b = a.scales, b.scales
             assert a.tobytes() == b.tobytes(), name
 
 
@@ -124,6 +127,7 @@ def test_a_checkpoint_loaded_between_steps_is_stepped_from():
     python.load_state_dict(state)
     for seed in range(4, 7):
         step_both_any(kept, python, seed)
+    step_both(kept, python, 7)  # kept again: the fold of the replaced groups is reused
 
 
 def test_a_schedule_steps_through_python_with_its_rate_each_step():
@@ -302,3 +306,29 @@ def test_a_state_reshaped_in_place_steps_the_same_elements_on_every_path():
         results.append([x.tobytes(), m.tobytes(), v.tobytes()])
     assert results[0] == results[1]
     assert results[0][0] != x0.tobytes()
+
+
+LOWP = [dict(state_dtype="bfloat16"), dict(state_dtype="int8", min_8bit_size=0, block_size=64)]
+
+
+@pytest.mark.parametrize("lowp", LOWP, ids=["bfloat16", "int8"])
+@pytest.mark.parametrize("change", sorted(CHANGES) + ["checkpoint"])
+def test_low_precision_states_kept_and_changed_give_the_python_bits(lowp, change):
+    """The low-precision objects' compiled step (their prepared step's) against the Python
+    step, across every change that must drop it, and a checkpoint loaded between steps."""
+    kept, python = make(lr=1e-2, **lowp)
+    step_both(kept, python, 0, compiled=False)
+    for seed in range(1, 4):
+        step_both(kept, python, seed)
+    if change == "checkpoint":
+        state = kept.state_dict()
+        step_both(kept, python, 4)
+        kept.load_state_dict(state)
+        python.load_state_dict(state)
+    else:
+        CHANGES[change](kept)
+        CHANGES[change](python)
+    for seed in range(5, 9):
+        step_both_any(kept, python, seed)
+    if change != "clipping":
+        step_both(kept, python, 9)

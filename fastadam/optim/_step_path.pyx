@@ -265,8 +265,14 @@ def keep_common_step(opt):
                                   or kept[4] != 1):
         return
     folded = prepared._folded
-    if kept[0] is not h or kept[2] is not None or folded is None or folded[0] is not kept[3]:
+    if kept[0] is not h or kept[2] is not None or folded is None:
         return
+    if folded[0] is not kept[3]:
+        # the fold was kept from an equal dict the object has since replaced (a checkpoint
+        # loaded, the groups rebuilt): know it by the group's dict from now on
+        if not same_scalars(kept[3], folded[0]):
+            return
+        folded = prepared._folded = (kept[3],) + tuple(folded)[1:]
     k = KeptStep.__new__(KeptStep)
     k.lock = opt._lock
     k.gi = gi
