@@ -770,3 +770,25 @@ def test_compiled_low_precision_step_checks_its_gradients():
     assert opt.t == before[2]
     g = np.ones(4096, np.float32)[::2]  # not contiguous: the Python step copies it
     assert opt.step([g]) and opt.t == before[2] + 1
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_parameter_stepped_alone_equals_its_prepared_bucket(state_dtype, rounding):
+    """Stepping some of a bucket's parameters takes the objects' own dense_step; a bucket of
+    that parameter alone takes its prepared step: the same bits, stochastic rounding included."""
+    rng = np.random.default_rng(14)
+    dtype = BF16 if rounding == "stochastic" else np.float32
+    x0 = rng.standard_normal(1024).astype(np.float32).astype(dtype)
+    other = rng.standard_normal(1024).astype(np.float32).astype(dtype)
+    kw = dict(lr=1e-2, state_dtype=state_dtype, min_8bit_size=0, param_rounding=rounding,
+              seed=5)
+    a, b = x0.copy(), x0.copy()
+    pair, alone = Adam([a, other.copy()], **kw), Adam([b], **kw)
+    for _ in range(4):
+        g = rng.standard_normal(1024).astype(np.float32).astype(dtype)
+        assert pair.step([g, None]) and alone.step([g])
+    assert alone._prepared[0] is not False and alone._prepared[0]._lowp is not None
+    assert raw(a) == raw(b)
+    for name in ("m", "v"):
+        np.testing.assert_array_equal(values(pair.state(0)[name]), values(alone.state(0)[name]))

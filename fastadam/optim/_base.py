@@ -413,7 +413,7 @@ class Optimizer:
                 or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
             kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
                                             self._step_number(0, h))
-        if prepared._lowp is not None and not _lowp_objects.prepared_takes(self, kept[4], gs):
+        if prepared._lowp is not None and not _lowp_objects.prepared_takes(kept[4], gs):
             return self.dense_step(xs, gs, slots, self.t, h, lr, grad_scale, skip_nonfinite)
         return prepared._step(gs, self.t + kept[4], kept[3], skip_nonfinite)
 

@@ -235,7 +235,7 @@ def prepare_options(opt, xs: List[np.ndarray]) -> Dict[str, Any]:
     return kw
 
 
-def prepared_takes(opt, offset: int, gs: List[Any]) -> bool:
+def prepared_takes(offset: int, gs: List[Any]) -> bool:
     """Whether a low-precision bucket's prepared step takes this step exactly as
     :func:`dense_step` would: the functional step number is the object's ``t + 1`` (the
     stochastic rounding key's step; Adagrad's and SGD's "onnx" conventions count from ``t``)
