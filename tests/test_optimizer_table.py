@@ -73,11 +73,16 @@ def test_every_optimizer_of_the_c_list_has_a_row():
 SPARSE_CASES = [c for c in CASES if c[0].sparse_ok(c[1])]
 
 
+# the row lengths the sparse kernels specialise at compile time (1, 2, 4, 8) and a generic one
+ROWS = [(), (2,), (3,), (8,)]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"row{int(np.prod(r))}")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
-def test_sparse_lazy_step_is_the_dense_step_on_the_touched_rows(rng, case, dtype):
+def test_sparse_lazy_step_is_the_dense_step_on_the_touched_rows(rng, case, dtype, row):
     info, options = case
-    n_rows, row = 40, (3,)
+    n_rows = 40
     x, state = random_state(rng, info, options, (n_rows,) + row, dtype)
     indices = rng.integers(0, n_rows, 60)
     values = rng.standard_normal((60,) + row).astype(dtype)
@@ -115,14 +120,15 @@ def test_sparse_dense_mode_is_the_dense_step_on_the_densified_gradient(rng, case
         np.testing.assert_array_equal(state[k], want[k], err_msg=k)
 
 
+@pytest.mark.parametrize("row", ROWS + [(5,)], ids=lambda r: f"row{int(np.prod(r))}")
 @pytest.mark.parametrize("case", SPARSE_CASES, ids=case_id)
-def test_sparse_catchup_decays_the_slots_as_dense_mode(rng, case):
+def test_sparse_catchup_decays_the_slots_as_dense_mode(rng, case, row):
     """Without weight decay, a row idle for k steps then touched has the slots dense mode
     gives it (the catch-up replays the idle decays, rounded the same way)."""
     info, options = case
     if options.get("weight_decay"):
         pytest.skip("catch-up does not replay the idle rows' weight decay (documented)")
-    n_rows, row = 6, (5,)
+    n_rows = 6
     x, state = random_state(rng, info, options, (n_rows,) + row, np.float64)
     dense_x, dense = x.copy(), {k: v.copy() for k, v in state.items()}
     last = np.zeros(n_rows, np.int64)

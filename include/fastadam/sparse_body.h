@@ -218,31 +218,22 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
 /* Every (kind, flags) pair of the sparse path is its own instantiation of LOOP(KIND, FLAGS):
  * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
  * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
- * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write. */
+ * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write.
+ * The instantiations of one optimizer make one dispatched function (its flag, catch-up and
+ * row-length cases), not one for every optimizer: gcc's time on a function grows faster than
+ * its size, and the per-optimizer functions compile in about half the time of their union
+ * (the same loops; one more indirect call per call, not per row). */
 #define FA_SPARSE_CASE(F, K)                                                                   \
     if (fa_sparse_nslots(K, F) <= 2) {                                                         \
         FA_LOOP(K, F);                                                                         \
         status = FA_OK;                                                                        \
     }
-#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
-    case FA_OPT_##K: FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K) break;
-
-FA_DISPATCH
-static int FA_FN(sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
-                              FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
-                              const FA_S *restrict values,
-                              const int64_t *restrict perm, const int64_t *restrict offsets,
-                              const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
-                              FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
-{
-    int status = FA_ERR_UNSUPPORTED;
-    const int flags = fa_coeffs_flags(kind, coeffs);
-    if (flags & ~15) return status;
 #define FA_ROWS(K, F, LAST, T, CU, ROW)                                                        \
     FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, s0, s1, \
                      gbuf, LAST, T, K, F, CU, ROW)
 #define FA_BY_ROW(K, F, LAST, T, CU)                                                           \
     switch (row_size) {                                                                        \
+    case 1: FA_ROWS(K, F, LAST, T, CU, 1); break;                                              \
     case 2: FA_ROWS(K, F, LAST, T, CU, 2); break;                                              \
     case 4: FA_ROWS(K, F, LAST, T, CU, 4); break;                                              \
     case 8: FA_ROWS(K, F, LAST, T, CU, 8); break;                                              \
@@ -254,16 +245,43 @@ static int FA_FN(sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA
     } else {                                                                                   \
         FA_BY_ROW(K, F, NULL, 0, 0)                                                            \
     }
-    switch (kind) {
+#define FA_ROWS_ARGS                                                                           \
+    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
+        ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
+        const int64_t *restrict perm, const int64_t *restrict offsets,                         \
+        const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict gbuf,         \
+        int64_t *restrict last_step, int64_t t
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    FA_DISPATCH                                                                                \
+    static int FA_FN(name##_sparse_rows)(const int flags, FA_ROWS_ARGS)                        \
+    {                                                                                          \
+        int status = FA_ERR_UNSUPPORTED;                                                       \
+        FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K)                         \
+        return status;                                                                         \
+    }                                                                                          \
+    FA_CLONES(FA_FN(name##_sparse_rows));
 #include "fastadam/optimizers.def"
-    default: break; /* an unknown kind: FA_ERR_UNSUPPORTED */
-    }
+#undef FA_OPTIMIZER
 #undef FA_LOOP
 #undef FA_BY_ROW
 #undef FA_ROWS
-    return status;
+
+static int FA_FN(sparse_rows)(int kind, FA_ROWS_ARGS)
+{
+    const int flags = fa_coeffs_flags(kind, coeffs);
+    if (flags & ~15) return FA_ERR_UNSUPPORTED;
+    switch (kind) {
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    case FA_OPT_##K:                                                                           \
+        return FA_AT_LEVEL(FA_FN(name##_sparse_rows))(flags, coeffs, x, st0, st1, row_size,    \
+                                                      stride, values, perm, offsets, rows, s0, \
+                                                      s1, gbuf, last_step, t);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+    default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
+    }
 }
-FA_CLONES(FA_FN(sparse_rows));
+#undef FA_ROWS_ARGS
 
 int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
@@ -272,32 +290,49 @@ int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *
                           const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
                           FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
 {
-    return FA_AT_LEVEL(FA_FN(sparse_rows))(kind, coeffs, x, st0, st1, row_size, stride, values,
-                                           perm, offsets, rows, s0, s1, gbuf, last_step, t);
+    return FA_FN(sparse_rows)(kind, coeffs, x, st0, st1, row_size, stride, values, perm, offsets,
+                              rows, s0, s1, gbuf, last_step, t);
 }
 
-FA_DISPATCH
-static int FA_FN(sparse_dense)(int kind, const void *coeffs, FA_S *restrict x,
-                               FA_S *restrict st0, FA_S *restrict st1, ptrdiff_t row_size,
-                               const ptrdiff_t *stride, const FA_S *restrict values,
-                               const int64_t *restrict perm, const int64_t *restrict offsets,
-                               const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
-                               ptrdiff_t r1, FA_S *restrict gbuf)
-{
-    int status = FA_ERR_UNSUPPORTED;
-    const int flags = fa_coeffs_flags(kind, coeffs);
-    if (flags & ~15) return status;
+/* Dense mode: one function per optimizer too. */
 #define FA_LOOP(K, F)                                                                          \
     FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, nseg, \
                       r0, r1, gbuf, K, F)
-    switch (kind) {
+#define FA_DENSE_ARGS                                                                          \
+    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
+        ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
+        const int64_t *restrict perm, const int64_t *restrict offsets,                         \
+        const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1,              \
+        FA_S *restrict gbuf
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    FA_DISPATCH                                                                                \
+    static int FA_FN(name##_sparse_dense)(const int flags, FA_DENSE_ARGS)                      \
+    {                                                                                          \
+        int status = FA_ERR_UNSUPPORTED;                                                       \
+        FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K)                         \
+        return status;                                                                         \
+    }                                                                                          \
+    FA_CLONES(FA_FN(name##_sparse_dense));
 #include "fastadam/optimizers.def"
-    default: break; /* an unknown kind: FA_ERR_UNSUPPORTED */
-    }
+#undef FA_OPTIMIZER
 #undef FA_LOOP
-    return status;
+
+static int FA_FN(sparse_dense)(int kind, FA_DENSE_ARGS)
+{
+    const int flags = fa_coeffs_flags(kind, coeffs);
+    if (flags & ~15) return FA_ERR_UNSUPPORTED;
+    switch (kind) {
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    case FA_OPT_##K:                                                                           \
+        return FA_AT_LEVEL(FA_FN(name##_sparse_dense))(flags, coeffs, x, st0, st1, row_size,   \
+                                                       stride, values, perm, offsets, rows,    \
+                                                       nseg, r0, r1, gbuf);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+    default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
+    }
 }
-FA_CLONES(FA_FN(sparse_dense));
+#undef FA_DENSE_ARGS
 
 int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
                            FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
@@ -306,8 +341,8 @@ int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S 
                            const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
                            ptrdiff_t r1, FA_S *restrict gbuf)
 {
-    return FA_AT_LEVEL(FA_FN(sparse_dense))(kind, coeffs, x, st0, st1, row_size, stride, values,
-                                            perm, offsets, rows, nseg, r0, r1, gbuf);
+    return FA_FN(sparse_dense)(kind, coeffs, x, st0, st1, row_size, stride, values, perm, offsets,
+                               rows, nseg, r0, r1, gbuf);
 }
 
 #undef FA_OPTIMIZER
