@@ -494,3 +494,90 @@ def test_rmsprop_state_dict_round_trip_with_torch():
     for p, q in zip(net.parameters(), ref_net.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-10,
                                    atol=1e-12)
+
+
+def _twin_runs(change, steps_before=3, steps_after=3, kwargs=None):
+    """The same model trained by torch.optim.Adam and fastadam.torch.Adam, ``change(opt, net)``
+    applied to both between two runs of steps; returns both parameter vectors and optimizers."""
+    kwargs = kwargs or dict(lr=1e-2, amsgrad=True)
+    out = []
+    for cls in (torch.optim.Adam, ft.Adam):
+        net = model()
+        X, y = data()
+        opt = cls(net.parameters(), **kwargs)
+        for k in range(steps_before + steps_after):
+            if k == steps_before:
+                change(opt, net)
+            opt.zero_grad()
+            ((net(X) - y) ** 2).mean().backward()
+            opt.step()
+        out.append((torch.cat([p.detach().flatten() for p in net.parameters()]), opt))
+    return out
+
+
+def test_parameter_memory_replaced_between_steps():
+    # the step keeps NumPy views of each parameter; `p.data = ...` must be seen at the next step
+    def change(opt, net):
+        w = net[0].weight
+        w.data = w.data.clone() * 0.5
+    (a, _), (b, _) = _twin_runs(change)
+    np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_state_tensor_replaced_between_steps():
+    # a state tensor put in opt.state by the user is the one the next step updates
+    def change(opt, net):
+        p = net[2].bias
+        opt.state[p]["exp_avg"] = torch.full_like(p, 0.25)
+        opt.state[p]["max_exp_avg_sq"] = torch.full_like(p, 0.5)
+    (a, ta), (b, fb) = _twin_runs(change)
+    np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
+    p_t, p_f = ta.param_groups[0]["params"][3], fb.param_groups[0]["params"][3]
+    np.testing.assert_allclose(fb.state[p_f]["exp_avg"].numpy(),
+                               ta.state[p_t]["exp_avg"].numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_step_counter_is_torch_s_float32_count():
+    (_, ta), (_, fb) = _twin_runs(lambda opt, net: None, kwargs=dict(lr=1e-2))
+    for p_t, p_f in zip(ta.param_groups[0]["params"], fb.param_groups[0]["params"]):
+        s_t, s_f = ta.state[p_t]["step"], fb.state[p_f]["step"]
+        assert s_f.dtype == s_t.dtype == torch.float32 and s_f.shape == s_t.shape == ()
+        assert s_f.item() == s_t.item() == 6.0
+    # a parameter without a gradient keeps its count; a loaded float64 count stays float64
+    net = model()
+    opt = ft.Adam(net.parameters(), lr=1e-2)
+    X, y = data()
+    ((net(X) - y) ** 2).mean().backward()
+    opt.step()
+    sd = opt.state_dict()
+    for s in sd["state"].values():
+        s["step"] = torch.tensor(2.0**24, dtype=torch.float32)  # float32 stops counting here
+    sd["state"][0]["step"] = torch.tensor(7.0, dtype=torch.float64)
+    opt.load_state_dict(sd)
+    net[0].bias.grad = None
+    for _ in range(2):
+        opt.step()
+    steps = [opt.state[p]["step"] for p in net.parameters()]
+    assert steps[0].dtype == torch.float64 and steps[0].item() == 9.0
+    assert steps[1].item() == 2.0**24  # no gradient: not stepped (and float32 would not move)
+    assert steps[2].item() == float(torch.tensor(2.0**24) + 1.0 + 1.0) == 2.0**24
+
+
+def test_parameter_made_noncontiguous_between_steps_is_refused():
+    net = model()
+    opt = ft.Adam(net.parameters(), lr=1e-2)
+    X, y = data()
+    for k in range(2):
+        opt.zero_grad()
+        ((net(X) - y) ** 2).mean().backward()
+        if k == 1:
+            w = net[0].weight
+            # the same memory (so the same data_ptr) seen through other strides
+            w.data = w.data.as_strided(w.shape, (1, w.shape[0]))
+            before = [p.detach().clone() for p in net.parameters()]
+            with pytest.raises(ValueError, match=r"params'\]\[0\]: expected a contiguous"):
+                opt.step()
+            for p, q in zip(net.parameters(), before):  # nothing written
+                assert torch.equal(p.detach(), q)
+        else:
+            opt.step()
