@@ -65,6 +65,11 @@ def caller_stacklevel() -> int:
     return level
 
 
+def param_name(gi: int, i: int) -> str:
+    """How errors and warnings name parameter ``i`` of group ``gi``."""
+    return f"param_groups[{gi}]['params'][{i}]"
+
+
 def numpy_view(tensor: torch.Tensor, name: str) -> np.ndarray:
     """A NumPy array sharing ``tensor``'s memory (CPU, contiguous, a supported dtype)."""
     if tensor.device.type != "cpu":
@@ -165,12 +170,12 @@ class FastadamOptimizer(torch.optim.Optimizer):
     def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
                gi: int, i: int) -> list:
         """``[data_ptr, x view, step tensor, step count, state tensors, state views, step
-        view, p, state keys]`` of ``p``, built once and reused while ``p``'s memory and its state tensors
-        stay the same objects (``load_state_dict``, ``p.data = ...`` or a state tensor put in
-        ``opt.state`` replace them: the entry is rebuilt; _plan_group checks that on every
-        step).  Making NumPy views costs about 1 us per tensor, which a step of many small
-        tensors would otherwise pay three times per parameter."""
-        name = f"param_groups[{gi}]['params'][{i}]"
+        view, p, state keys]`` of ``p``, built once and reused while ``p``'s memory and its
+        state tensors stay the same objects (``load_state_dict``, ``p.data = ...`` or a state
+        tensor put in ``opt.state`` replace them: the entry is rebuilt; _plan_group checks that
+        on every step).  Making NumPy views costs about 1 us per tensor, which a step of many
+        small tensors would otherwise pay three times per parameter."""
+        name = param_name(gi, i)
         x = numpy_view(p, name)
         state = self._init_state(p, group)
         step = state["step"]
@@ -189,7 +194,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         gradient's view and checks, one append per array."""
         h = self._check_group(group)
         keys = self._slot_keys(group)
-        dense: Dict[Tuple[int, torch.dtype], Dict[str, list]] = {}
+        dense: Dict[Tuple[int, np.dtype], Dict[str, list]] = {}  # (t, dtype): one call's lists
         sparse = []
         entries, state_of, strided = self._entries, self.state, torch.strided
         for i, p in enumerate(group["params"]):
@@ -209,7 +214,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                         break
             x, t, slots = entry[1], entry[3] + 1, entry[5]
             if grad.layout is not strided:
-                name = f"param_groups[{gi}]['params'][{i}]"
+                name = param_name(gi, i)
                 if not self._takes_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse "
                                        f"gradients ({name})")
@@ -218,19 +223,18 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 continue
             if not self._takes_dense:
                 raise RuntimeError(f"{type(self).__name__} does not support dense gradients "
-                                   f"(param_groups[{gi}]['params'][{i}]); use "
-                                   f"fastadam.torch.Adam")
+                                   f"({param_name(gi, i)}); use fastadam.torch.Adam")
             if self._sparse_seen and p in self._sparse_seen and not self._warned_dense_after_sparse:
                 self._warned_dense_after_sparse = True
-                warnings.warn(f"param_groups[{gi}]['params'][{i}] had sparse gradients and now "
-                              f"has a dense one: it steps every row from now on (a dense term "
-                              f"such as weight decay added to an embedding's loss makes its "
-                              f"gradient dense)", RuntimeWarning, stacklevel=caller_stacklevel())
+                warnings.warn(f"{param_name(gi, i)} had sparse gradients and now has a dense "
+                              f"one: it steps every row from now on (a dense term such as weight "
+                              f"decay added to an embedding's loss makes its gradient dense)",
+                              RuntimeWarning, stacklevel=caller_stacklevel())
             g = grad.numpy() if grad.is_contiguous() else grad.contiguous().numpy()
             if g.dtype != x.dtype or g.shape != x.shape:
-                raise ValueError(f"param_groups[{gi}]['params'][{i}]: its gradient has dtype "
-                                 f"{grad.dtype} and shape {tuple(grad.shape)}, expected "
-                                 f"{p.dtype} and {tuple(p.shape)}")
+                raise ValueError(f"{param_name(gi, i)}: its gradient has dtype {grad.dtype} and "
+                                 f"shape {tuple(grad.shape)}, expected {p.dtype} and "
+                                 f"{tuple(p.shape)}")
             key = (t, x.dtype)
             batch = dense.get(key)
             if batch is None:
@@ -266,7 +270,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 state = self.state.get(p)
                 if not state:
                     continue
-                name = f"state of param_groups[{gi}]['params'][{i}]"
+                name = f"state of {param_name(gi, i)}"
                 step = state.get("step")
                 if not isinstance(step, torch.Tensor):
                     step = torch.tensor(float(step if step is not None else 0.0),
