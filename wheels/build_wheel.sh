@@ -126,12 +126,13 @@ cp -r "$TESTS" "$RUN/tests"
 # Some tests check the benchmark workloads (tests/test_autodiff_bench.py): they sit beside tests/.
 mkdir -p "$RUN/asv_bench"
 cp -r "$REPO/asv_bench/benchmarks" "$RUN/asv_bench/benchmarks"
-# tests/test_asv_gate.py and test_asv_instructions.py check the gates' comparison logic (plain
-# Python, no asv run; the instruction gate's end-to-end valgrind test is marked slow).
-# tests/test_asv_ab_gate.py checks the A/B gate's rule (its end-to-end runs need a checkout's
-# in-place build and skip here); tests/test_lowp_convergence.py trains with lowp_convergence.py.
-cp "$REPO/asv_bench/gate.py" "$REPO/asv_bench/instructions.py" "$REPO/asv_bench/ab_gate.py" \
-    "$REPO/asv_bench/lowp_convergence.py" "$RUN/asv_bench/"
+# The scripts beside them: tests/test_asv_gate.py and test_asv_instructions.py check the gates'
+# comparison logic (plain Python, no asv run; the instruction gate's end-to-end valgrind test is
+# marked slow); tests/test_asv_ab_gate.py checks the A/B gate's rule (its end-to-end runs need a
+# checkout's in-place build and skip here); tests/test_lowp_convergence.py trains with
+# lowp_convergence.py; tests/test_bench_scripts.py runs the report scripts that reach into
+# fastadam's internals, here against the installed package.
+cp "$REPO"/asv_bench/*.py "$RUN/asv_bench/"
 find "$RUN" -name '__pycache__' -prune -exec rm -rf {} +
 cat > "$RUN/installed_only.py" <<'EOF'
 """pytest plugin: fail the session unless fastadam was imported from the venv's site-packages."""
