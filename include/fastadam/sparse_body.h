@@ -215,15 +215,19 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     }
 }
 
-/* Every (kind, flags) pair of the sparse path is its own instantiation of a mode's loop: for
- * each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most two
- * state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
- * returns FA_ERR_UNSUPPORTED, decided before any write.
- * The instantiations of one optimizer and mode make one dispatched function (its flag,
- * catch-up and row-length cases), not one for every optimizer: gcc's time on a function grows
- * faster than its size, and the per-optimizer functions compile in about half the time of their
- * union (the same loops; one more indirect call per call, not per row).  Splitting further, one
- * function per flag combination, saved nothing measurable. */
+/* Every (kind, flags) pair of the sparse path is its own instantiation of LOOP(KIND, FLAGS):
+ * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
+ * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
+ * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write.
+ * The instantiations of one optimizer make one dispatched function (its flag, catch-up and
+ * row-length cases), not one for every optimizer: gcc's time on a function grows faster than
+ * its size, and the per-optimizer functions compile in about half the time of their union
+ * (the same loops; one more indirect call per call, not per row). */
+#define FA_SPARSE_CASE(F, K)                                                                   \
+    if (fa_sparse_nslots(K, F) <= 2) {                                                         \
+        FA_LOOP(K, F);                                                                         \
+        status = FA_OK;                                                                        \
+    }
 #define FA_ROWS(K, F, LAST, T, CU, ROW)                                                        \
     FA_FN(lazy_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, s0, s1, \
                      gbuf, LAST, T, K, F, CU, ROW)
@@ -235,93 +239,111 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     case 8: FA_ROWS(K, F, LAST, T, CU, 8); break;                                              \
     default: FA_ROWS(K, F, LAST, T, CU, 0); break;                                             \
     }
-/* The two modes (ROWS: lazy and catch-up rows; DENSE: dense mode), each as its parameters after
- * `kind`, the same names as arguments, and its loop for optimizer K with flags F. */
-#define FA_MODE_ROWS_PARAMS                                                                    \
-    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
-        ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
-        const int64_t *restrict perm, const int64_t *restrict offsets,                         \
-        const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict gbuf,         \
-        int64_t *restrict last_step, int64_t t
-#define FA_MODE_ROWS_ARGS                                                                      \
-    coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, s0, s1, gbuf, last_step, t
-#define FA_MODE_ROWS_LOOP(K, F)                                                                \
+#define FA_LOOP(K, F)                                                                          \
     if (last_step) {                                                                           \
         FA_BY_ROW(K, F, last_step, t, 1)                                                       \
     } else {                                                                                   \
         FA_BY_ROW(K, F, NULL, 0, 0)                                                            \
     }
-#define FA_MODE_DENSE_PARAMS                                                                   \
+#define FA_ROWS_ARGS                                                                           \
+    const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
+        ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
+        const int64_t *restrict perm, const int64_t *restrict offsets,                         \
+        const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1, FA_S *restrict gbuf,         \
+        int64_t *restrict last_step, int64_t t
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    FA_DISPATCH                                                                                \
+    static int FA_FN(name##_sparse_rows)(const int flags, FA_ROWS_ARGS)                        \
+    {                                                                                          \
+        int status = FA_ERR_UNSUPPORTED;                                                       \
+        FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K)                         \
+        return status;                                                                         \
+    }                                                                                          \
+    FA_CLONES(FA_FN(name##_sparse_rows));
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+#undef FA_LOOP
+#undef FA_BY_ROW
+#undef FA_ROWS
+
+static int FA_FN(sparse_rows)(int kind, FA_ROWS_ARGS)
+{
+    const int flags = fa_coeffs_flags(kind, coeffs);
+    if (flags & ~15) return FA_ERR_UNSUPPORTED;
+    switch (kind) {
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    case FA_OPT_##K:                                                                           \
+        return FA_AT_LEVEL(FA_FN(name##_sparse_rows))(flags, coeffs, x, st0, st1, row_size,    \
+                                                      stride, values, perm, offsets, rows, s0, \
+                                                      s1, gbuf, last_step, t);
+#include "fastadam/optimizers.def"
+#undef FA_OPTIMIZER
+    default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
+    }
+}
+#undef FA_ROWS_ARGS
+
+int FA_FN(fa_sparse_rows)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                          FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                          const FA_S *restrict values,
+                          const int64_t *restrict perm, const int64_t *restrict offsets,
+                          const int64_t *restrict rows, ptrdiff_t s0, ptrdiff_t s1,
+                          FA_S *restrict gbuf, int64_t *restrict last_step, int64_t t)
+{
+    return FA_FN(sparse_rows)(kind, coeffs, x, st0, st1, row_size, stride, values, perm, offsets,
+                              rows, s0, s1, gbuf, last_step, t);
+}
+
+/* Dense mode: one function per optimizer too. */
+#define FA_LOOP(K, F)                                                                          \
+    FA_FN(dense_loop)(coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, nseg, \
+                      r0, r1, gbuf, K, F)
+#define FA_DENSE_ARGS                                                                          \
     const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
         ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
         const int64_t *restrict perm, const int64_t *restrict offsets,                         \
         const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0, ptrdiff_t r1,              \
         FA_S *restrict gbuf
-#define FA_MODE_DENSE_ARGS                                                                     \
-    coeffs, x, st0, st1, row_size, stride, values, perm, offsets, rows, nseg, r0, r1, gbuf
-#define FA_MODE_DENSE_LOOP(K, F) FA_FN(dense_loop)(FA_MODE_DENSE_ARGS, K, F)
-
-#define FA_SPARSE_CASE(F, K, MODE)                                                             \
-    if (fa_sparse_nslots(K, F) <= 2) {                                                         \
-        FA_MODE_##MODE##_LOOP(K, F);                                                           \
-        status = FA_OK;                                                                        \
-    }
-#define FA_SPARSE_CASE_ROWS(F, K) FA_SPARSE_CASE(F, K, ROWS)
-#define FA_SPARSE_CASE_DENSE(F, K) FA_SPARSE_CASE(F, K, DENSE)
-/* name##_sparse_ROWS and name##_sparse_DENSE: one optimizer's dispatched function per mode. */
-#define FA_SPARSE_FN(name, K, MASK, MODE)                                                      \
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
     FA_DISPATCH                                                                                \
-    static int FA_FN(name##_sparse_##MODE)(const int flags, FA_MODE_##MODE##_PARAMS)          \
+    static int FA_FN(name##_sparse_dense)(const int flags, FA_DENSE_ARGS)                      \
     {                                                                                          \
         int status = FA_ERR_UNSUPPORTED;                                                       \
-        FA_FLAG_SWITCH(flags, MASK, FA_SPARSE_CASE_##MODE, FA_OPT_##K)                         \
+        FA_FLAG_SWITCH(flags, SPARSE_MASK, FA_SPARSE_CASE, FA_OPT_##K)                         \
         return status;                                                                         \
     }                                                                                          \
-    FA_CLONES(FA_FN(name##_sparse_##MODE));
-#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
-    FA_SPARSE_FN(name, K, SPARSE_MASK, ROWS)                                                   \
-    FA_SPARSE_FN(name, K, SPARSE_MASK, DENSE)
+    FA_CLONES(FA_FN(name##_sparse_dense));
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
+#undef FA_LOOP
 
-/* The public entries (sparse.h): the function of the kind at this extension's level. */
-#define FA_SPARSE_KIND(name, K, MODE)                                                          \
-    case FA_OPT_##K:                                                                           \
-        return FA_AT_LEVEL(FA_FN(name##_sparse_##MODE))(flags, FA_MODE_##MODE##_ARGS);
-int FA_FN(fa_sparse_rows)(int kind, FA_MODE_ROWS_PARAMS)
-{
-    const int flags = fa_coeffs_flags(kind, coeffs);
-    if (flags & ~15) return FA_ERR_UNSUPPORTED; /* an unknown kind (-1) or flag */
-    switch (kind) {
-#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK) FA_SPARSE_KIND(name, K, ROWS)
-#include "fastadam/optimizers.def"
-#undef FA_OPTIMIZER
-    default: return FA_ERR_UNSUPPORTED;
-    }
-}
-
-int FA_FN(fa_sparse_dense)(int kind, FA_MODE_DENSE_PARAMS)
+static int FA_FN(sparse_dense)(int kind, FA_DENSE_ARGS)
 {
     const int flags = fa_coeffs_flags(kind, coeffs);
     if (flags & ~15) return FA_ERR_UNSUPPORTED;
     switch (kind) {
-#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK) FA_SPARSE_KIND(name, K, DENSE)
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
+    case FA_OPT_##K:                                                                           \
+        return FA_AT_LEVEL(FA_FN(name##_sparse_dense))(flags, coeffs, x, st0, st1, row_size,   \
+                                                       stride, values, perm, offsets, rows,    \
+                                                       nseg, r0, r1, gbuf);
 #include "fastadam/optimizers.def"
 #undef FA_OPTIMIZER
-    default: return FA_ERR_UNSUPPORTED;
+    default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
     }
 }
+#undef FA_DENSE_ARGS
 
-#undef FA_SPARSE_KIND
-#undef FA_SPARSE_FN
-#undef FA_SPARSE_CASE_DENSE
-#undef FA_SPARSE_CASE_ROWS
+int FA_FN(fa_sparse_dense)(int kind, const void *coeffs, FA_S *restrict x, FA_S *restrict st0,
+                           FA_S *restrict st1, ptrdiff_t row_size, const ptrdiff_t *stride,
+                           const FA_S *restrict values,
+                           const int64_t *restrict perm, const int64_t *restrict offsets,
+                           const int64_t *restrict rows, ptrdiff_t nseg, ptrdiff_t r0,
+                           ptrdiff_t r1, FA_S *restrict gbuf)
+{
+    return FA_FN(sparse_dense)(kind, coeffs, x, st0, st1, row_size, stride, values, perm, offsets,
+                               rows, nseg, r0, r1, gbuf);
+}
+
+#undef FA_OPTIMIZER
 #undef FA_SPARSE_CASE
-#undef FA_MODE_DENSE_LOOP
-#undef FA_MODE_DENSE_ARGS
-#undef FA_MODE_DENSE_PARAMS
-#undef FA_MODE_ROWS_LOOP
-#undef FA_MODE_ROWS_ARGS
-#undef FA_MODE_ROWS_PARAMS
-#undef FA_BY_ROW
-#undef FA_ROWS
