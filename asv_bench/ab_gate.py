@@ -18,7 +18,11 @@ band: ``exp(|median log A/A| + 3 * sigma)``, where sigma is the standard error o
 estimated from the A/A ratios' spread (1.2533 * 1.4826 * MAD / sqrt(rounds)).  A case that
 fails is measured again with twice the rounds, in three fresh worker processes, and fails the
 gate only if it fails again (a burst of load rarely lasts through both, and a process's memory
-layout, which it keeps for life, is drawn anew).  So a quiet machine catches a 1.25x slowdown and a
+layout, which it keeps for life, is drawn anew).  A case that fails twice does not fail the gate
+when the base and the candidate ran the same code: every file of fastadam the case loaded
+(Python modules and compiled extensions) byte-identical in both (the sparse case moved by
+x1.12-1.43 between two checkouts of identical binaries in CI, and by x0.82-0.95 here: where
+memory lands, not code).  So a quiet machine catches a 1.25x slowdown and a
 loaded one widens its own band instead of crying wolf
 (tests/test_asv_ab_gate.py injects a 1.3x slowdown and checks that the gate fails, and that
 an unchanged build passes).
@@ -87,6 +91,25 @@ def fixed_layout():
             break
 
 
+def loaded_files():
+    """{path inside the package: sha256} of every module of fastadam this process has loaded
+    (its Python files and compiled extensions): the code a case ran."""
+    import hashlib
+
+    import fastadam
+    top = os.path.dirname(os.path.realpath(fastadam.__file__))
+    out = {}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if not path:
+            continue
+        path = os.path.realpath(path)
+        if path.startswith(top + os.sep):
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, top)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 def worker():
     fixed_layout()
     sys.path.insert(0, HERE)
@@ -101,6 +124,9 @@ def worker():
     print(json.dumps({"fastadam": os.path.abspath(fastadam.__file__),
                       "level": fastadam.config()["simd_level"]}), flush=True)
     for line in sys.stdin:
+        if line.strip() == "files":
+            print(json.dumps({"files": loaded_files()}), flush=True)
+            continue
         name, calls = line.split()
         calls = int(calls)
         if name not in built:
@@ -142,6 +168,11 @@ class Worker:
         if not line:
             raise RuntimeError(f"{self.label}: the worker exited ({self.proc.wait()})")
         return json.loads(line)
+
+    def files(self):
+        self.proc.stdin.write("files\n")
+        self.proc.stdin.flush()
+        return self._read()["files"]
 
     def time(self, name, calls):
         self.proc.stdin.write(f"{name} {calls}\n")
@@ -203,6 +234,15 @@ def measure(base_root, cand_root, names, rounds, inject=None):
                 print(f"  {name if attempt == 0 else '  again, ' + str(n) + ' rounds':<32} "
                       f"A/B x{ratio:5.3f}   A/A x{out[name][3]:5.3f}   fails above "
                       f"x{threshold:5.3f}{'  FAIL' if failed else ''}", flush=True)
+                if failed and attempt and inject is None and (
+                        workers[0].files() == workers[1].files()):
+                    # both sides ran byte-identical code (every fastadam module and extension
+                    # the case loaded): the difference is where memory landed, not the change
+                    failed = False
+                    out[name] = (ratio, threshold, False, out[name][3])
+                    print(f"  {'':<32} not a regression: the base and the candidate ran the "
+                          f"same code (every fastadam file the case loaded is byte-identical)",
+                          flush=True)
                 if not failed:
                     break  # a first failure is measured again, twice as long: it must repeat
         return out

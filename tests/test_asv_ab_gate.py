@@ -65,3 +65,40 @@ def test_the_gate_passes_the_unchanged_build_end_to_end(capsys, built_checkout):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "wall-time A/B gate: pass" in out
+
+
+class _FakeWorker:
+    """A worker whose candidate is 1.5x slower on every call, with the given loaded files."""
+
+    files_of = {}
+
+    def __init__(self, root, label, env_extra=None):
+        self.label = label
+        self.facts = {"fastadam": os.path.join(root, "fastadam", "__init__.py"), "level": "x"}
+
+    def time(self, name, calls):
+        return 1.5e-6 if self.label.startswith("candidate") else 1.0e-6
+
+    def files(self):
+        return self.files_of[self.label.split("-")[0]]
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_slowdown_with_the_same_code_on_both_sides_is_placement(monkeypatch, capsys, same):
+    # the rule for a case that fails twice: it fails the gate unless every fastadam file the
+    # case loaded is byte-identical in the base and the candidate
+    monkeypatch.setattr(ab_gate, "Worker", _FakeWorker)
+    monkeypatch.setattr(_FakeWorker, "files_of", {
+        "base": {"_core/_sparse.so": "aa", "__init__.py": "bb"},
+        "candidate": {"_core/_sparse.so": "aa" if same else "cc", "__init__.py": "bb"}})
+    out = ab_gate.measure("/base", "/cand", ["sparse/lazy/zipf/row64"], 5)
+    ratio, threshold, failed, aa = out["sparse/lazy/zipf/row64"]
+    assert ratio == pytest.approx(1.5) and failed is (not same)
+    assert ("not a regression" in capsys.readouterr().out) is same
+    # an injected slowdown (the gate's own end-to-end test) is never excused
+    injected = ab_gate.measure("/base", "/cand", ["sparse/lazy/zipf/row64"], 5,
+                               inject="sparse/lazy/zipf/row64=1.5")
+    assert injected["sparse/lazy/zipf/row64"][2] is True
