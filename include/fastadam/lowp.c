@@ -310,13 +310,6 @@ int fa_lowp_prepare(fa_lowp_plan *plan, int kind, const void *coeffs, int param_
     return FA_OK;
 }
 
-/* Prefetch the bytes [p, p + bytes) into the caches (a tile of the next round). */
-static inline void fa_prefetch(const void *p, ptrdiff_t bytes)
-{
-    const char *c = (const char *)p;
-    for (ptrdiff_t at = 0; at < bytes; at += 64) __builtin_prefetch(c + at, 1, 3);
-}
-
 void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
 {
     /* staging buffers for x, g (bfloat16 without a master) and 8-bit states (float32 arrays
@@ -326,7 +319,6 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
     float buf[(2 + FA_MAX_SLOTS) * FA_LOWP_STRIDE];
     const int q8 = p->state_fmt == FA_FMT_Q8;
     const int sbytes = p->state_fmt == FA_FMT_F32 ? 4 : p->state_fmt == FA_FMT_BF16 ? 2 : 1;
-    const int xbytes = p->param_fmt == FA_FMT_F32 ? 4 : 2, gbytes = p->grad_fmt == FA_FMT_F32 ? 4 : 2;
     if (p->direct) { /* one vector loop over the chunk, straight from memory */
         p->elems(c->x, c->g, c->s[0], c->s[1], c->s[2], c->n, p->k, p->flags);
         return;
@@ -336,16 +328,6 @@ void fa_lowp_chunk_step(const fa_lowp_plan *p, const fa_lowp_chunk *c)
     for (ptrdiff_t off = 0; off < c->n; off += tile) {
         const ptrdiff_t n = c->n - off < tile ? c->n - off : tile;
         const ptrdiff_t first_block = q8 ? off / p->block : 0;
-        /* one loop per format reads one array at a time: prefetch the next tile of every
-         * array so that the memory system has all of them in flight at once */
-        if (off + n < c->n) {
-            const ptrdiff_t next = off + n, m = c->n - next < tile ? c->n - next : tile;
-            fa_prefetch((const char *)c->x + next * xbytes, m * xbytes);
-            fa_prefetch((const char *)c->g + next * gbytes, m * gbytes);
-            if (p->has_master) fa_prefetch(c->master + next, m * 4);
-            for (int q = 0; q < p->nslots; q++)
-                fa_prefetch((const char *)c->s[q] + next * sbytes, m * sbytes);
-        }
         /* load (float32 and bfloat16 states: in place) */
         float *xb, *gb;
         void *sb[FA_MAX_SLOTS] = {buf + 2 * FA_LOWP_STRIDE, buf + 3 * FA_LOWP_STRIDE,
