@@ -7,7 +7,8 @@ Adam (torch convention), float32 gradients unless said ("bf16 x, g, states": eve
 bfloat16, x rounded to nearest), block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
-per element of the float32 step over the bytes the case moves).  --cpu-time times each call by
+per element of the float32 step over the bytes the case moves); then the 8-bit conversions
+alone, in ns per element and slot (65536 elements, in L2, 1 thread).  --cpu-time times each call by
 the process's CPU time instead of the wall clock: on a shared machine it leaves out the time the
 process waits for a core (with 2+ threads it is the threads' sum, so use it for 1 thread).
 """
@@ -80,6 +81,31 @@ def main():
             med = statistics.median(times[(name, nt)])
             print(f"{nt} thread(s)  {name:28s} {med * 1e3:8.2f} ms  ratio {base / med:5.2f}  "
                   f"(byte limit {28 / BYTES[name]:.2f})")
+    codes_per_element(args.rounds, block)
+
+
+def codes_per_element(rounds, block, n=65536):
+    """The 8-bit conversions alone, one slot, n elements (in L2), 1 thread: what an 8-bit step
+    adds per element and slot to the float32 element function (dequantize before it, requantize
+    after: the block's max |y|, the scale and a code per element)."""
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal(n, dtype=np.float32)
+    codes, scales = _lowp.quantize(y, block, True, 0)
+    cases = {"requantize (max, scale, codes)": lambda: _lowp.quantize(y, block, True, 0),
+             "dequantize (map[code] * scale)": lambda: _lowp.dequantize(codes, scales, block,
+                                                                        True, 0)}
+    reps = 50
+    times = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, f in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                f()
+            times[k].append((time.perf_counter() - t0) / reps)
+    print(f"8-bit codes alone, {n} elements, block {block}, 1 thread (the call's fixed cost "
+          f"included):")
+    for k in cases:
+        print(f"  {k:32s} {statistics.median(times[k]) / n * 1e9:6.3f} ns per element and slot")
 
 
 if __name__ == "__main__":
