@@ -32,3 +32,26 @@ def test_report_script_runs(script, args, expect):
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert expect in run.stdout, run.stdout[-3000:]
+
+
+def test_lowp_code_floor_builds_and_its_codes_are_exact(tmp_path):
+    """asv_bench/lowp_code_floor.c (the measurement behind the 8-bit paragraph of the
+    performance page) builds with the command in its header, and its two exact variants give
+    the codes of lowp.h's search."""
+    import shutil
+    source = os.path.join(REPO, "asv_bench", "lowp_code_floor.c")
+    if not os.path.exists(source) or not os.path.isdir(os.path.join(REPO, "include")):
+        pytest.skip("needs the source tree (the wheel's test run has only the scripts)")
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    from fastadam._core._cpu_level import CPU_BEST
+    if CPU_BEST != "x86-64-v4":
+        pytest.skip("needs AVX-512 (x86-64-v4)")
+    exe = str(tmp_path / "lowp_code_floor")
+    build = subprocess.run(["gcc", "-O3", "-std=gnu11", "-fopenmp-simd", "-fno-math-errno",
+                            "-ffp-contract=off", "-march=x86-64-v4", "-Iinclude", source, "-o",
+                            exe, "-lm"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("codes exact") == 2, run.stdout
