@@ -9,9 +9,11 @@
  *   requantize  the block's max |y|, the scale, a code per element, the codes stored;
  *   dequantize  map[code] * scale.
  * Three ways each:
- *   shipped    the loops of include/fastadam/lowp.c (gcc vectorizes everything but the table
- *              loads, which it does lane by lane: one scalar load per element);
- *   gather     the same work by hand with AVX-512 intrinsics, the table read by VPGATHERDD;
+ *   shipped    include/fastadam/lowp.c's loops at x86-64-v4 (the file is included: gcc
+ *              vectorizes everything but the table loads, which it does lane by lane, one
+ *              scalar load per element);
+ *   gather     the same work by hand with AVX-512 intrinsics (lowp.c's bins, fa_bins_code's
+ *              arithmetic), the table read by VPGATHERDD;
  *   no lookup  the gather variant with the table load left out: the codes are wrong, the time is
  *              a floor for any exact method that still needs the other work.
  * The shipped and gather codes are checked against fa_lowp_code (lowp.h's search).
@@ -23,54 +25,11 @@
 #include <time.h>
 #include <immintrin.h>
 
-#include "fastadam/lowp.h"
+/* the package's own kernels: lowp.c's bins, fa_bins_code and the clones of its loops */
+#include "fastadam/lowp.c"
 
-/* lowp.c's code bins: sign, binade [2^-24, 2) clamped, top 7 mantissa bits */
-#define BIN_EXP0 102
-#define BIN_EXPS 27
-static fa_u32 bins[2 * BIN_EXPS * 128];
-
-static int build_bins(const float *thr)
-{
-    for (fa_u32 s = 0; s < 2; s++)
-        for (fa_u32 eb = 0; eb < BIN_EXPS; eb++)
-            for (fa_u32 m7 = 0; m7 < 128; m7++) {
-                fa_u32 *entry = &bins[(eb << 8) | (s << 7) | m7], lo, hi;
-                if (eb == 0) {
-                    lo = s << 31;
-                    hi = (s << 31) | (((BIN_EXP0 + 1u) << 23) - 1u);
-                } else if (eb == BIN_EXPS - 1) {
-                    lo = (s << 31) | (128u << 23);
-                    hi = (s << 31) | 0x7f7fffffu;
-                } else {
-                    lo = (s << 31) | ((eb + BIN_EXP0) << 23) | (m7 << 16);
-                    hi = lo | 0xffffu;
-                }
-                const int c_lo = fa_lowp_code(fa_bits_f32(lo), thr);
-                const int c_hi = fa_lowp_code(fa_bits_f32(hi), thr);
-                const int base = s ? c_hi : c_lo, top = s ? c_lo : c_hi;
-                if (top == base) {
-                    *entry = ((fa_u32)base << 16) | 0xffffu;
-                } else if (top == base + 1) {
-                    const fa_u32 t = fa_f32_bits(thr[base]);
-                    *entry = ((fa_u32)base << 16) | ((t & 0xffffu) ^ (s ? 0xffffu : 0u));
-                } else {
-                    return 1;
-                }
-            }
-    return 0;
-}
-
-static inline __attribute__((always_inline)) int bins_code(float q)
-{
-    const fa_u32 u = fa_f32_bits(q);
-    int e = (int)((u >> 23) & 0xffu) - BIN_EXP0;
-    e = e < 0 ? 0 : e > BIN_EXPS - 1 ? BIN_EXPS - 1 : e;
-    const fa_u32 entry = bins[(fa_u32)(e << 8) | ((u >> 24) & 0x80u) | ((u >> 16) & 0x7fu)];
-    const int low = (int)((u ^ (fa_u32)((int)u >> 31)) & 0xffffu);
-    const int code = (int)(entry >> 16) + (low > (int)(entry & 0xffffu));
-    return q == q ? code : 0;
-}
+#define BIN_EXP0 FA_BIN_EXP0
+#define BIN_EXPS FA_BIN_EXPS
 
 static float block_scale(const float *restrict y, ptrdiff_t len)
 {
@@ -83,16 +42,12 @@ static float block_scale(const float *restrict y, ptrdiff_t len)
     return fa_bits_f32(big);
 }
 
-__attribute__((noinline)) static void quantize_shipped(const float *restrict y, fa_u8 *restrict c,
-                                                       float *restrict scales, ptrdiff_t n, int block)
+static const fa_u32 *bins; /* the signed dynamic map's */
+
+__attribute__((noinline)) static void quantize_shipped(const float *y, fa_u8 *c, float *scales,
+                                                       ptrdiff_t n, int block)
 {
-    for (ptrdiff_t b = 0; b * block < n; b++) {
-        const float *yb = y + b * block;
-        const float scale = block_scale(yb, block), inv = fa_lowp_inverse(scale);
-        scales[b] = scale;
-#pragma omp simd
-        for (ptrdiff_t i = 0; i < block; i++) c[b * block + i] = (fa_u8)bins_code(yb[i] * inv);
-    }
+    fa_lowp_quantize_blocks(y, n, block, FA_MAP_DYNAMIC, 1, c, scales);
 }
 
 /* LOOKUP 1: the bins by VPGATHERDD; 0: the index stands in for the entry (a floor) */
@@ -142,16 +97,12 @@ __attribute__((noinline)) static void quantize_floor(const float *y, fa_u8 *c, f
     quantize_avx512(y, c, s, n, block, 0);
 }
 
-__attribute__((noinline)) static void dequantize_shipped(const fa_u8 *restrict c,
-                                                         const float *restrict scales,
-                                                         const float *restrict map,
-                                                         float *restrict out, ptrdiff_t n, int block)
+__attribute__((noinline)) static void dequantize_shipped(const fa_u8 *c, const float *scales,
+                                                         const float *map, float *out,
+                                                         ptrdiff_t n, int block)
 {
-    for (ptrdiff_t b = 0; b * block < n; b++) {
-        const float scale = scales[b];
-#pragma omp simd
-        for (ptrdiff_t i = 0; i < block; i++) out[b * block + i] = map[c[b * block + i]] * scale;
-    }
+    (void)map;
+    fa_lowp_dequantize_blocks(c, scales, n, block, FA_MAP_DYNAMIC, 1, out);
 }
 
 static inline __attribute__((always_inline)) void dequantize_avx512(
@@ -211,10 +162,11 @@ int main(void)
         return 1;
     }
     const float *thr = fa_lowp_thresholds(FA_MAP_DYNAMIC, 1), *map = fa_lowp_map(FA_MAP_DYNAMIC, 1);
-    if (build_bins(thr)) {
-        puts("the bins do not reproduce the thresholds");
+    if (fa_use_level(FA_LEVEL_V4) != FA_LEVEL_V4 || fa_lowp_init() != 0) {
+        puts("needs x86-64-v4, and lowp.c's bins");
         return 1;
     }
+    bins = fa_bins_of(FA_MAP_DYNAMIC, 1);
     float *y = malloc(N * sizeof *y), *out = malloc(N * sizeof *out);
     float *scales = malloc(N / BLOCK * sizeof *scales);
     fa_u8 *codes = malloc(N);
