@@ -60,6 +60,7 @@ static inline __attribute__((always_inline)) void quantize_avx512(const float *r
     const __m512i e0 = _mm512_set1_epi32(BIN_EXP0), emax = _mm512_set1_epi32(BIN_EXPS - 1);
     const __m512i ff = _mm512_set1_epi32(0xff), lo16 = _mm512_set1_epi32(0xffff);
     const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+    const __m512i x80 = _mm512_set1_epi32(0x80), x7f = _mm512_set1_epi32(0x7f);
     for (ptrdiff_t b = 0; b * block < n; b++) {
         const float *yb = y + b * block;
         const float scale = block_scale(yb, block), inv = fa_lowp_inverse(scale);
@@ -70,12 +71,12 @@ static inline __attribute__((always_inline)) void quantize_avx512(const float *r
             const __m512i u = _mm512_castps_si512(q);
             __m512i e = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 23), ff), e0);
             e = _mm512_min_epi32(_mm512_max_epi32(e, zero), emax);
-            const __m512i idx = _mm512_or_si512(
-                _mm512_slli_epi32(e, 8),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)),
-                                _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7f))));
+            const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), x80);
+            const __m512i m7 = _mm512_and_si512(_mm512_srli_epi32(u, 16), x7f);
+            const __m512i idx = _mm512_or_si512(_mm512_slli_epi32(e, 8), _mm512_or_si512(sign, m7));
             const __m512i entry = LOOKUP ? _mm512_i32gather_epi32(idx, (const int *)bins, 4) : idx;
-            const __m512i low = _mm512_and_si512(_mm512_xor_si512(u, _mm512_srai_epi32(u, 31)), lo16);
+            const __m512i flip = _mm512_srai_epi32(u, 31);
+            const __m512i low = _mm512_and_si512(_mm512_xor_si512(u, flip), lo16);
             __m512i code = _mm512_srli_epi32(entry, 16);
             const __mmask16 up = _mm512_cmpgt_epi32_mask(low, _mm512_and_si512(entry, lo16));
             code = _mm512_mask_add_epi32(code, up, code, one);
@@ -112,7 +113,8 @@ static inline __attribute__((always_inline)) void dequantize_avx512(
     for (ptrdiff_t b = 0; b * block < n; b++) {
         const __m512 vs = _mm512_set1_ps(scales[b]);
         for (ptrdiff_t i = 0; i < block; i += 16) {
-            const __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + b * block + i)));
+            const __m128i c16 = _mm_loadu_si128((const __m128i *)(c + b * block + i));
+            const __m512i k = _mm512_cvtepu8_epi32(c16);
             const __m512 v = LOOKUP ? _mm512_i32gather_ps(k, map, 4) : _mm512_castsi512_ps(k);
             _mm512_storeu_ps(out + b * block + i, _mm512_mul_ps(v, vs));
         }
@@ -171,8 +173,10 @@ int main(void)
     float *scales = malloc(N / BLOCK * sizeof *scales);
     fa_u8 *codes = malloc(N);
     srand(1);
-    for (int i = 0; i < N; i++) /* values over five decades, both signs */
-        y[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * (float)(i % 7 + 1) * powf(10.0f, -(float)(i % 5));
+    for (int i = 0; i < N; i++) { /* values over five decades, both signs */
+        const float u = (float)rand() / (float)RAND_MAX - 0.5f;
+        y[i] = u * (float)(i % 7 + 1) * powf(10.0f, -(float)(i % 5));
+    }
     const char *names[3] = {"shipped", "gather", "no lookup"};
     quant_fn q[3] = {quantize_shipped, quantize_gather, quantize_floor};
     dequant_fn d[3] = {dequantize_shipped, dequantize_gather, dequantize_floor};

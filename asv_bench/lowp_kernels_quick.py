@@ -8,8 +8,8 @@ bfloat16, x rounded to nearest), block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
 per element of the float32 step over the bytes the case moves); then the 8-bit conversions
-alone, in ns per element and slot (65536 elements, in L2, 1 thread).  --cpu-time times each call by
-the process's CPU time instead of the wall clock: on a shared machine it leaves out the time the
+alone, in ns per element and slot (65536 elements, in L2, 1 thread).  --cpu-time times each call
+by the process's CPU time instead of the wall clock: on a shared machine it leaves out the time the
 process waits for a core (with 2+ threads it is the threads' sum, so use it for 1 thread).
 """
 import argparse
