@@ -4,7 +4,8 @@ rounds, medians.  A quick check for the kernel author; the official report is lo
     python asv_bench/lowp_kernels_quick.py [--n 10000000] [--rounds 9] [--threads 1 2] [--cpu-time]
 
 Adam (torch convention), float32 gradients unless said ("bf16 x, g, states": everything
-bfloat16, x rounded to nearest), block 256, dynamic map.  Each round
+bfloat16, x rounded to nearest; "+ SR": stochastic rounding of x; "x + f32 master": bfloat16 x
+written beside the float32 master, float32 gradients), block 256, dynamic map.  Each round
 runs every case once per thread count, in turn, so a slow spell of a shared machine hits all;
 printed: the median ms per step and the ratio float32 / case, beside the byte limit (28 bytes
 per element of the float32 step over the bytes the case moves); then the 8-bit conversions
@@ -22,7 +23,8 @@ import fastadam
 from fastadam._core import _lowp
 from fastadam._core._registry import spec
 
-BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12, "int8 states": 16,
+BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12,
+         "bf16 x, g, states + SR": 12, "bf16 states, x + f32 master": 22, "int8 states": 16,
          "int8 + bf16 x, g + SR": 10, "int8 + bf16 x + f32 master": 18}
 
 
@@ -58,6 +60,10 @@ def main():
         cases[("bf16 states", nt)] = lowp([x], [g], F32, F32, BF16, [[mb], [vb]], [], [], 0, nt)
         cases[("bf16 x, g, states", nt)] = lowp([xb], [gb], BF16, BF16, BF16, [[mb], [vb]], [], [],
                                                 0, nt)
+        cases[("bf16 x, g, states + SR", nt)] = lowp([xb], [gb], BF16, BF16, BF16, [[mb], [vb]],
+                                                     [], [], 1, nt)
+        cases[("bf16 states, x + f32 master", nt)] = lowp([xb], [g], BF16, F32, BF16,
+                                                          [[mb], [vb]], [], [master], 0, nt)
         cases[("int8 states", nt)] = lowp([x], [g], F32, F32, Q8, [[mq], [vq]], [[ms], [vs]], [],
                                           0, nt)
         cases[("int8 + bf16 x, g + SR", nt)] = lowp([xb], [gb], BF16, BF16, Q8, [[mq], [vq]],
