@@ -22,6 +22,7 @@ import numpy as np
 import fastadam
 from fastadam._core import _lowp
 from fastadam._core._registry import spec
+from fastadam.bench import median_seconds_interleaved
 
 BYTES = {"float32": 28, "bf16 states": 20, "bf16 x, g, states": 12,
          "bf16 x, g, states + SR": 12, "bf16 states, x + f32 master": 22, "int8 states": 16,
@@ -100,18 +101,11 @@ def codes_per_element(rounds, block, n=65536):
     cases = {"requantize (max, scale, codes)": lambda: _lowp.quantize(y, block, True, 0),
              "dequantize (map[code] * scale)": lambda: _lowp.dequantize(codes, scales, block,
                                                                         True, 0)}
-    reps = 50
-    times = {k: [] for k in cases}
-    for _ in range(rounds):
-        for k, f in cases.items():
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                f()
-            times[k].append((time.perf_counter() - t0) / reps)
+    times = median_seconds_interleaved(cases, repeats=rounds, min_time=0.005)
     print(f"8-bit codes alone, {n} elements, block {block}, 1 thread (the call's fixed cost "
           f"included):")
     for k in cases:
-        print(f"  {k:32s} {statistics.median(times[k]) / n * 1e9:6.3f} ns per element and slot")
+        print(f"  {k:32s} {times[k] / n * 1e9:6.3f} ns per element and slot")
 
 
 if __name__ == "__main__":
