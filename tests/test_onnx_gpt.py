@@ -171,6 +171,31 @@ def _trajectory(exporter, opset, tied, dtype, folding, rtol, atol, steps=50):
     return session, f
 
 
+def test_default_params_leave_the_exporters_constants_alone():
+    """``make_training_model(model, loss="loss")`` without ``params`` (the dynamo export
+    stores the attention's scale, the mask's fill value and the 0 the causal mask is compared
+    with as one-element initializers): it trains exactly the torch parameters, those constants
+    keep their values, and five Adam steps follow torch."""
+    model, proto = exported("dynamo", 20)
+    mapping = param_map(proto, model)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    constants = {n for n, a in inits.items() if a.dtype.kind == "f" and a.size == 1}
+    assert constants, "the export keeps one-element float constants as initializers"
+    session = fo.TrainingSession(fo.make_training_model(
+        proto, loss="loss", lr=G.LR, alpha=G.BETA1, beta=G.BETA2, epsilon=G.EPS))
+    f = feeds()
+    losses = [float(session.step(f, ["loss"])["loss"]) for _ in range(5)]
+    for n in constants:
+        np.testing.assert_array_equal(session.initializers[n], inits[n], err_msg=n)
+    reference = G.torch_model(CFG)
+    np.testing.assert_allclose(losses, _train_torch(reference, 5, f), rtol=2e-4, atol=2e-5)
+    ref = {n: p.detach().numpy() for n, p in reference.named_parameters()}
+    for init, (name, transposed) in mapping.items():
+        value = session.initializers[init]
+        np.testing.assert_allclose(value.T if transposed else value, ref[name], rtol=2e-4,
+                                   atol=2e-5, err_msg=name)
+
+
 def test_float64_adam_trajectory_follows_torch_and_the_saved_model_reloads(tmp_path):
     """(onnxruntime has no float64 Erf: the float32 test below runs the saved model there.)"""
     session, f = _trajectory("torchscript", 20, False, "float64", True, rtol=1e-9, atol=1e-11)

@@ -79,7 +79,12 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
     lr : float
         The learning rate ``R``.
     params : list of str, optional
-        Initializers to train (default: every floating-point initializer the loss depends on).
+        Initializers to train.  Default: every floating-point initializer of more than one
+        element that the loss depends on.  One-element initializers are left out: exporters
+        store constants there (torch's dynamo exporter writes an attention's scale, its mask's
+        fill value and the 0 its causal mask is compared with as one-element initializers), and
+        training them changes the model (a scale that drifts, a mask that no longer masks).
+        Name a one-element parameter (a PReLU slope) here to train it.
     **optimizer_attrs
         Attributes of the optimizer node (Adam: alpha, beta, epsilon, norm_coefficient,
         norm_coefficient_post; Adagrad: decay_factor, epsilon, norm_coefficient; Momentum:
@@ -114,7 +119,8 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
 
     reached = _sources(list(graph.node) + nodes, loss_name)
     if params is None:
-        params = [n for n in reached if n in inits and inits[n].dtype.kind == "f"]
+        params = [n for n in reached if n in inits and inits[n].dtype.kind == "f"
+                  and inits[n].size > 1]
     params = list(params)
     for p in params:
         if p not in inits:
