@@ -7,8 +7,8 @@ Kernels: the dense step of every optimizer option set of tests/optimizer_table.p
 the C registration list), float32 and float64, at a size with a SIMD tail and with non-finite
 checks (grad_scale, skip_nonfinite); the sparse step in lazy, catchup and dense modes at row
 widths 4 (a short-row loop), 64 and 67; segment_sum; the autodiff kernels (relu, sigmoid, their
-gradients, tanh's gradient, column sums, softmax cross-entropy) and the transformer's erf and
-GELU; the bandwidth yardstick; the low-precision steps (_lowp: every option set with bfloat16
+gradients, tanh's gradient, column sums, softmax cross-entropy) and the transformer's erf,
+GELU, softmax, layer normalisation and fused attention; the bandwidth yardstick; the low-precision steps (_lowp: every option set with bfloat16
 and 8-bit states, float32 and bfloat16 parameters with stochastic rounding or a master, a sparse
 rows step) and 8-bit quantization.  Inputs come from fixed seeds.  Also saved: the level each
 compiled module reports (``levels``, JSON) and ``fastadam.config()``'s three level facts.
@@ -121,6 +121,16 @@ def autodiff_kernels(out):
         want_params=False)[0]
     out["transformer/softmax_vjp/float32"] = _transformer_kernels.softmax_vjp_last_f32(
         rng.standard_normal(rows.shape).astype(np.float32), y)
+    for T, S, d, e in ((19, 37, 5, 7), (64, 64, 16, 16)):  # with and without SIMD tails
+        q, kt, v, g = (rng.standard_normal(shape).astype(np.float32)
+                       for shape in ((3, T, d), (3, d, S), (3, S, e), (3, T, e)))
+        mask = np.where(np.arange(S)[None] > np.arange(T)[:, None] + 3, -np.inf,
+                        rng.standard_normal((T, S))).astype(np.float32)[None]
+        ncols = np.minimum(np.arange(T) + 4, S).astype(np.int32)[None]
+        o, p = _transformer_kernels.attention_f32(q, kt, v, mask, ncols)
+        grads = _transformer_kernels.attention_backward_f32(g, q, kt, v, p, ncols)
+        out[f"transformer/attention/{T}x{S}"] = np.concatenate(
+            [a.ravel() for a in (o, p, *grads)])
     rng = np.random.default_rng(12)
     a, d, b, c = (rng.standard_normal(SIZE).astype(np.float32) for _ in range(4))
     _yardstick.stream_rw_f32(a, d, b, c)

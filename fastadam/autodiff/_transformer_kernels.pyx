@@ -1,5 +1,6 @@
 """Kernels of the transformer primitives (``_ops_transformer``): erf, exact GELU and its
-derivative, layer normalisation over the last axis and its backward pass.
+derivative, layer normalisation over the last axis and its backward pass, softmax over the
+last axis, fused attention (float32) and the row scatter-add of gathers' gradients.
 
 Design note.  Callers pass C-contiguous float32 or float64 arrays of one dtype (``_ops_transformer``
 makes them so); outputs are allocated here.  Elementwise kernels and the per-row layer-norm
@@ -8,7 +9,8 @@ large enough to pay for the parallel region; each element and each row is comput
 code whatever the split, so results do not depend on the thread count.  The column sums of the
 layer-norm backward pass (the gradients of scale and bias) are accumulated serially, row by row,
 in float64, for the same reason.  Statistics (mean, variance) are accumulated in float64 for
-both dtypes.
+both dtypes.  The attention kernels split their work by batch-head, each computed whole by one
+thread (same rule).
 
 Formulas (``Phi`` / ``phi``: the standard normal CDF / density):
 
@@ -24,8 +26,9 @@ Formulas (``Phi`` / ``phi``: the standard normal CDF / density):
   ``dscale = sum_rows(g * xhat)``, ``dbias = sum_rows(g)``.
 """
 cimport numpy as cnp
-from cython.parallel cimport prange
+from cython.parallel cimport prange, threadid
 from libc.math cimport erf as c_erf, exp, sqrt
+from libc.stdint cimport int32_t
 from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
 
 import numpy as np
@@ -228,6 +231,234 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
     }
+    /* Fused attention of one batch-head (q: T x d, kt: d x S, v: S x e, mask: T x S, all
+       row-major): P = softmax(q kt + mask) over each row, o = P v; P is kept for the backward
+       pass.  The softmax is tk_softmax_f32_rows' per element (exp(x - max) by fastexp.h, 0
+       more than 87 below the max, times 1 / sum); its max and sum run over 16 lanes combined
+       as a tree.  Row i uses its first ncols[i] columns only: the caller found the others
+       masked with -FLT_MAX or -inf, whose probabilities the unfused softmax makes exactly 0
+       (ncols[i] is S for a row with nothing live).
+
+       The products run as tiles of 4 rows by 16 columns (fa_tk_tile): 4 x 16 accumulators in
+       registers, each summing its terms in one order (k ascending), so every CPU level gives
+       the same bits (no FMA contraction) and the 4 rows' sums do not wait on each other.  Rows
+       go in blocks of 4; a block's columns end at nb, its rows' largest ncols rounded up to
+       the tile (at most S); probabilities (and their gradients) between a row's ncols and nb
+       are set to exactly 0, so that the products over j < nb add nothing for them. */
+    #define FA_TK_INLINE static inline __attribute__((always_inline))
+    #define FA_TK_TW 16
+    /* C[r, l] = sum_{k0 <= k < K} A[r * sam + k * sak] * B[k * ldb + l] for r < R <= 4,
+       l < W <= 16 (a row r >= R reads row 0 of A and is not stored) */
+    FA_TK_INLINE void fa_tk_tile(const float *restrict A, Py_ssize_t sam, Py_ssize_t sak,
+                                 const float *restrict B, Py_ssize_t ldb, float *restrict C,
+                                 Py_ssize_t ldc, Py_ssize_t R, Py_ssize_t W, Py_ssize_t k0,
+                                 Py_ssize_t K) {
+        const float *a0 = A, *a1 = A + (R > 1) * sam, *a2 = A + (R > 2) * 2 * sam;
+        const float *a3 = A + (R > 3) * 3 * sam;
+        if (W == FA_TK_TW) {
+            float c0[FA_TK_TW], c1[FA_TK_TW], c2[FA_TK_TW], c3[FA_TK_TW];
+            #pragma omp simd
+            for (int l = 0; l < FA_TK_TW; l++) c0[l] = c1[l] = c2[l] = c3[l] = 0.0f;
+            for (Py_ssize_t k = k0; k < K; k++) {
+                const float *b = B + k * ldb;
+                const float x0 = a0[k * sak], x1 = a1[k * sak], x2 = a2[k * sak];
+                const float x3 = a3[k * sak];
+                #pragma omp simd
+                for (int l = 0; l < FA_TK_TW; l++) {
+                    c0[l] += x0 * b[l];
+                    c1[l] += x1 * b[l];
+                    c2[l] += x2 * b[l];
+                    c3[l] += x3 * b[l];
+                }
+            }
+            #pragma omp simd
+            for (int l = 0; l < FA_TK_TW; l++) C[l] = c0[l];
+            if (R > 1) {
+                #pragma omp simd
+                for (int l = 0; l < FA_TK_TW; l++) C[ldc + l] = c1[l];
+            }
+            if (R > 2) {
+                #pragma omp simd
+                for (int l = 0; l < FA_TK_TW; l++) C[2 * ldc + l] = c2[l];
+            }
+            if (R > 3) {
+                #pragma omp simd
+                for (int l = 0; l < FA_TK_TW; l++) C[3 * ldc + l] = c3[l];
+            }
+            return;
+        }
+        for (Py_ssize_t r = 0; r < R; r++)
+            for (Py_ssize_t l = 0; l < W; l++) {
+                float acc = 0.0f;
+                for (Py_ssize_t k = k0; k < K; k++) acc += A[r * sam + k * sak] * B[k * ldb + l];
+                C[r * ldc + l] = acc;
+            }
+    }
+    /* C (M x N, row-major, ldc) = A (M x K) B (K x N, ldb), tile by tile; A[m, k] at
+       A[m * sam + k * sak]; the sum starts at k0 */
+    FA_TK_INLINE void fa_tk_product(const float *restrict A, Py_ssize_t sam, Py_ssize_t sak,
+                                    const float *restrict B, Py_ssize_t ldb, float *restrict C,
+                                    Py_ssize_t ldc, Py_ssize_t M, Py_ssize_t N, Py_ssize_t k0,
+                                    Py_ssize_t K) {
+        for (Py_ssize_t m = 0; m < M; m += 4) {
+            const Py_ssize_t R = M - m < 4 ? M - m : 4;
+            for (Py_ssize_t n = 0; n < N; n += FA_TK_TW)
+                fa_tk_tile(A + m * sam, sam, sak, B + n, ldb, C + m * ldc + n, ldc, R,
+                           N - n < FA_TK_TW ? N - n : FA_TK_TW, k0, K);
+        }
+    }
+    /* the columns of the row block at i (R rows): its largest ncols rounded up to a tile */
+    FA_TK_INLINE Py_ssize_t fa_tk_block_cols(const int32_t *ncols, Py_ssize_t i, Py_ssize_t R,
+                                             Py_ssize_t S) {
+        Py_ssize_t nb = 0;
+        for (Py_ssize_t r = 0; r < R; r++) nb = ncols[i + r] > nb ? ncols[i + r] : nb;
+        nb = (nb + FA_TK_TW - 1) / FA_TK_TW * FA_TK_TW;
+        return nb < S ? nb : S;
+    }
+    /* Row reductions over 16 lanes (lane l takes the elements j with j % 16 == l, in turn),
+       the lanes then combined as a tree in one fixed order: few dependent steps for short
+       rows, and the same bits at every CPU level. */
+    FA_TK_INLINE float fa_tk_lanes_sum(float *acc) {
+        for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+        for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
+        for (int l = 0; l < 2; l++) acc[l] += acc[l + 2];
+        return acc[0] + acc[1];
+    }
+    FA_TK_INLINE float fa_tk_lanes_max(float *acc) {
+        for (int l = 0; l < 8; l++) acc[l] = acc[l + 8] > acc[l] ? acc[l + 8] : acc[l];
+        for (int l = 0; l < 4; l++) acc[l] = acc[l + 4] > acc[l] ? acc[l + 4] : acc[l];
+        for (int l = 0; l < 2; l++) acc[l] = acc[l + 2] > acc[l] ? acc[l + 2] : acc[l];
+        return acc[1] > acc[0] ? acc[1] : acc[0];
+    }
+    /* The probabilities of one row: s (its scores, n16 of them computed: n rounded up to 16,
+       at most S) becomes softmax(s + mi) over j < n and 0 elsewhere up to S.  The elements
+       from n to n16 go through the same vector code as -inf (probability 0), so that a short
+       row is whole vectors. */
+    FA_TK_INLINE void fa_tk_att_row(float *restrict s, const float *restrict mi, Py_ssize_t n,
+                                    Py_ssize_t S) {
+        const Py_ssize_t n16 = (n + 15) / 16 * 16 < S ? (n + 15) / 16 * 16 : S;
+        const Py_ssize_t full = n16 / 16 * 16;
+        /* the tail of a row of S % 16 elements, padded to a block (as -inf) in t */
+        float t[16];
+        for (int l = 0; l < 16; l++)
+            t[l] = full + l < n ? s[full + l] + mi[full + l] : -INFINITY;
+        float acc[16];
+        #pragma omp simd
+        for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
+        for (Py_ssize_t j = 0; j < full; j += 16) {
+            #pragma omp simd
+            for (int l = 0; l < 16; l++) {
+                const float x = j + l < n ? s[j + l] + mi[j + l] : -INFINITY;
+                s[j + l] = x;
+                acc[l] = x > acc[l] ? x : acc[l];
+            }
+        }
+        #pragma omp simd
+        for (int l = 0; l < 16; l++) acc[l] = t[l] > acc[l] ? t[l] : acc[l];
+        const float m = fa_tk_lanes_max(acc);
+        #pragma omp simd
+        for (int l = 0; l < 16; l++) acc[l] = 0.0f;
+        for (Py_ssize_t j = 0; j < full; j += 16) {
+            #pragma omp simd
+            for (int l = 0; l < 16; l++) {
+                const float dd = s[j + l] - m;
+                const float ex = fa_exp_neg_f32(dd);
+                const float p = dd < -87.0f ? 0.0f : ex;
+                s[j + l] = p;
+                acc[l] += p;
+            }
+        }
+        if (full < n16) {
+            #pragma omp simd
+            for (int l = 0; l < 16; l++) {
+                const float dd = t[l] - m;
+                const float ex = fa_exp_neg_f32(dd);
+                const float p = dd < -87.0f ? 0.0f : ex;
+                t[l] = p;
+                acc[l] += p;
+            }
+            for (Py_ssize_t j = full; j < n16; j++) s[j] = t[j - full];
+        }
+        const float inv = 1.0f / fa_tk_lanes_sum(acc);
+        #pragma omp simd
+        for (Py_ssize_t j = 0; j < n16; j++) s[j] *= inv;
+        #pragma omp simd
+        for (Py_ssize_t j = n16; j < S; j++) s[j] = 0.0f;
+    }
+    /* o and the probabilities P (T x S, kept for the backward pass) */
+    FA_DISPATCH static void tk_attention_f32(const float *q, const float *kt, const float *v,
+                                             const float *mask, const int32_t *ncols, float *o,
+                                             float *P, Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
+                                             Py_ssize_t e) {
+        for (Py_ssize_t i = 0; i < T; i += 4) {
+            const Py_ssize_t R = T - i < 4 ? T - i : 4;
+            const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
+            fa_tk_product(q + i * d, d, 1, kt, S, P + i * S, S, R, nb, 0, d);
+            for (Py_ssize_t r = 0; r < R; r++)
+                fa_tk_att_row(P + (i + r) * S, mask + (i + r) * S, ncols[i + r], S);
+            fa_tk_product(P + i * S, S, 1, v, e, o + i * e, e, R, e, 0, nb);
+        }
+    }
+    /* Its backward pass for the output cotangent g (T x e), from the forward pass's P:
+       dp = g v^T, ds = p * (dp - sum(dp * p)) (the softmax VJP), dq = ds kt^T, dkt = q^T ds,
+       dv = p^T g; the last two sum over the rows from the first row block whose columns reach
+       the tile (the rows before it hold exact zeros there).  Scratch: dS (T x S), kk (S x d:
+       kt transposed), vt (e x S: v transposed). */
+    FA_DISPATCH static void tk_attention_bwd_f32(const float *g, const float *q, const float *kt,
+                                                 const float *v, const float *P,
+                                                 const int32_t *ncols, float *dq, float *dkt,
+                                                 float *dv, float *dS, float *kk, float *vt,
+                                                 Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
+                                                 Py_ssize_t e) {
+        for (Py_ssize_t k = 0; k < d; k++)
+            for (Py_ssize_t j = 0; j < S; j++) kk[j * d + k] = kt[k * S + j];
+        for (Py_ssize_t j = 0; j < S; j++)
+            for (Py_ssize_t c = 0; c < e; c++) vt[c * S + j] = v[j * e + c];
+        for (Py_ssize_t i = 0; i < T; i += 4) {
+            const Py_ssize_t R = T - i < 4 ? T - i : 4;
+            const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
+            fa_tk_product(g + i * e, e, 1, vt, S, dS + i * S, S, R, nb, 0, e);
+            for (Py_ssize_t r = 0; r < R; r++) {
+                const float *p = P + (i + r) * S;
+                float *ds = dS + (i + r) * S;
+                /* over j < nb: p is 0 from n on, ds finite there (the product above) */
+                float acc[16], t[16];
+                const Py_ssize_t full = nb / 16 * 16;
+                for (int l = 0; l < 16; l++) t[l] = full + l < nb ? ds[full + l] * p[full + l]
+                                                                  : 0.0f;
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) acc[l] = 0.0f;
+                for (Py_ssize_t j = 0; j < full; j += 16) {
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) acc[l] += ds[j + l] * p[j + l];
+                }
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) acc[l] += t[l];
+                const float dot = fa_tk_lanes_sum(acc);
+                #pragma omp simd
+                for (Py_ssize_t j = 0; j < nb; j++) ds[j] = p[j] * (ds[j] - dot);
+                #pragma omp simd
+                for (Py_ssize_t j = nb; j < S; j++) ds[j] = 0.0f;
+            }
+            fa_tk_product(dS + i * S, S, 1, kk, d, dq + i * d, d, R, d, 0, nb);
+        }
+        /* dkt (d x S) = q^T dS and dv (S x e) = P^T g, a tile of columns (of dkt) or of rows
+           (of dv) at a time, each summing from the first row whose block reaches it */
+        for (Py_ssize_t j = 0; j < S; j += FA_TK_TW) {
+            Py_ssize_t first = 0;
+            while (first < T && fa_tk_block_cols(ncols, first, T - first < 4 ? T - first : 4,
+                                                 S) <= j)
+                first += 4;
+            if (first > T) first = T;
+            const Py_ssize_t W = S - j < FA_TK_TW ? S - j : FA_TK_TW;
+            for (Py_ssize_t k = 0; k < d; k += 4)
+                fa_tk_tile(q + k, 1, d, dS + j, S, dkt + k * S + j, S, d - k < 4 ? d - k : 4, W,
+                           first, T);
+            for (Py_ssize_t jj = j; jj < j + W; jj += 4)
+                fa_tk_product(P + jj, 1, S, g, e, dv + jj * e, e,
+                              j + W - jj < 4 ? j + W - jj : 4, e, first, T);
+        }
+    }
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC pop_options
     #endif
@@ -238,6 +469,8 @@ cdef extern from *:
     FA_CLONES(tk_gelu_grad_f32_loop);
     FA_CLONES(tk_softmax_f32_rows);
     FA_CLONES(tk_softmax_vjp_f32_rows);
+    FA_CLONES(tk_attention_f32);
+    FA_CLONES(tk_attention_bwd_f32);
     FA_CLONES(tk_ln_f32_rows);
     FA_CLONES(tk_ln_backward_f32_rows);
     static void fa_tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
@@ -261,6 +494,19 @@ cdef extern from *:
                                            Py_ssize_t rows, Py_ssize_t n) {
         FA_AT_LEVEL(tk_softmax_vjp_f32_rows)(g, y, dx, rows, n);
     }
+    static void fa_tk_attention_f32(const float *q, const float *kt, const float *v,
+                                    const float *mask, const int32_t *ncols, float *o, float *P,
+                                    Py_ssize_t T, Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) {
+        FA_AT_LEVEL(tk_attention_f32)(q, kt, v, mask, ncols, o, P, T, S, d, e);
+    }
+    static void fa_tk_attention_bwd_f32(const float *g, const float *q, const float *kt,
+                                        const float *v, const float *P, const int32_t *ncols,
+                                        float *dq, float *dkt, float *dv, float *dS, float *kk,
+                                        float *vt, Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
+                                        Py_ssize_t e) {
+        FA_AT_LEVEL(tk_attention_bwd_f32)(g, q, kt, v, P, ncols, dq, dkt, dv, dS, kk, vt, T, S,
+                                          d, e);
+    }
     static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         FA_AT_LEVEL(tk_erf_f32_loop)(x, y, n);
     }
@@ -281,6 +527,13 @@ cdef extern from *:
     void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx, Py_ssize_t rows,
                                     Py_ssize_t n) nogil
     float fa_tk_erf_f32(float x) nogil
+    void fa_tk_attention_f32(const float *q, const float *kt, const float *v, const float *mask,
+                             const int32_t *ncols, float *o, float *P, Py_ssize_t T,
+                             Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
+    void fa_tk_attention_bwd_f32(const float *g, const float *q, const float *kt, const float *v,
+                                 const float *P, const int32_t *ncols, float *dq, float *dkt,
+                                 float *dv, float *dS, float *kk, float *vt, Py_ssize_t T,
+                                 Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
 
 ctypedef fused real:
     float
@@ -632,3 +885,137 @@ def layer_norm_backward(cnp.ndarray g, cnp.ndarray x, cnp.ndarray scale, cnp.nda
         ds = ds.astype(x.dtype)
         db = db.astype(x.dtype)
     return dx, ds, db
+
+
+cdef inline cnp.ndarray _attention_operand(cnp.ndarray a, str name):
+    _check(a, name, np.float32)
+    if a.ndim != 3:
+        raise ValueError(f"{name}: expected a 3-D array, got {a.ndim} dimensions")
+    return a
+
+
+def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask,
+                  cnp.ndarray ncols):
+    """``(o, p)``: ``p[b] = softmax(q[b] @ kt[b] + mask[b or 0], axis=-1)`` and ``o[b] = p[b]
+    @ v[b]`` for each batch-head ``b``, row ``i`` of ``mask[m]`` using its first
+    ``ncols[m, i]`` columns (the rest hold -FLT_MAX or -inf: probability 0).  ``q`` (BH, T,
+    d), ``kt`` (BH, d, S), ``v`` (BH, S, e), ``mask`` (1 or BH, T, S): C-contiguous float32;
+    ``ncols`` int32 of ``mask``'s (M, T), each in [1, S]."""
+    for a, name in ((q, "q"), (kt, "kt"), (v, "v"), (mask, "mask")):
+        _attention_operand(a, name)
+    cdef Py_ssize_t bh = q.shape[0], T = q.shape[1], d = q.shape[2]
+    cdef Py_ssize_t S = kt.shape[2], e = v.shape[2], mb = mask.shape[0]
+    if kt.shape[0] != bh or kt.shape[1] != d or v.shape[0] != bh or v.shape[1] != S \
+            or mask.shape[1] != T or mask.shape[2] != S or mb not in (1, bh) or S == 0:
+        raise ValueError(f"attention_f32: inconsistent shapes q {(<object>q).shape}, kt "
+                         f"{(<object>kt).shape}, v {(<object>v).shape}, mask "
+                         f"{(<object>mask).shape}")
+    cdef cnp.ndarray nc = _attention_ncols(ncols, mb, T, S)
+    cdef cnp.ndarray o = np.empty((bh, T, e), np.float32)
+    cdef cnp.ndarray p = np.empty((bh, T, S), np.float32)
+    cdef int nt = _threads(bh * T * S)
+    cdef float *qp = <float *>cnp.PyArray_DATA(q)
+    cdef float *kp = <float *>cnp.PyArray_DATA(kt)
+    cdef float *vp = <float *>cnp.PyArray_DATA(v)
+    cdef float *mp = <float *>cnp.PyArray_DATA(mask)
+    cdef int32_t *np_ = <int32_t *>cnp.PyArray_DATA(nc)
+    cdef float *op = <float *>cnp.PyArray_DATA(o)
+    cdef float *pp = <float *>cnp.PyArray_DATA(p)
+    cdef Py_ssize_t b
+    cdef Py_ssize_t mstride = 0 if mb == 1 else T * S
+    cdef Py_ssize_t nstride = 0 if mb == 1 else T
+    with nogil:
+        for b in prange(bh, schedule="static", num_threads=nt):
+            fa_tk_attention_f32(qp + b * T * d, kp + b * d * S, vp + b * S * e,
+                                mp + b * mstride, np_ + b * nstride, op + b * T * e,
+                                pp + b * T * S, T, S, d, e)
+    return o, p
+
+
+def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v,
+                           cnp.ndarray p, cnp.ndarray ncols):
+    """``(dq, dkt, dv)`` of ``attention_f32`` for the output cotangent ``g`` (BH, T, e), from
+    its probabilities ``p`` (the other arguments as there; ``ncols`` of shape (1 or BH, T))."""
+    for a, name in ((g, "g"), (q, "q"), (kt, "kt"), (v, "v"), (p, "p")):
+        _attention_operand(a, name)
+    cdef Py_ssize_t bh = q.shape[0], T = q.shape[1], d = q.shape[2]
+    cdef Py_ssize_t S = kt.shape[2], e = v.shape[2], mb = ncols.shape[0] if ncols.ndim else 0
+    if kt.shape[0] != bh or kt.shape[1] != d or v.shape[0] != bh or v.shape[1] != S \
+            or mb not in (1, bh) or S == 0 or g.shape[0] != bh or g.shape[1] != T \
+            or g.shape[2] != e or p.shape[0] != bh or p.shape[1] != T or p.shape[2] != S:
+        raise ValueError("attention_backward_f32: inconsistent shapes")
+    cdef cnp.ndarray nc = _attention_ncols(ncols, mb, T, S)
+    cdef cnp.ndarray dq = np.empty((bh, T, d), np.float32)
+    cdef cnp.ndarray dkt = np.empty((bh, d, S), np.float32)
+    cdef cnp.ndarray dv = np.empty((bh, S, e), np.float32)
+    cdef int nt = _threads(bh * T * S)
+    cdef Py_ssize_t per = T * S + S * d + e * S
+    cdef cnp.ndarray scratch = np.empty((nt, per), np.float32)
+    cdef float *gp = <float *>cnp.PyArray_DATA(g)
+    cdef float *qp = <float *>cnp.PyArray_DATA(q)
+    cdef float *kp = <float *>cnp.PyArray_DATA(kt)
+    cdef float *vp = <float *>cnp.PyArray_DATA(v)
+    cdef float *pp = <float *>cnp.PyArray_DATA(p)
+    cdef int32_t *np_ = <int32_t *>cnp.PyArray_DATA(nc)
+    cdef float *dqp = <float *>cnp.PyArray_DATA(dq)
+    cdef float *dkp = <float *>cnp.PyArray_DATA(dkt)
+    cdef float *dvp = <float *>cnp.PyArray_DATA(dv)
+    cdef float *scr = <float *>cnp.PyArray_DATA(scratch)
+    cdef float *w
+    cdef Py_ssize_t b
+    cdef Py_ssize_t nstride = 0 if mb == 1 else T
+    with nogil:
+        for b in prange(bh, schedule="static", num_threads=nt):
+            w = scr + threadid() * per
+            fa_tk_attention_bwd_f32(gp + b * T * e, qp + b * T * d, kp + b * d * S,
+                                    vp + b * S * e, pp + b * T * S, np_ + b * nstride,
+                                    dqp + b * T * d, dkp + b * d * S, dvp + b * S * e, w,
+                                    w + T * S, w + T * S + S * d, T, S, d, e)
+    return dq, dkt, dv
+
+
+cdef cnp.ndarray _attention_ncols(cnp.ndarray ncols, Py_ssize_t mb, Py_ssize_t T, Py_ssize_t S):
+    """``ncols`` checked: int32, C-contiguous, (mb, T), each in [1, S] (the kernels index
+    with it)."""
+    if ncols.dtype != np.int32 or not ncols.flags.c_contiguous:
+        raise TypeError(f"ncols: expected a C-contiguous int32 array, got {ncols.dtype}")
+    if ncols.ndim != 2 or ncols.shape[0] != mb or ncols.shape[1] != T:
+        raise ValueError(f"ncols: expected shape {(mb, T)}, got {(<object>ncols).shape}")
+    if ncols.size and (ncols.min() < 1 or ncols.max() > S):
+        raise ValueError(f"ncols: expected values in [1, {S}]")
+    return ncols
+
+
+cdef void _scatter_add(real *out, const long long *idx, const real *rows, Py_ssize_t k,
+                       Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef real *o
+    for i in range(k):
+        o = out + idx[i] * m
+        for j in range(m):
+            o[j] = o[j] + rows[i * m + j]
+
+
+def scatter_add_rows(cnp.ndarray out, cnp.ndarray idx, cnp.ndarray rows):
+    """``out[idx[i]] += rows[i]`` for i in order (``np.add.at``'s sums, in its order): ``out``
+    (n, m) and ``rows`` (k, m) C-contiguous, of one float dtype; ``idx`` int64 (k,) in
+    [0, n)."""
+    _check(out, "out")
+    _check(rows, "rows", out.dtype)
+    if idx.dtype != np.int64 or not idx.flags.c_contiguous or idx.ndim != 1:
+        raise TypeError("idx: expected a 1-D C-contiguous int64 array")
+    if out.ndim != 2 or rows.ndim != 2 or rows.shape[1] != out.shape[1] \
+            or rows.shape[0] != idx.shape[0]:
+        raise ValueError(f"scatter_add_rows: shapes out {(<object>out).shape}, idx "
+                         f"{(<object>idx).shape}, rows {(<object>rows).shape} do not fit")
+    cdef Py_ssize_t k = idx.shape[0], m = out.shape[1], n = out.shape[0]
+    if k and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"idx: expected values in [0, {n})")
+    if out.dtype == np.float32:
+        with nogil:
+            _scatter_add(<float *>cnp.PyArray_DATA(out), <long long *>cnp.PyArray_DATA(idx),
+                         <float *>cnp.PyArray_DATA(rows), k, m)
+    else:
+        with nogil:
+            _scatter_add(<double *>cnp.PyArray_DATA(out), <long long *>cnp.PyArray_DATA(idx),
+                         <double *>cnp.PyArray_DATA(rows), k, m)
