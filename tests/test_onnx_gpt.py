@@ -266,9 +266,9 @@ def test_a_loss_output_is_computed_before_the_gradient_node(monkeypatch):
     executed = []
     execute = Graph.execute
 
-    def counting_execute(self, env, order):
+    def counting_execute(self, env, order, **kw):
         executed.append(len(order))
-        return execute(self, env, order)
+        return execute(self, env, order, **kw)
     monkeypatch.setattr(Graph, "execute", counting_execute)
     fast = fo.TrainingSession(trained)
     fast.step(f)

@@ -14,7 +14,7 @@ from ._ops import (abs, add, broadcast_to, clip, concatenate, divide, exp, gemm,
                    sqrt, subtract, sum, sum_to, tanh, transpose, unbroadcast, where)
 from ._ops_extra import (avg_pool2d, batch_norm, cast, gather, leaky_relu, max_pool2d, nll_loss,
                          pad, take_along_axis)
-from ._ops_transformer import erf, gelu, layer_norm, maximum, minimum
+from ._ops_transformer import attention, attention_fuses, erf, gelu, layer_norm, maximum, minimum
 from ._registry import Primitive, defvjp, defvjp_argnum, primitive, zero_vjp
 from ._tensor import Tensor, is_grad_enabled, no_grad, set_grad_enabled
 
@@ -29,5 +29,5 @@ __all__ = [
     "avg_pool2d", "batch_norm", "cast", "gather", "leaky_relu", "max_pool2d", "nll_loss", "pad",
     "take_along_axis",
     # _ops_transformer (added for transformers exported from PyTorch)
-    "erf", "gelu", "layer_norm", "maximum", "minimum",
+    "attention", "attention_fuses", "erf", "gelu", "layer_norm", "maximum", "minimum",
 ]

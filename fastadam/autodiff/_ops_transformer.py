@@ -1,5 +1,5 @@
 """Primitives of transformer models (added for models exported from PyTorch): ``erf``,
-``gelu`` (exact and tanh forms), ``layer_norm``, ``maximum`` / ``minimum``.
+``gelu`` (exact and tanh forms), ``layer_norm``, ``maximum`` / ``minimum``, ``attention``.
 
 Same rules as ``_ops``: every VJP is written with recorded primitives, so each op is
 differentiable again.  The first-order backward pass of ``gelu`` and ``layer_norm`` (recording
@@ -234,3 +234,149 @@ defvjp(minimum,
 maximum.__doc__ = """``np.maximum``; at ties each argument gets half the gradient."""
 minimum.__doc__ = """``np.minimum``; at ties each argument gets half the gradient."""
 
+
+
+# ---------------------------------------------------------------------------------------------
+# attention: softmax(q @ kt + mask) @ v in one kernel
+# ---------------------------------------------------------------------------------------------
+
+_F32_LOWEST = np.finfo(np.float32).min  # a mask entry at or below it (-inf too) is dead
+
+# The forward kernel's operands and probabilities, kept while its output lives (as
+# _FORWARD_STATS): id(output array) -> (weak reference to it, parts, probabilities).
+_ATTENTION_SAVED = {}
+# The last backward call's gradients, handed out one argument at a time (the engine asks for
+# each argument's VJP in turn): [weak ref to ans, weak ref to g, {argument: gradient}].
+_ATTENTION_GRADS = [None, None, {}]
+
+
+def _attention_parts(q, kt, v, mask):
+    """``(q3, kt3, v3, m3, ncols)``: the operands as the float32 kernel takes them (3-D,
+    C-contiguous, the batch axes flattened, the mask (1 or BH, T, S)) and the live columns of
+    each mask row; None where the kernel does not apply (another dtype, broadcasting batch
+    axes, a mask that does not broadcast by leading axes only)."""
+    if not attention_fuses(q, kt, v, mask):
+        return None
+    (T, d), S, e = q.shape[-2:], kt.shape[-1], v.shape[-1]
+    m3 = mask.reshape(-1, T, S)
+    bh = q.size // (T * d)
+    m3 = _contiguous(m3)
+    live = ~(m3 <= _F32_LOWEST)  # NaN is live
+    # a row's live columns end at its last live one; a row with none is computed whole
+    last = S - np.argmax(live[..., ::-1], axis=-1)
+    ncols = np.where(live.any(axis=-1), last, S).astype(np.int32)
+    return (_contiguous(q).reshape(bh, T, d), _contiguous(kt).reshape(bh, d, S),
+            _contiguous(v).reshape(bh, S, e), m3, ncols)
+
+
+def attention_fuses(q, kt, v, mask):
+    """True when ``attention(q, kt, v, mask)`` on these arrays runs the fused kernel: float32
+    operands of one rank >= 3 with the same batch axes, ``q`` (..., T, d), ``kt`` (..., d, S),
+    ``v`` (..., S, e), none of them empty, and a mask of shape (T, S) with leading axes of 1
+    or the batch axes."""
+    if _C is None or not (q.dtype == kt.dtype == v.dtype == mask.dtype == np.float32):
+        return False
+    if q.ndim < 3 or kt.ndim != q.ndim or v.ndim != q.ndim or not 2 <= mask.ndim <= q.ndim:
+        return False
+    batch, (T, d), S, e = q.shape[:-2], q.shape[-2:], kt.shape[-1], v.shape[-1]
+    if kt.shape[:-2] != batch or v.shape[:-2] != batch or kt.shape[-2] != d or \
+            v.shape[-2] != S or mask.shape[-2:] != (T, S) or 0 in q.shape + (S, e):
+        return False
+    lead = mask.shape[:-2]
+    return all(n == 1 for n in lead) or lead == batch
+
+
+def _forget_attention(key):
+    return lambda _ref: _ATTENTION_SAVED.pop(key, None)
+
+
+@primitive
+def _attention(q, kt, v, mask):
+    parts = _attention_parts(q, kt, v, mask)
+    if parts is None:
+        from ._kernels import softmax
+        return np.matmul(softmax(np.matmul(q, kt) + mask, -1), v)
+    o, probs = _C.attention_f32(*parts)
+    o = o.reshape(q.shape[:-1] + v.shape[-1:])
+    key = id(o)
+    _ATTENTION_SAVED[key] = (weakref.ref(o, _forget_attention(key)), parts, probs)
+    return o
+
+
+def _attention_kernel_grads(g, ans, q, kt, v, mask):
+    """``{0: dq, 1: dkt, 2: dv}`` by the backward kernel (the last call's, when ``g`` and
+    ``ans`` are the same arrays), or None where the kernel does not apply."""
+    cache = _ATTENTION_GRADS
+    if cache[0] is not None and cache[0]() is ans and cache[1]() is g:
+        return cache[2]
+    kept = _ATTENTION_SAVED.get(id(ans))
+    if kept is not None and kept[0]() is ans:
+        parts, probs = kept[1], kept[2]
+    else:
+        parts = _attention_parts(q, kt, v, mask)
+        if parts is None:
+            return None
+        _, probs = _C.attention_f32(*parts)
+    if g.dtype != np.float32:
+        return None
+    q3, kt3, v3, _, ncols = parts
+    g3 = _contiguous(g).reshape(q3.shape[0], q3.shape[1], v3.shape[2])
+    dq, dkt, dv = _C.attention_backward_f32(g3, q3, kt3, v3, probs, ncols)
+    grads = {0: dq.reshape(q.shape), 1: dkt.reshape(kt.shape), 2: dv.reshape(v.shape)}
+    cache[:] = [weakref.ref(ans), weakref.ref(g), grads]
+    return grads
+
+
+def _attention_composite_vjp(i, g, q, kt, v, mask):
+    """The VJP of argument ``i`` with the engine's own operations (recorded when
+    ``create_graph`` is on; the mask's gradient; dtypes and shapes the kernel does not
+    take)."""
+    from ._nn import softmax
+    from ._ops import _mT, matmul
+    p = softmax(add(matmul(q, kt), mask), axis=-1)
+    if i == 2:
+        return unbroadcast(matmul(_mT(p), g), v.shape)
+    dp = matmul(g, _mT(v))
+    ds = multiply(p, subtract(dp, _sum(multiply(dp, p), axis=-1, keepdims=True)))
+    if i == 0:
+        return unbroadcast(matmul(ds, _mT(kt)), q.shape)
+    if i == 1:
+        return unbroadcast(matmul(_mT(q), ds), kt.shape)
+    return unbroadcast(ds, mask.shape)
+
+
+def _attention_vjp(i):
+    def vjp(g, ans, q, kt, v, mask):
+        if i < 3 and not _tensor._mode.enabled:  # first order: the fused backward kernel
+            grads = _attention_kernel_grads(g.data, ans.data, q.data, kt.data, v.data,
+                                            mask.data)
+            if grads is not None:
+                out = grads.pop(i, None)
+                if not grads:
+                    _ATTENTION_GRADS[:] = [None, None, {}]
+                if out is not None:
+                    return _wrap(out)
+        return _attention_composite_vjp(i, g, q, kt, v, mask)
+    return vjp
+
+
+defvjp(_attention, *[_attention_vjp(i) for i in range(4)])
+
+
+def attention(q, kt, v, mask=None):
+    """``softmax(q @ kt + mask, axis=-1) @ v`` (scaled dot-product attention with the key
+    already transposed and scaled, as exported ONNX graphs compute it): ``q`` (..., T, d),
+    ``kt`` (..., d, S), ``v`` (..., S, e), ``mask`` added to the scores (broadcast; None: no
+    mask).
+
+    Float32 operands with the same batch axes and a mask of shape (T, S) (or with leading
+    axes of 1, or the full batch) run one fused kernel per batch-head, forward and backward,
+    that never forms the (..., T, S) scores in memory, and skips each row's trailing columns
+    masked with -inf or the lowest float32 (a causal mask: about half the work); their
+    probabilities are exactly 0 in the unfused softmax too.  Everything else runs NumPy's
+    matmul and the softmax kernel.  The mask's gradient, and every gradient with
+    ``create_graph=True``, is composed from the engine's operations."""
+    q, kt, v = as_tensor(q), as_tensor(kt), as_tensor(v)
+    if mask is None:
+        mask = _wrap(np.zeros((), q.data.dtype))
+    return _attention(q, kt, v, as_tensor(mask))

@@ -43,6 +43,7 @@ from . import _transformer_ops  # noqa: F401  (registers the transformer operato
 from ._budget import step_scope
 from ._core_ops import (COMPILERS, OPERATORS, VALID_DATA_TYPES, UnsupportedOperatorError,  # noqa: F401
                         onnx_dtype)
+from ._fusion import fuse
 from ._training_ops import OPTIMIZERS, contiguous
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
@@ -362,16 +363,18 @@ class Graph:
             msg = msg[len(step.node.op_type) + 2:]
         return type(e)(f"{step.label}: {msg}")
 
-    def execute(self, env, order):
+    def execute(self, env, order, keep=None):
         """Run the steps ``order`` (indices) on ``env`` (name -> Tensor): their outputs are
-        added to ``env``.  The program for ``order`` is compiled at its first run and kept.
+        added to ``env`` (with ``keep``, the names read afterwards, only those: the program may
+        then run node patterns as one operation, ``_fusion``).  The program for ``order`` is
+        compiled at its first run and kept.
 
         With Gradient nodes the forward pass must be recorded, so recording is switched on
         for the call even inside ``fastadam.autodiff.no_grad()``."""
-        key = tuple(order)
+        key = (tuple(order), None if keep is None else frozenset(keep))
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = Program(self, order)
+            program = self._programs[key] = Program(self, order, keep)
         with step_scope():  # the per-step memory budget (_budget.py)
             slots = program.load(env)
             if not self.grad_names:
@@ -403,6 +406,7 @@ class Graph:
 
         constants = step.constants
         n_const = len(constants)
+        wanted = {y_name, *xs_names, *zs_names}
 
         def reevaluate(inputs, values):
             sub = dict(zip(constants, values[len(values) - 1 - n_const:-1]))
@@ -410,7 +414,8 @@ class Graph:
                 if n in xs_names and not t.requires_grad and t.data.dtype.kind == "f":
                     t = Tensor(t.data, requires_grad=True)
                 sub[n] = t
-            self.execute(sub, step.subgraph)
+            # (the names read back: the sub-graph runs as the session's step runs it, fused)
+            self.execute(sub, step.subgraph, keep=wanted)
             return sub[y_name], [sub[n] for n in xs_names], [sub[n] for n in zs_names]
 
         def run(values):
@@ -515,7 +520,8 @@ class Program:
     tuple of its inputs, ``outs`` the slots its outputs go to (outputs nothing reads go nowhere),
     ``drop`` the slots cleared after their last use (only when ``keep``, the names read after
     the program, is given: the tape alone then holds those tensors, and the backward walk frees
-    them as it goes).  A Gradient node whose inputs are the tensors named by its ``xs`` and
+    them as it goes; with ``keep`` too, node patterns such as attention's MatMul, Add, Softmax,
+    MatMul run as one operation: ``_fusion``).  A Gradient node whose inputs are the tensors named by its ``xs`` and
     ``zs`` (the backward walk on the forward pass just run) and an in-place optimizer node get
     operations of their own (``_gradient_operation``, ``_inplace_operation``) that read the
     slots directly.  ``layout`` keeps each operation's ``(outs, drop)`` for ``describe``.
@@ -531,6 +537,9 @@ class Program:
 
     def __init__(self, graph, order, keep=None):
         steps = [graph.steps[k] for k in order]
+        if keep is not None:  # node patterns run as one operation (_fusion)
+            steps = fuse(graph, steps, keep, LABELLED_ERRORS)
+            order = [s.index for s in steps]
         produced = {n for s in steps for n in s.outputs if n}
         loaded, soft = [], []  # read before written: required / looked up if present
         seen = set()

@@ -353,7 +353,9 @@ class TrainingSession:
             # read after the program: the wanted outputs and the bound values
             keep = set(wanted) | {v for _, v, _ in copied}
             program = sched.program = Program(plan, first + last, keep)
-            sched.first, sched.last = program.ops[:len(first)], program.ops[len(first):]
+            # (the program may run some nodes as one operation: _fusion)
+            sched.first = [op for op in program.ops if not op[0].inplace]
+            sched.last = [op for op in program.ops if op[0].inplace]
             slot = program.slot
             sched.copied = [(k, slot[v], v, p) for k, v, p in copied]
             sched.results = [(n, slot[n]) for n in wanted if not by_inplace(n)]
