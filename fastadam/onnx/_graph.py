@@ -43,6 +43,7 @@ from . import _transformer_ops  # noqa: F401  (registers the transformer operato
 from ._budget import step_scope
 from ._core_ops import (COMPILERS, OPERATORS, VALID_DATA_TYPES, UnsupportedOperatorError,  # noqa: F401
                         onnx_dtype)
+from ._folding import fold
 from ._fusion import fuse
 from ._training_ops import OPTIMIZERS, contiguous
 
@@ -521,7 +522,8 @@ class Program:
     ``drop`` the slots cleared after their last use (only when ``keep``, the names read after
     the program, is given: the tape alone then holds those tensors, and the backward walk frees
     them as it goes; with ``keep`` too, node patterns such as attention's MatMul, Add, Softmax,
-    MatMul run as one operation: ``_fusion``).  A Gradient node whose inputs are the tensors named by its ``xs`` and
+    MatMul run as one operation, ``_fusion``, and shape computations run once per input
+    signature, ``_folding``).  A Gradient node whose inputs are the tensors named by its ``xs`` and
     ``zs`` (the backward walk on the forward pass just run) and an in-place optimizer node get
     operations of their own (``_gradient_operation``, ``_inplace_operation``) that read the
     slots directly.  ``layout`` keeps each operation's ``(outs, drop)`` for ``describe``.
@@ -533,7 +535,8 @@ class Program:
     lists the operations, one line per node, for reading and debugging.
     """
 
-    __slots__ = ("graph", "ops", "layout", "names", "slot", "loaded", "soft", "_get", "_blank")
+    __slots__ = ("graph", "ops", "layout", "names", "slot", "loaded", "soft", "_get", "_blank",
+                 "folded")
 
     def __init__(self, graph, order, keep=None):
         steps = [graph.steps[k] for k in order]
@@ -583,7 +586,7 @@ class Program:
                         unread.add(n)
                     elif i < len(steps) - 1:  # (after the last operation, the slots go)
                         drops[i].append(self.slot[n])
-        self.ops, self.layout = [], []
+        self.ops, self.layout, self.folded = [], [], frozenset()
         for s, d in zip(steps, drops):
             fun, fetch, outs = self._operation(s, unread)
             if s.kind == "gradient" and s.inputs == s.xs + s.zs and \
@@ -597,6 +600,8 @@ class Program:
                 op = _slot_operation(fun, fetch, outs, tuple(d), single)
             self.ops.append((s, op))
             self.layout.append((outs, tuple(d)))
+        if keep is not None:  # shape computations reused while the input shapes stay (_folding)
+            self.ops = fold(self, steps, self.ops, self.layout, keep, graph)
 
     def _operation(self, step, unread):
         """``(fun, fetch, outs)`` of one step (see the class note)."""
@@ -718,13 +723,15 @@ class Program:
         """The operations, one line per node: ``label: inputs -> outputs`` by tensor name and
         slot, and the slots cleared after it."""
         names, lines = self.names, []
-        for (step, _), (outs, drop) in zip(self.ops, self.layout):
+        for k, ((step, _), (outs, drop)) in enumerate(zip(self.ops, self.layout)):
             ins = ", ".join(f"{n}@{self.slot[n]}" if n else "(absent)" for n in step.inputs)
             outs += (_DISCARDED,) * (len(step.outputs) - len(outs))
             out = ", ".join(f"{names[i]}@{i}" if i > _DISCARDED else names[i] for i in outs)
             line = f"{step.label}: {ins} -> {out}"
             if step.inplace:
                 line += "  (in place)"
+            if k in self.folded:
+                line += "  (folded)"
             if drop:
                 line += "; drop " + ", ".join(names[i] for i in drop)
             lines.append(line)
