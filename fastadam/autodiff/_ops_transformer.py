@@ -240,8 +240,6 @@ minimum.__doc__ = """``np.minimum``; at ties each argument gets half the gradien
 # attention: softmax(q @ kt + mask) @ v in one kernel
 # ---------------------------------------------------------------------------------------------
 
-_F32_LOWEST = np.finfo(np.float32).min  # a mask entry at or below it (-inf too) is dead
-
 # The forward kernel's operands and probabilities, kept while its output lives (as
 # _FORWARD_STATS): id(output array) -> (weak reference to it, parts, probabilities).
 _ATTENTION_SAVED = {}
@@ -250,23 +248,29 @@ _ATTENTION_SAVED = {}
 _ATTENTION_GRADS = [None, None, {}]
 
 
+def _strided_rows(a):
+    """``a`` as the attention kernels read it: its rows strided (a view, no copy) when its last
+    axis has unit stride and its rows a positive one, else a C-contiguous copy."""
+    st, item = a.strides, a.itemsize
+    if (a.shape[-1] < 2 or st[-1] == item) and (a.shape[-2] < 2 or st[-2] > 0) and \
+            all(x % item == 0 for x in st) and a.flags.aligned:
+        return a
+    return np.ascontiguousarray(a)
+
+
 def _attention_parts(q, kt, v, mask):
-    """``(q3, kt3, v3, m3, ncols)``: the operands as the float32 kernel takes them (3-D,
-    C-contiguous, the batch axes flattened, the mask (1 or BH, T, S)) and the live columns of
-    each mask row; None where the kernel does not apply (another dtype, broadcasting batch
-    axes, a mask that does not broadcast by leading axes only)."""
+    """``(q, kt, v, m3, ncols)``: the operands as the float32 kernel takes them (strided
+    views where it can read them, the mask (1 or BH, T, S) C-contiguous) and the live
+    columns of each mask row; None where the kernel does not apply (another dtype,
+    broadcasting batch axes, a mask that does not broadcast by leading axes only)."""
     if not attention_fuses(q, kt, v, mask):
         return None
-    (T, d), S, e = q.shape[-2:], kt.shape[-1], v.shape[-1]
-    m3 = mask.reshape(-1, T, S)
-    bh = q.size // (T * d)
-    m3 = _contiguous(m3)
-    live = ~(m3 <= _F32_LOWEST)  # NaN is live
-    # a row's live columns end at its last live one; a row with none is computed whole
-    last = S - np.argmax(live[..., ::-1], axis=-1)
-    ncols = np.where(live.any(axis=-1), last, S).astype(np.int32)
-    return (_contiguous(q).reshape(bh, T, d), _contiguous(kt).reshape(bh, d, S),
-            _contiguous(v).reshape(bh, S, e), m3, ncols)
+    T, S = q.shape[-2], kt.shape[-1]
+    m3 = _contiguous(mask.reshape(-1, T, S))
+    # a row's live columns (above the lowest float32; NaN is live) end at its last live one;
+    # a row with none is computed whole
+    ncols = _C.attention_live_columns(m3)
+    return _strided_rows(q), _strided_rows(kt), _strided_rows(v), m3, ncols
 
 
 def attention_fuses(q, kt, v, mask):
@@ -320,8 +324,8 @@ def _attention_kernel_grads(g, ans, q, kt, v, mask):
     if g.dtype != np.float32:
         return None
     q3, kt3, v3, _, ncols = parts
-    g3 = _contiguous(g).reshape(q3.shape[0], q3.shape[1], v3.shape[2])
-    dq, dkt, dv = _C.attention_backward_f32(g3, q3, kt3, v3, probs, ncols)
+    dq, dkt, dv = _C.attention_backward_f32(_strided_rows(g), q3, kt3, v3, probs,
+                                            ncols)
     grads = {0: dq.reshape(q.shape), 1: dkt.reshape(kt.shape), 2: dv.reshape(v.shape)}
     cache[:] = [weakref.ref(ans), weakref.ref(g), grads]
     return grads

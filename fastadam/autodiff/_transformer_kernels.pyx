@@ -386,17 +386,18 @@ cdef extern from *:
         for (Py_ssize_t j = n16; j < S; j++) s[j] = 0.0f;
     }
     /* o and the probabilities P (T x S, kept for the backward pass) */
-    FA_DISPATCH static void tk_attention_f32(const float *q, const float *kt, const float *v,
+    FA_DISPATCH static void tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt,
+                                             Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                              const float *mask, const int32_t *ncols, float *o,
                                              float *P, Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
                                              Py_ssize_t e) {
         for (Py_ssize_t i = 0; i < T; i += 4) {
             const Py_ssize_t R = T - i < 4 ? T - i : 4;
             const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
-            fa_tk_product(q + i * d, d, 1, kt, S, P + i * S, S, R, nb, 0, d);
+            fa_tk_product(q + i * ldq, ldq, 1, kt, ldk, P + i * S, S, R, nb, 0, d);
             for (Py_ssize_t r = 0; r < R; r++)
                 fa_tk_att_row(P + (i + r) * S, mask + (i + r) * S, ncols[i + r], S);
-            fa_tk_product(P + i * S, S, 1, v, e, o + i * e, e, R, e, 0, nb);
+            fa_tk_product(P + i * S, S, 1, v, ldv, o + i * e, e, R, e, 0, nb);
         }
     }
     /* Its backward pass for the output cotangent g (T x e), from the forward pass's P:
@@ -404,20 +405,21 @@ cdef extern from *:
        dv = p^T g; the last two sum over the rows from the first row block whose columns reach
        the tile (the rows before it hold exact zeros there).  Scratch: dS (T x S), kk (S x d:
        kt transposed), vt (e x S: v transposed). */
-    FA_DISPATCH static void tk_attention_bwd_f32(const float *g, const float *q, const float *kt,
-                                                 const float *v, const float *P,
+    FA_DISPATCH static void tk_attention_bwd_f32(const float *g, Py_ssize_t ldg, const float *q,
+                                                 Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
+                                                 const float *v, Py_ssize_t ldv, const float *P,
                                                  const int32_t *ncols, float *dq, float *dkt,
                                                  float *dv, float *dS, float *kk, float *vt,
                                                  Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
                                                  Py_ssize_t e) {
         for (Py_ssize_t k = 0; k < d; k++)
-            for (Py_ssize_t j = 0; j < S; j++) kk[j * d + k] = kt[k * S + j];
+            for (Py_ssize_t j = 0; j < S; j++) kk[j * d + k] = kt[k * ldk + j];
         for (Py_ssize_t j = 0; j < S; j++)
-            for (Py_ssize_t c = 0; c < e; c++) vt[c * S + j] = v[j * e + c];
+            for (Py_ssize_t c = 0; c < e; c++) vt[c * S + j] = v[j * ldv + c];
         for (Py_ssize_t i = 0; i < T; i += 4) {
             const Py_ssize_t R = T - i < 4 ? T - i : 4;
             const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
-            fa_tk_product(g + i * e, e, 1, vt, S, dS + i * S, S, R, nb, 0, e);
+            fa_tk_product(g + i * ldg, ldg, 1, vt, S, dS + i * S, S, R, nb, 0, e);
             for (Py_ssize_t r = 0; r < R; r++) {
                 const float *p = P + (i + r) * S;
                 float *ds = dS + (i + r) * S;
@@ -452,10 +454,10 @@ cdef extern from *:
             if (first > T) first = T;
             const Py_ssize_t W = S - j < FA_TK_TW ? S - j : FA_TK_TW;
             for (Py_ssize_t k = 0; k < d; k += 4)
-                fa_tk_tile(q + k, 1, d, dS + j, S, dkt + k * S + j, S, d - k < 4 ? d - k : 4, W,
-                           first, T);
+                fa_tk_tile(q + k, 1, ldq, dS + j, S, dkt + k * S + j, S, d - k < 4 ? d - k : 4,
+                           W, first, T);
             for (Py_ssize_t jj = j; jj < j + W; jj += 4)
-                fa_tk_product(P + jj, 1, S, g, e, dv + jj * e, e,
+                fa_tk_product(P + jj, 1, S, g, ldg, dv + jj * e, e,
                               j + W - jj < 4 ? j + W - jj : 4, e, first, T);
         }
     }
@@ -494,18 +496,20 @@ cdef extern from *:
                                            Py_ssize_t rows, Py_ssize_t n) {
         FA_AT_LEVEL(tk_softmax_vjp_f32_rows)(g, y, dx, rows, n);
     }
-    static void fa_tk_attention_f32(const float *q, const float *kt, const float *v,
+    static void fa_tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt,
+                                    Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                     const float *mask, const int32_t *ncols, float *o, float *P,
                                     Py_ssize_t T, Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) {
-        FA_AT_LEVEL(tk_attention_f32)(q, kt, v, mask, ncols, o, P, T, S, d, e);
+        FA_AT_LEVEL(tk_attention_f32)(q, ldq, kt, ldk, v, ldv, mask, ncols, o, P, T, S, d, e);
     }
-    static void fa_tk_attention_bwd_f32(const float *g, const float *q, const float *kt,
-                                        const float *v, const float *P, const int32_t *ncols,
-                                        float *dq, float *dkt, float *dv, float *dS, float *kk,
-                                        float *vt, Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
-                                        Py_ssize_t e) {
-        FA_AT_LEVEL(tk_attention_bwd_f32)(g, q, kt, v, P, ncols, dq, dkt, dv, dS, kk, vt, T, S,
-                                          d, e);
+    static void fa_tk_attention_bwd_f32(const float *g, Py_ssize_t ldg, const float *q,
+                                        Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
+                                        const float *v, Py_ssize_t ldv, const float *P,
+                                        const int32_t *ncols, float *dq, float *dkt, float *dv,
+                                        float *dS, float *kk, float *vt, Py_ssize_t T,
+                                        Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) {
+        FA_AT_LEVEL(tk_attention_bwd_f32)(g, ldg, q, ldq, kt, ldk, v, ldv, P, ncols, dq, dkt, dv,
+                                          dS, kk, vt, T, S, d, e);
     }
     static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         FA_AT_LEVEL(tk_erf_f32_loop)(x, y, n);
@@ -527,10 +531,12 @@ cdef extern from *:
     void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx, Py_ssize_t rows,
                                     Py_ssize_t n) nogil
     float fa_tk_erf_f32(float x) nogil
-    void fa_tk_attention_f32(const float *q, const float *kt, const float *v, const float *mask,
+    void fa_tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
+                             const float *v, Py_ssize_t ldv, const float *mask,
                              const int32_t *ncols, float *o, float *P, Py_ssize_t T,
                              Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
-    void fa_tk_attention_bwd_f32(const float *g, const float *q, const float *kt, const float *v,
+    void fa_tk_attention_bwd_f32(const float *g, Py_ssize_t ldg, const float *q, Py_ssize_t ldq,
+                                 const float *kt, Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                  const float *P, const int32_t *ncols, float *dq, float *dkt,
                                  float *dv, float *dS, float *kk, float *vt, Py_ssize_t T,
                                  Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
@@ -894,19 +900,54 @@ cdef inline cnp.ndarray _attention_operand(cnp.ndarray a, str name):
     return a
 
 
+cdef cnp.ndarray _row_offsets(cnp.ndarray a, str name, Py_ssize_t *ld):
+    """The element offset of each batch entry of ``a`` (float32, rank >= 3: batch axes, then
+    rows and columns) from its first element, int64 (batch size,); ``ld[0]``: the row stride
+    in elements.  Its last axis must have unit stride and its rows a positive stride (a
+    C-contiguous array qualifies; so do the transposed views exported graphs make)."""
+    if a.dtype != np.float32:
+        raise TypeError(f"{name}: expected float32, got {a.dtype}")
+    if a.ndim < 3:
+        raise ValueError(f"{name}: expected at least 3 dimensions, got {a.ndim}")
+    if not a.flags.aligned:
+        raise ValueError(f"{name}: expected an aligned array")
+    cdef Py_ssize_t nd = a.ndim, k
+    for k in range(nd):
+        if a.strides[k] % 4:
+            raise ValueError(f"{name}: expected strides of whole elements")
+    if a.shape[nd - 1] > 1 and a.strides[nd - 1] != 4:
+        raise ValueError(f"{name}: expected its last axis to have unit stride")
+    if a.shape[nd - 2] > 1 and a.strides[nd - 2] <= 0:
+        raise ValueError(f"{name}: expected its rows to have a positive stride")
+    ld[0] = a.strides[nd - 2] // 4 if a.shape[nd - 2] > 1 else a.shape[nd - 1]
+    offsets = np.zeros(1, np.int64)
+    for k in range(nd - 2):
+        offsets = (offsets[:, None] + np.arange(a.shape[k], dtype=np.int64)
+                   * (a.strides[k] // 4)).ravel()
+    return offsets
+
+
 def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask,
                   cnp.ndarray ncols):
     """``(o, p)``: ``p[b] = softmax(q[b] @ kt[b] + mask[b or 0], axis=-1)`` and ``o[b] = p[b]
-    @ v[b]`` for each batch-head ``b``, row ``i`` of ``mask[m]`` using its first
-    ``ncols[m, i]`` columns (the rest hold -FLT_MAX or -inf: probability 0).  ``q`` (BH, T,
-    d), ``kt`` (BH, d, S), ``v`` (BH, S, e), ``mask`` (1 or BH, T, S): C-contiguous float32;
-    ``ncols`` int32 of ``mask``'s (M, T), each in [1, S]."""
-    for a, name in ((q, "q"), (kt, "kt"), (v, "v"), (mask, "mask")):
-        _attention_operand(a, name)
-    cdef Py_ssize_t bh = q.shape[0], T = q.shape[1], d = q.shape[2]
-    cdef Py_ssize_t S = kt.shape[2], e = v.shape[2], mb = mask.shape[0]
-    if kt.shape[0] != bh or kt.shape[1] != d or v.shape[0] != bh or v.shape[1] != S \
-            or mask.shape[1] != T or mask.shape[2] != S or mb not in (1, bh) or S == 0:
+    @ v[b]`` for each batch entry ``b`` (the batch axes flattened), row ``i`` of ``mask[m]``
+    using its first ``ncols[m, i]`` columns (the rest hold -FLT_MAX or -inf: probability 0).
+    ``q`` (..., T, d), ``kt`` (..., d, S), ``v`` (..., S, e): float32 of one batch shape, any
+    strides with a unit last one and positive rows (such views need no copy); ``mask`` (1 or
+    BH, T, S) C-contiguous float32; ``ncols`` int32 of ``mask``'s (M, T), each in [1, S].
+    ``o`` (BH, T, e) and ``p`` (BH, T, S) are C-contiguous."""
+    cdef Py_ssize_t ldq, ldk, ldv
+    cdef cnp.ndarray qo = _row_offsets(q, "q", &ldq)
+    cdef cnp.ndarray ko = _row_offsets(kt, "kt", &ldk)
+    cdef cnp.ndarray vo = _row_offsets(v, "v", &ldv)
+    _attention_operand(mask, "mask")
+    cdef Py_ssize_t nd = q.ndim, bh = qo.shape[0], T = q.shape[nd - 2], d = q.shape[nd - 1]
+    cdef Py_ssize_t S = kt.shape[nd - 1], e = v.shape[nd - 1], mb = mask.shape[0]
+    batch = (<object>q).shape[:-2]
+    if kt.ndim != nd or v.ndim != nd or (<object>kt).shape[:-2] != batch or \
+            (<object>v).shape[:-2] != batch or kt.shape[nd - 2] != d or \
+            v.shape[nd - 2] != S or mask.shape[1] != T or mask.shape[2] != S or \
+            mb not in (1, bh) or S == 0:
         raise ValueError(f"attention_f32: inconsistent shapes q {(<object>q).shape}, kt "
                          f"{(<object>kt).shape}, v {(<object>v).shape}, mask "
                          f"{(<object>mask).shape}")
@@ -917,6 +958,9 @@ def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask
     cdef float *qp = <float *>cnp.PyArray_DATA(q)
     cdef float *kp = <float *>cnp.PyArray_DATA(kt)
     cdef float *vp = <float *>cnp.PyArray_DATA(v)
+    cdef long long *qop = <long long *>cnp.PyArray_DATA(qo)
+    cdef long long *kop = <long long *>cnp.PyArray_DATA(ko)
+    cdef long long *vop = <long long *>cnp.PyArray_DATA(vo)
     cdef float *mp = <float *>cnp.PyArray_DATA(mask)
     cdef int32_t *np_ = <int32_t *>cnp.PyArray_DATA(nc)
     cdef float *op = <float *>cnp.PyArray_DATA(o)
@@ -926,7 +970,7 @@ def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask
     cdef Py_ssize_t nstride = 0 if mb == 1 else T
     with nogil:
         for b in prange(bh, schedule="static", num_threads=nt):
-            fa_tk_attention_f32(qp + b * T * d, kp + b * d * S, vp + b * S * e,
+            fa_tk_attention_f32(qp + qop[b], ldq, kp + kop[b], ldk, vp + vop[b], ldv,
                                 mp + b * mstride, np_ + b * nstride, op + b * T * e,
                                 pp + b * T * S, T, S, d, e)
     return o, p
@@ -934,15 +978,24 @@ def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask
 
 def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v,
                            cnp.ndarray p, cnp.ndarray ncols):
-    """``(dq, dkt, dv)`` of ``attention_f32`` for the output cotangent ``g`` (BH, T, e), from
-    its probabilities ``p`` (the other arguments as there; ``ncols`` of shape (1 or BH, T))."""
-    for a, name in ((g, "g"), (q, "q"), (kt, "kt"), (v, "v"), (p, "p")):
-        _attention_operand(a, name)
-    cdef Py_ssize_t bh = q.shape[0], T = q.shape[1], d = q.shape[2]
-    cdef Py_ssize_t S = kt.shape[2], e = v.shape[2], mb = ncols.shape[0] if ncols.ndim else 0
-    if kt.shape[0] != bh or kt.shape[1] != d or v.shape[0] != bh or v.shape[1] != S \
-            or mb not in (1, bh) or S == 0 or g.shape[0] != bh or g.shape[1] != T \
-            or g.shape[2] != e or p.shape[0] != bh or p.shape[1] != T or p.shape[2] != S:
+    """``(dq, dkt, dv)`` of ``attention_f32``, each C-contiguous (BH, rows, columns), for the
+    output cotangent ``g`` (..., T, e; strided as the operands may be), from its
+    probabilities ``p`` (the other arguments as there; ``ncols`` of shape (1 or BH, T))."""
+    cdef Py_ssize_t ldg, ldq, ldk, ldv
+    cdef cnp.ndarray go = _row_offsets(g, "g", &ldg)
+    cdef cnp.ndarray qo = _row_offsets(q, "q", &ldq)
+    cdef cnp.ndarray ko = _row_offsets(kt, "kt", &ldk)
+    cdef cnp.ndarray vo = _row_offsets(v, "v", &ldv)
+    _attention_operand(p, "p")
+    cdef Py_ssize_t nd = q.ndim, bh = qo.shape[0], T = q.shape[nd - 2], d = q.shape[nd - 1]
+    cdef Py_ssize_t S = kt.shape[nd - 1], e = v.shape[nd - 1]
+    cdef Py_ssize_t mb = ncols.shape[0] if ncols.ndim else 0
+    batch = (<object>q).shape[:-2]
+    if kt.ndim != nd or v.ndim != nd or g.ndim != nd or (<object>kt).shape[:-2] != batch or \
+            (<object>v).shape[:-2] != batch or (<object>g).shape[:-2] != batch or \
+            kt.shape[nd - 2] != d or v.shape[nd - 2] != S or mb not in (1, bh) or S == 0 or \
+            g.shape[nd - 2] != T or g.shape[nd - 1] != e or p.shape[0] != bh or \
+            p.shape[1] != T or p.shape[2] != S:
         raise ValueError("attention_backward_f32: inconsistent shapes")
     cdef cnp.ndarray nc = _attention_ncols(ncols, mb, T, S)
     cdef cnp.ndarray dq = np.empty((bh, T, d), np.float32)
@@ -955,6 +1008,10 @@ def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.nda
     cdef float *qp = <float *>cnp.PyArray_DATA(q)
     cdef float *kp = <float *>cnp.PyArray_DATA(kt)
     cdef float *vp = <float *>cnp.PyArray_DATA(v)
+    cdef long long *gop = <long long *>cnp.PyArray_DATA(go)
+    cdef long long *qop = <long long *>cnp.PyArray_DATA(qo)
+    cdef long long *kop = <long long *>cnp.PyArray_DATA(ko)
+    cdef long long *vop = <long long *>cnp.PyArray_DATA(vo)
     cdef float *pp = <float *>cnp.PyArray_DATA(p)
     cdef int32_t *np_ = <int32_t *>cnp.PyArray_DATA(nc)
     cdef float *dqp = <float *>cnp.PyArray_DATA(dq)
@@ -967,11 +1024,33 @@ def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.nda
     with nogil:
         for b in prange(bh, schedule="static", num_threads=nt):
             w = scr + threadid() * per
-            fa_tk_attention_bwd_f32(gp + b * T * e, qp + b * T * d, kp + b * d * S,
-                                    vp + b * S * e, pp + b * T * S, np_ + b * nstride,
+            fa_tk_attention_bwd_f32(gp + gop[b], ldg, qp + qop[b], ldq, kp + kop[b], ldk,
+                                    vp + vop[b], ldv, pp + b * T * S, np_ + b * nstride,
                                     dqp + b * T * d, dkp + b * d * S, dvp + b * S * e, w,
                                     w + T * S, w + T * S + S * d, T, S, d, e)
     return dq, dkt, dv
+
+
+def attention_live_columns(cnp.ndarray mask):
+    """``ncols`` (M, T) int32 for a float32 ``mask`` (M, T, S): one past each row's last entry
+    above the lowest float32 (NaN counts as live; -inf and the lowest do not), or S for a row
+    with none."""
+    _attention_operand(mask, "mask")
+    cdef Py_ssize_t rows = mask.shape[0] * mask.shape[1], S = mask.shape[2], r, j
+    cdef cnp.ndarray out = np.empty((mask.shape[0], mask.shape[1]), np.int32)
+    cdef const float *m = <const float *>cnp.PyArray_DATA(mask)
+    cdef int32_t *o = <int32_t *>cnp.PyArray_DATA(out)
+    cdef float lowest = -3.4028234663852886e38
+    with nogil:
+        for r in range(rows):
+            o[r] = <int32_t>S
+            j = S - 1
+            while j >= 0:
+                if not (m[r * S + j] <= lowest):
+                    o[r] = <int32_t>(j + 1)
+                    break
+                j -= 1
+    return out
 
 
 cdef cnp.ndarray _attention_ncols(cnp.ndarray ncols, Py_ssize_t mb, Py_ssize_t T, Py_ssize_t S):
