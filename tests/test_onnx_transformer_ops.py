@@ -219,6 +219,30 @@ def test_layer_norm_vjps_like_torch(rng, dtype, tol):
         {"axis": 1, "epsilon": 1e-5}, opset=17, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_gradients_of_any_subset_of_its_arguments(rng, dtype):
+    """The first-order backward pass computes dscale and dbias with dx and hands them to the
+    other VJPs: each subset of (x, scale, bias) asked for (a constant scale or bias, x not
+    differentiated) gets the gradients the full call gives."""
+    x = rng.standard_normal((4, 5, 8)).astype(dtype)
+    s, b = rng.standard_normal(8).astype(dtype), rng.standard_normal(8).astype(dtype)
+    u = rng.standard_normal(x.shape).astype(dtype)
+
+    def grads(wanted):
+        ts = [ad.Tensor(a, requires_grad=k in wanted) for k, a in enumerate((x, s, b))]
+        y = ad.layer_norm(*ts)
+        return ad.gradient(y, [ts[k] for k in wanted], grad_output=u)
+    full = grads((0, 1, 2))
+    for wanted in [(0,), (1,), (2,), (1, 2), (0, 2), (0, 1)]:
+        for k, got in zip(wanted, grads(wanted)):
+            np.testing.assert_array_equal(got.data, full[k].data, err_msg=f"{wanted} {k}")
+    # a gradient asked for an argument that does not require one
+    ts = [ad.Tensor(x, requires_grad=True), ad.Tensor(s), ad.Tensor(b)]
+    got = ad.gradient(ad.layer_norm(*ts), ts, grad_output=u)
+    for k in range(3):
+        np.testing.assert_array_equal(got[k].data, full[k].data)
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)])
 def test_activation_vjps_like_torch(rng, dtype, tol):
     torch = pytest.importorskip("torch")

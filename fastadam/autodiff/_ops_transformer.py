@@ -146,13 +146,41 @@ def _composite_parts(x, scale, axis, epsilon):
     return multiply(d, rstd), rstd, axes
 
 
+# The parameter gradients of the last first-order backward call, (dscale, dbias) from the pass
+# that computed dx, handed to the VJPs of scale and bias: [weak ref to ans, weak ref to g,
+# {argument: gradient}].
+_LN_PARAM_GRADS = [None, None, {}]
+
+
+def _ln_kernel_backward(g, ans, x, scale, bias, axis, epsilon, want_dx, want_params=None):
+    """First order: ``dx`` (or None) by the fused kernel, which also computes the gradients
+    of scale and bias (kept in ``_LN_PARAM_GRADS``) when either needs one (``want_params``
+    None: when either requires gradients)."""
+    x2, m, r = _ln_stats(x.data, axis, epsilon, ans.data)
+    if want_params is None:
+        want_params = scale.requires_grad or bias.requires_grad
+    dx, ds, db = _C.layer_norm_backward(_contiguous(g.data).reshape(x2.shape), x2,
+                                        _contiguous(scale.data).reshape(-1), m, r,
+                                        want_dx=want_dx, want_params=want_params)
+    if want_params:
+        _LN_PARAM_GRADS[:] = [weakref.ref(ans.data), weakref.ref(g.data),
+                              {1: ds.reshape(scale.shape), 2: db.reshape(bias.shape)}]
+    return None if dx is None else dx.reshape(x.shape)
+
+
+def _ln_kept_param_grad(i, g, ans):
+    kept = _LN_PARAM_GRADS
+    if kept[0] is not None and kept[0]() is ans.data and kept[1]() is g.data and i in kept[2]:
+        out = kept[2].pop(i)
+        if not kept[2]:
+            kept[:] = [None, None, {}]
+        return out
+    return None
+
+
 def _ln_vjp_x(g, ans, x, scale, bias, axis, epsilon):
     if not _tensor._mode.enabled:  # first order: the fused kernel
-        x2, m, r = _ln_stats(x.data, axis, epsilon, ans.data)
-        dx, _, _ = _C.layer_norm_backward(_contiguous(g.data).reshape(x2.shape), x2,
-                                          _contiguous(scale.data).reshape(-1), m, r,
-                                          want_params=False)
-        return _wrap(dx.reshape(x.shape))
+        return _wrap(_ln_kernel_backward(g, ans, x, scale, bias, axis, epsilon, True))
     xhat, rstd, axes = _composite_parts(x, scale, axis, epsilon)
     gs = multiply(g, scale)
     inner = subtract(subtract(gs, mean(gs, axis=axes, keepdims=True)),
@@ -163,17 +191,23 @@ def _ln_vjp_x(g, ans, x, scale, bias, axis, epsilon):
 def _ln_vjp_scale(g, ans, x, scale, bias, axis, epsilon):
     lead = tuple(range(axis))
     if not _tensor._mode.enabled:
-        x2, m, r = _ln_stats(x.data, axis, epsilon, ans.data)
-        _, ds, _ = _C.layer_norm_backward(_contiguous(g.data).reshape(x2.shape), x2,
-                                          _contiguous(scale.data).reshape(-1), m, r,
-                                          want_dx=False)
-        return _wrap(ds.reshape(scale.shape))
+        ds = _ln_kept_param_grad(1, g, ans)
+        if ds is None:  # (x needs no gradient: this call computes the parameters' two)
+            _ln_kernel_backward(g, ans, x, scale, bias, axis, epsilon, False, True)
+            ds = _ln_kept_param_grad(1, g, ans)
+        return _wrap(ds)
     xhat, _, _ = _composite_parts(x, scale, axis, epsilon)
     return _sum(multiply(g, xhat), axis=lead) if lead else multiply(g, xhat)
 
 
 def _ln_vjp_bias(g, ans, x, scale, bias, axis, epsilon):
     lead = tuple(range(axis))
+    if not _tensor._mode.enabled:  # the kernel's float64 column sums, as with dscale
+        db = _ln_kept_param_grad(2, g, ans)
+        if db is None:
+            _ln_kernel_backward(g, ans, x, scale, bias, axis, epsilon, False, True)
+            db = _ln_kept_param_grad(2, g, ans)
+        return _wrap(db)
     return _sum(g, axis=lead) if lead else g
 
 
