@@ -340,8 +340,9 @@ cdef extern from *:
         const Py_ssize_t full = n16 / 16 * 16;
         /* the tail of a row of S % 16 elements, padded to a block (as -inf) in t */
         float t[16];
-        for (int l = 0; l < 16; l++)
-            t[l] = full + l < n ? s[full + l] + mi[full + l] : -INFINITY;
+        if (full < n16)
+            for (int l = 0; l < 16; l++)
+                t[l] = full + l < n ? s[full + l] + mi[full + l] : -INFINITY;
         float acc[16];
         #pragma omp simd
         for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
@@ -353,8 +354,10 @@ cdef extern from *:
                 acc[l] = x > acc[l] ? x : acc[l];
             }
         }
-        #pragma omp simd
-        for (int l = 0; l < 16; l++) acc[l] = t[l] > acc[l] ? t[l] : acc[l];
+        if (full < n16) {
+            #pragma omp simd
+            for (int l = 0; l < 16; l++) acc[l] = t[l] > acc[l] ? t[l] : acc[l];
+        }
         const float m = fa_tk_lanes_max(acc);
         #pragma omp simd
         for (int l = 0; l < 16; l++) acc[l] = 0.0f;
@@ -424,18 +427,21 @@ cdef extern from *:
                 const float *p = P + (i + r) * S;
                 float *ds = dS + (i + r) * S;
                 /* over j < nb: p is 0 from n on, ds finite there (the product above) */
-                float acc[16], t[16];
+                float acc[16];
                 const Py_ssize_t full = nb / 16 * 16;
-                for (int l = 0; l < 16; l++) t[l] = full + l < nb ? ds[full + l] * p[full + l]
-                                                                  : 0.0f;
                 #pragma omp simd
                 for (int l = 0; l < 16; l++) acc[l] = 0.0f;
                 for (Py_ssize_t j = 0; j < full; j += 16) {
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) acc[l] += ds[j + l] * p[j + l];
                 }
-                #pragma omp simd
-                for (int l = 0; l < 16; l++) acc[l] += t[l];
+                if (full < nb) {  /* the tail of a row of S % 16 elements, as a block */
+                    float tail[16];
+                    for (int l = 0; l < 16; l++)
+                        tail[l] = full + l < nb ? ds[full + l] * p[full + l] : 0.0f;
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) acc[l] += tail[l];
+                }
                 const float dot = fa_tk_lanes_sum(acc);
                 #pragma omp simd
                 for (Py_ssize_t j = 0; j < nb; j++) ds[j] = p[j] * (ds[j] - dot);
@@ -920,10 +926,17 @@ cdef cnp.ndarray _row_offsets(cnp.ndarray a, str name, Py_ssize_t *ld):
     if a.shape[nd - 2] > 1 and a.strides[nd - 2] <= 0:
         raise ValueError(f"{name}: expected its rows to have a positive stride")
     ld[0] = a.strides[nd - 2] // 4 if a.shape[nd - 2] > 1 else a.shape[nd - 1]
-    offsets = np.zeros(1, np.int64)
+    cdef Py_ssize_t n = 1, i, rest, off
     for k in range(nd - 2):
-        offsets = (offsets[:, None] + np.arange(a.shape[k], dtype=np.int64)
-                   * (a.strides[k] // 4)).ravel()
+        n *= a.shape[k]
+    cdef cnp.ndarray offsets = np.empty(n, np.int64)
+    cdef long long *o = <long long *>cnp.PyArray_DATA(offsets)
+    for i in range(n):  # batch entry i in C order: its index along each batch axis
+        rest, off = i, 0
+        for k in range(nd - 3, -1, -1):
+            off += (rest % a.shape[k]) * (a.strides[k] // 4)
+            rest //= a.shape[k]
+        o[i] = off
     return offsets
 
 
