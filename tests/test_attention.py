@@ -344,3 +344,14 @@ def test_strided_views_give_the_bits_of_their_contiguous_copies(rng):
     for name, a, b in zip(("o", "dq", "dkt", "dv"), views, copies):
         np.testing.assert_array_equal(a, b, err_msg=name)
     np.testing.assert_allclose(views[0], oracle(q, kt, v, mask, g)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_kernel_refuses_operands_of_different_ranks():
+    q, v = np.zeros((2, 3, 4), np.float32), np.zeros((2, 5, 6), np.float32)
+    kt4 = np.zeros((1, 2, 4, 5), np.float32)
+    mask, ncols = np.zeros((1, 3, 5), np.float32), np.full((1, 3), 5, np.int32)
+    with pytest.raises(ValueError, match="q, kt and v have 3, 4 and 3 dimensions"):
+        TK.attention_f32(q, kt4, v, mask, ncols)
+    with pytest.raises(ValueError, match="differ in dimensions"):
+        TK.attention_backward_f32(np.zeros((2, 3, 6), np.float32), q, kt4, v,
+                                  np.zeros((2, 3, 5), np.float32), ncols)

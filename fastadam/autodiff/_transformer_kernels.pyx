@@ -330,63 +330,84 @@ cdef extern from *:
         for (int l = 0; l < 2; l++) acc[l] = acc[l + 2] > acc[l] ? acc[l + 2] : acc[l];
         return acc[1] > acc[0] ? acc[1] : acc[0];
     }
-    /* The probabilities of one row: s (its scores, n16 of them computed: n rounded up to 16,
-       at most S) becomes softmax(s + mi) over j < n and 0 elsewhere up to S.  The elements
+    /* The probabilities of the R <= 4 rows of a block (row r: P + r S, its mask row mask +
+       r S, its live columns ncols[r]): the scores s (n16 of them computed: n rounded up to 16,
+       at most S) become softmax(s + mi) over j < n and 0 elsewhere up to S.  The elements
        from n to n16 go through the same vector code as -inf (probability 0), so that a short
-       row is whole vectors. */
-    FA_TK_INLINE void fa_tk_att_row(float *restrict s, const float *restrict mi, Py_ssize_t n,
-                                    Py_ssize_t S) {
-        const Py_ssize_t n16 = (n + 15) / 16 * 16 < S ? (n + 15) / 16 * 16 : S;
-        const Py_ssize_t full = n16 / 16 * 16;
-        /* the tail of a row of S % 16 elements, padded to a block (as -inf) in t */
-        float t[16];
-        if (full < n16)
-            for (int l = 0; l < 16; l++)
-                t[l] = full + l < n ? s[full + l] + mi[full + l] : -INFINITY;
-        float acc[16];
-        #pragma omp simd
-        for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
-        for (Py_ssize_t j = 0; j < full; j += 16) {
+       row is whole vectors; a row of S % 16 elements ends in a padded block t.  Each step
+       runs for the block's rows in turn: their reductions (tree, division) do not wait on
+       each other. */
+    FA_TK_INLINE void fa_tk_att_rows(float *restrict P, const float *restrict mask,
+                                     const int32_t *ncols, Py_ssize_t R, Py_ssize_t S) {
+        float acc[4][16], t[4][16], m[4], inv[4];
+        Py_ssize_t n16[4], full[4];
+        for (Py_ssize_t r = 0; r < R; r++) {
+            const Py_ssize_t n = ncols[r];
+            float *s = P + r * S;
+            const float *mi = mask + r * S;
+            n16[r] = (n + 15) / 16 * 16 < S ? (n + 15) / 16 * 16 : S;
+            full[r] = n16[r] / 16 * 16;
             #pragma omp simd
-            for (int l = 0; l < 16; l++) {
-                const float x = j + l < n ? s[j + l] + mi[j + l] : -INFINITY;
-                s[j + l] = x;
-                acc[l] = x > acc[l] ? x : acc[l];
+            for (int l = 0; l < 16; l++) acc[r][l] = -INFINITY;
+            for (Py_ssize_t j = 0; j < full[r]; j += 16) {
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) {
+                    const float x = j + l < n ? s[j + l] + mi[j + l] : -INFINITY;
+                    s[j + l] = x;
+                    acc[r][l] = x > acc[r][l] ? x : acc[r][l];
+                }
+            }
+            if (full[r] < n16[r]) {
+                const Py_ssize_t f = full[r];
+                for (int l = 0; l < 16; l++)
+                    t[r][l] = f + l < n ? s[f + l] + mi[f + l] : -INFINITY;
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) acc[r][l] = t[r][l] > acc[r][l] ? t[r][l] : acc[r][l];
             }
         }
-        if (full < n16) {
+        for (Py_ssize_t r = 0; r < R; r++) m[r] = fa_tk_lanes_max(acc[r]);
+        for (Py_ssize_t r = 0; r < R; r++) {
+            float *s = P + r * S;
+            const float mr = m[r];
             #pragma omp simd
-            for (int l = 0; l < 16; l++) acc[l] = t[l] > acc[l] ? t[l] : acc[l];
-        }
-        const float m = fa_tk_lanes_max(acc);
-        #pragma omp simd
-        for (int l = 0; l < 16; l++) acc[l] = 0.0f;
-        for (Py_ssize_t j = 0; j < full; j += 16) {
-            #pragma omp simd
-            for (int l = 0; l < 16; l++) {
-                const float dd = s[j + l] - m;
-                const float ex = fa_exp_neg_f32(dd);
-                const float p = dd < -87.0f ? 0.0f : ex;
-                s[j + l] = p;
-                acc[l] += p;
+            for (int l = 0; l < 16; l++) acc[r][l] = 0.0f;
+            for (Py_ssize_t j = 0; j < full[r]; j += 16) {
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) {
+                    const float dd = s[j + l] - mr;
+                    const float ex = fa_exp_neg_f32(dd);
+                    const float p = dd < -87.0f ? 0.0f : ex;
+                    s[j + l] = p;
+                    acc[r][l] += p;
+                }
+            }
+            if (full[r] < n16[r]) {
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) {
+                    const float dd = t[r][l] - mr;
+                    const float ex = fa_exp_neg_f32(dd);
+                    const float p = dd < -87.0f ? 0.0f : ex;
+                    t[r][l] = p;
+                    acc[r][l] += p;
+                }
             }
         }
-        if (full < n16) {
-            #pragma omp simd
-            for (int l = 0; l < 16; l++) {
-                const float dd = t[l] - m;
-                const float ex = fa_exp_neg_f32(dd);
-                const float p = dd < -87.0f ? 0.0f : ex;
-                t[l] = p;
-                acc[l] += p;
+        for (Py_ssize_t r = 0; r < R; r++) inv[r] = 1.0f / fa_tk_lanes_sum(acc[r]);
+        for (Py_ssize_t r = 0; r < R; r++) {
+            float *s = P + r * S;
+            const float ir = inv[r];
+            for (Py_ssize_t j = 0; j < full[r]; j += 16) {
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) s[j + l] *= ir;
             }
-            for (Py_ssize_t j = full; j < n16; j++) s[j] = t[j - full];
+            for (Py_ssize_t j = full[r]; j < n16[r]; j++) s[j] = t[r][j - full[r]] * ir;
+            Py_ssize_t j = n16[r];
+            for (; j + 16 <= S; j += 16) {
+                #pragma omp simd
+                for (int l = 0; l < 16; l++) s[j + l] = 0.0f;
+            }
+            for (; j < S; j++) s[j] = 0.0f;
         }
-        const float inv = 1.0f / fa_tk_lanes_sum(acc);
-        #pragma omp simd
-        for (Py_ssize_t j = 0; j < n16; j++) s[j] *= inv;
-        #pragma omp simd
-        for (Py_ssize_t j = n16; j < S; j++) s[j] = 0.0f;
     }
     /* o and the probabilities P (T x S, kept for the backward pass) */
     FA_DISPATCH static void tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt,
@@ -398,8 +419,7 @@ cdef extern from *:
             const Py_ssize_t R = T - i < 4 ? T - i : 4;
             const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
             fa_tk_product(q + i * ldq, ldq, 1, kt, ldk, P + i * S, S, R, nb, 0, d);
-            for (Py_ssize_t r = 0; r < R; r++)
-                fa_tk_att_row(P + (i + r) * S, mask + (i + r) * S, ncols[i + r], S);
+            fa_tk_att_rows(P + i * S, mask + i * S, ncols + i, R, S);
             fa_tk_product(P + i * S, S, 1, v, ldv, o + i * e, e, R, e, 0, nb);
         }
     }
@@ -443,10 +463,17 @@ cdef extern from *:
                     for (int l = 0; l < 16; l++) acc[l] += tail[l];
                 }
                 const float dot = fa_tk_lanes_sum(acc);
-                #pragma omp simd
-                for (Py_ssize_t j = 0; j < nb; j++) ds[j] = p[j] * (ds[j] - dot);
-                #pragma omp simd
-                for (Py_ssize_t j = nb; j < S; j++) ds[j] = 0.0f;
+                for (Py_ssize_t j = 0; j < full; j += 16) {
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) ds[j + l] = p[j + l] * (ds[j + l] - dot);
+                }
+                for (Py_ssize_t j = full; j < nb; j++) ds[j] = p[j] * (ds[j] - dot);
+                Py_ssize_t j = nb;
+                for (; j + 16 <= S; j += 16) {
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) ds[j + l] = 0.0f;
+                }
+                for (; j < S; j++) ds[j] = 0.0f;
             }
             fa_tk_product(dS + i * S, S, 1, kk, d, dq + i * d, d, R, d, 0, nb);
         }
@@ -954,11 +981,14 @@ def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask
     cdef cnp.ndarray ko = _row_offsets(kt, "kt", &ldk)
     cdef cnp.ndarray vo = _row_offsets(v, "v", &ldv)
     _attention_operand(mask, "mask")
+    if kt.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"attention_f32: q, kt and v have {q.ndim}, {kt.ndim} and {v.ndim} "
+                         f"dimensions")
     cdef Py_ssize_t nd = q.ndim, bh = qo.shape[0], T = q.shape[nd - 2], d = q.shape[nd - 1]
     cdef Py_ssize_t S = kt.shape[nd - 1], e = v.shape[nd - 1], mb = mask.shape[0]
-    batch = (<object>q).shape[:-2]
-    if kt.ndim != nd or v.ndim != nd or (<object>kt).shape[:-2] != batch or \
-            (<object>v).shape[:-2] != batch or kt.shape[nd - 2] != d or \
+    batch = (<object>q).shape[:nd - 2]
+    if (<object>kt).shape[:nd - 2] != batch or \
+            (<object>v).shape[:nd - 2] != batch or kt.shape[nd - 2] != d or \
             v.shape[nd - 2] != S or mask.shape[1] != T or mask.shape[2] != S or \
             mb not in (1, bh) or S == 0:
         raise ValueError(f"attention_f32: inconsistent shapes q {(<object>q).shape}, kt "
@@ -1000,12 +1030,14 @@ def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.nda
     cdef cnp.ndarray ko = _row_offsets(kt, "kt", &ldk)
     cdef cnp.ndarray vo = _row_offsets(v, "v", &ldv)
     _attention_operand(p, "p")
+    if kt.ndim != q.ndim or v.ndim != q.ndim or g.ndim != q.ndim:
+        raise ValueError("attention_backward_f32: g, q, kt and v differ in dimensions")
     cdef Py_ssize_t nd = q.ndim, bh = qo.shape[0], T = q.shape[nd - 2], d = q.shape[nd - 1]
     cdef Py_ssize_t S = kt.shape[nd - 1], e = v.shape[nd - 1]
     cdef Py_ssize_t mb = ncols.shape[0] if ncols.ndim else 0
-    batch = (<object>q).shape[:-2]
-    if kt.ndim != nd or v.ndim != nd or g.ndim != nd or (<object>kt).shape[:-2] != batch or \
-            (<object>v).shape[:-2] != batch or (<object>g).shape[:-2] != batch or \
+    batch = (<object>q).shape[:nd - 2]
+    if (<object>kt).shape[:nd - 2] != batch or \
+            (<object>v).shape[:nd - 2] != batch or (<object>g).shape[:nd - 2] != batch or \
             kt.shape[nd - 2] != d or v.shape[nd - 2] != S or mb not in (1, bh) or S == 0 or \
             g.shape[nd - 2] != T or g.shape[nd - 1] != e or p.shape[0] != bh or \
             p.shape[1] != T or p.shape[2] != S:
