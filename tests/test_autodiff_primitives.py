@@ -164,3 +164,14 @@ def test_check_grads_errors():
         ad.check_grads(lambda i: i, np.arange(3))
     with pytest.raises(TypeError, match="expected a Tensor result"):
         ad.check_grads(lambda x: 3.0, r(3))
+
+
+def test_transpose_gradient_is_the_inverse_permutation_negative_axes_included():
+    x = ad.Tensor(np.arange(120.0).reshape(2, 3, 4, 5), requires_grad=True)
+    g = np.random.default_rng(0).standard_normal
+    for axes in [(0, 2, 1, 3), (3, 1, 0, 2), (-1, 0, 1, 2), (1, -4, 2, 3), None]:
+        y = ad.transpose(x, axes)
+        u = g(y.shape)
+        (gx,) = ad.gradient(y, [x], grad_output=u)
+        perm = np.argsort(np.array(axes) % 4) if axes is not None else None
+        np.testing.assert_array_equal(gx.data, np.transpose(u, perm), err_msg=str(axes))

@@ -313,6 +313,13 @@ def test_bad_input_is_named():
         ad.gelu(x, approximate="fast")
     with pytest.raises(ValueError, match="do not add up"):
         run_op("Split", [x, ad.Tensor(np.array([1, 1]))], {"axis": 1}, 13, n_outputs=2)
+    for target in ([4, 2], [-1, -1], [5, -1]):  # float and integer tensors alike
+        for t in (x, ad.Tensor(np.zeros((2, 3), np.int64))):
+            with pytest.raises(ValueError, match=r"shape: cannot reshape a tensor of shape "
+                                                 r"\(2, 3\) to"):
+                run_op("Reshape", [t, ad.Tensor(np.array(target))], {}, 14)
+    with pytest.raises(ValueError, match="a negative size other than -1"):  # ONNX: only -1
+        run_op("Reshape", [x, ad.Tensor(np.array([-2, 3]))], {}, 14)
     with pytest.raises(ValueError, match="steps: a step cannot be 0"):
         run_op("Slice", [x] + [ad.Tensor(np.array([v])) for v in (0, 1, 0, 0)], {}, 13)
     with pytest.raises(ValueError, match="delta: cannot be 0"):

@@ -380,8 +380,21 @@ def _transpose(x, axes):
     return np.transpose(x, axes)
 
 
+_INVERSE_AXES = {}  # axes -> the inverse permutation (a VJP's; np.argsort costs more)
+
+
+def _inverse_axes(axes):
+    inv = _INVERSE_AXES.get(axes)
+    if inv is None:
+        out = [0] * len(axes)
+        for i, a in enumerate(axes):
+            out[a % len(axes)] = i
+        inv = _INVERSE_AXES[axes] = tuple(out)
+    return inv
+
+
 defvjp(_transpose, lambda g, ans, x, axes: _transpose(
-    g, axes=None if axes is None else tuple(int(i) for i in np.argsort(axes))))
+    g, axes=None if axes is None else _inverse_axes(axes)))
 
 
 def transpose(x, axes=None):

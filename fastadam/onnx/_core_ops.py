@@ -371,12 +371,13 @@ def reshape(inputs, attrs, opset):
                     raise ValueError(f"shape: a 0 at position {i} copies a dimension that the "
                                      f"input of shape {x.shape} does not have")
                 shape[i] = x.shape[i]
-    try:  # reshaping a broadcast scalar checks the shape without touching the data
-        np.broadcast_to(0, x.shape).reshape(shape)
+    if any(d < -1 for d in shape):  # (NumPy would read any negative size as -1)
+        raise ValueError(f"shape: {tuple(shape)} has a negative size other than -1")
+    try:  # (a reshape that fails records nothing and changes nothing)
+        return [_reshaped(x, tuple(shape))]
     except ValueError:
         raise ValueError(f"shape: cannot reshape a tensor of shape {x.shape} to "
                          f"{tuple(shape)}") from None
-    return [_reshaped(x, tuple(shape))]
 
 
 @register("Flatten")
