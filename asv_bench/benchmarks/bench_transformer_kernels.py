@@ -1,5 +1,5 @@
 """The float32 row kernels of a transformer step against the same results composed from NumPy
-operations (the path each replaces): ``TransformerKernelRatio.track_numpy_over_kernel``, one
+operations (the path each replaces; for the fused attention, the unfused nodes' path): ``TransformerKernelRatio.track_numpy_over_kernel``, one
 ratio per kernel, 1 thread, shapes of the GPT benchmark's step (batch 16, sequence 64, d 64,
 4 heads, vocabulary 128: bench_onnx_gpt).  ``cases`` is shared with
 asv_bench/transformer_kernels_report.py, which also checks each kernel against a float64 oracle.
@@ -15,7 +15,7 @@ except ImportError:  # imported as a top-level module (the report puts benchmark
 
 NAMES = ("softmax (16,4,64,64), causal", "softmax VJP", "GELU VJP (1024,256)",
          "LayerNorm (1024,64)", "LayerNorm dx", "cross-entropy VJP (1024,128)",
-         "scatter rows (embedding VJP)")
+         "scatter rows (embedding VJP)", "attention (16,4,64,16), causal", "attention VJP")
 
 
 def _kernels():
@@ -29,6 +29,50 @@ def _kernels():
     if not hasattr(TK, "softmax_last_f32") or not hasattr(K, "scatter_add_rows"):
         raise NotImplementedError("this fastadam has no float32 row kernels")
     return AK, K, TK
+
+
+def _attention_cases(rng, TK):
+    """The fused attention kernels against the unfused path they replace in an exported
+    graph's step (MatMul, Add, the softmax kernel, MatMul; the VJPs of those four), on the
+    views the session hands them (q and v cut from one (16, 64, 192) projection)."""
+    f32, d64 = np.float32, np.float64
+    qkv = rng.standard_normal((16, 64, 192)).astype(f32)
+    q = qkv[..., :64].reshape(16, 64, 4, 16).transpose(0, 2, 1, 3)
+    v = qkv[..., 128:].reshape(16, 64, 4, 16).transpose(0, 2, 1, 3)
+    kt = (0.25 * rng.standard_normal((16, 4, 16, 64))).astype(f32)
+    mask = np.where(np.triu(np.ones((64, 64), bool), 1), np.finfo(f32).min, 0).astype(f32)
+    g = rng.standard_normal((16, 4, 64, 16)).astype(f32)
+    mask3, ncols = mask[None], TK.attention_live_columns(mask[None])
+    _, probs = TK.attention_f32(q, kt, v, mask3, ncols)
+
+    def unfused():
+        return np.matmul(TK.softmax_last_f32(np.matmul(q, kt) + mask), v)
+
+    def unfused_vjp():
+        p = TK.softmax_last_f32(np.matmul(q, kt) + mask)  # (as the tape holds it)
+        ds = TK.softmax_vjp_last_f32(np.matmul(g, v.swapaxes(-1, -2)), p)
+        return (np.matmul(ds, kt.swapaxes(-1, -2)), np.matmul(q.swapaxes(-1, -2), ds),
+                np.matmul(p.swapaxes(-1, -2), g))
+
+    qd, ktd, vd, gd = (a.astype(d64) for a in (q, kt, v, g))
+    s = qd @ ktd + np.where(mask < 0, -np.inf, 0.0)
+    pd = np.exp(s - s.max(-1, keepdims=True))
+    pd /= pd.sum(-1, keepdims=True)
+    dsd = pd * (gd @ vd.swapaxes(-1, -2))
+    dsd -= pd * dsd.sum(-1, keepdims=True)
+    oracle_vjp = np.concatenate([(dsd @ ktd.swapaxes(-1, -2)).ravel(),
+                                 (qd.swapaxes(-1, -2) @ dsd).ravel(),
+                                 (pd.swapaxes(-1, -2) @ gd).ravel()])
+
+    def fused_vjp():
+        return TK.attention_backward_f32(g, q, kt, v, probs, ncols)
+    flat = lambda fn: lambda: np.concatenate([a.ravel() for a in fn()])  # noqa: E731
+    return [
+        ("attention (16,4,64,16), causal",
+         lambda: TK.attention_f32(q, kt, v, mask3, ncols)[0].reshape(16, 4, 64, 16),
+         unfused, pd @ vd, 1e-5),
+        ("attention VJP", flat(fused_vjp), flat(unfused_vjp), oracle_vjp, 1e-5),
+    ]
 
 
 def _np_softmax(s):
@@ -121,7 +165,7 @@ def cases(rng):
          _np_sce_grad(logits.astype(d64), labels), 1e-6),
         ("scatter rows (embedding VJP)", lambda: _k_scatter(128, tokens, g_emb),
          lambda: _np_scatter(128, tokens, g_emb), _np_scatter(128, tokens, g_emb), 0.0),
-    ]
+    ] + (_attention_cases(rng, TK) if hasattr(TK, "attention_live_columns") else [])
 
 
 
