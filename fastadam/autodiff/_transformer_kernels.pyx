@@ -222,6 +222,26 @@ cdef extern from *:
             }
         }
     }
+    /* The column sums of layer normalisation's parameter gradients, in float64, row after row
+       (each column's terms in row order: the bits of the serial Cython loop for float64
+       input): dscale[j] += g[r, j] * ((x[r, j] - mean[r]) * rstd[r]), dbias[j] += g[r, j]. */
+    FA_DISPATCH static void tk_ln_param_grads_f32(const float *restrict g,
+                                                  const float *restrict x,
+                                                  const float *restrict mean,
+                                                  const float *restrict rstd,
+                                                  double *restrict dscale,
+                                                  double *restrict dbias, Py_ssize_t rows,
+                                                  Py_ssize_t n) {
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n, *xr = x + r * n;
+            const double m = mean[r], inv = rstd[r];
+            #pragma omp simd
+            for (Py_ssize_t j = 0; j < n; j++) {
+                dscale[j] += (double)gr[j] * (((double)xr[j] - m) * inv);
+                dbias[j] += (double)gr[j];
+            }
+        }
+    }
     FA_DISPATCH static void tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         #pragma omp simd
         for (Py_ssize_t i = 0; i < n; i++) y[i] = fa_tk_erf_f32(x[i]);
@@ -508,10 +528,16 @@ cdef extern from *:
     FA_CLONES(tk_attention_bwd_f32);
     FA_CLONES(tk_ln_f32_rows);
     FA_CLONES(tk_ln_backward_f32_rows);
+    FA_CLONES(tk_ln_param_grads_f32);
     static void fa_tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
                                   float *y, float *mean, float *rstd, Py_ssize_t rows,
                                   Py_ssize_t n, double eps) {
         FA_AT_LEVEL(tk_ln_f32_rows)(x, scale, bias, y, mean, rstd, rows, n, eps);
+    }
+    static void fa_tk_ln_param_grads_f32(const float *g, const float *x, const float *mean,
+                                         const float *rstd, double *dscale, double *dbias,
+                                         Py_ssize_t rows, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_ln_param_grads_f32)(g, x, mean, rstd, dscale, dbias, rows, n);
     }
     static void fa_tk_ln_backward_f32_rows(const float *g, const float *x, const float *scale,
                                            const float *mean, const float *rstd, float *dx,
@@ -563,6 +589,9 @@ cdef extern from *:
                                     Py_ssize_t rows, Py_ssize_t n) nogil
     void fa_tk_softmax_vjp_f32_rows(const float *g, const float *y, float *dx, Py_ssize_t rows,
                                     Py_ssize_t n) nogil
+    void fa_tk_ln_param_grads_f32(const float *g, const float *x, const float *mean,
+                                  const float *rstd, double *dscale, double *dbias,
+                                  Py_ssize_t rows, Py_ssize_t n) nogil
     float fa_tk_erf_f32(float x) nogil
     void fa_tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
                              const float *v, Py_ssize_t ldv, const float *mask,
@@ -720,6 +749,9 @@ cdef void _ln_param_grads(const real *g, const real *x, const real *mean, const 
                           Py_ssize_t cols) noexcept nogil:
     cdef Py_ssize_t r, j
     cdef double m, inv
+    if real is float:  # the vectorized loop (same arithmetic, same order)
+        fa_tk_ln_param_grads_f32(g, x, mean, rstd, dscale, dbias, rows, cols)
+        return
     for r in range(rows):
         m = mean[r]
         inv = rstd[r]
