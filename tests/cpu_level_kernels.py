@@ -116,9 +116,9 @@ def autodiff_kernels(out):
     scale, bias = (rng.standard_normal(37).astype(np.float32) for _ in range(2))
     ln_y, ln_mean, ln_rstd = _transformer_kernels.layer_norm(x, scale, bias, 1e-5)
     out["transformer/layer_norm/float32"] = np.concatenate([ln_y.ravel(), ln_mean, ln_rstd])
-    out["transformer/layer_norm_backward/float32"] = _transformer_kernels.layer_norm_backward(
-        rng.standard_normal(x.shape).astype(np.float32), x, scale, ln_mean, ln_rstd,
-        want_params=False)[0]
+    dx, dscale, dbias = _transformer_kernels.layer_norm_backward(
+        rng.standard_normal(x.shape).astype(np.float32), x, scale, ln_mean, ln_rstd)
+    out["transformer/layer_norm_backward/float32"] = np.concatenate([dx.ravel(), dscale, dbias])
     out["transformer/softmax_vjp/float32"] = _transformer_kernels.softmax_vjp_last_f32(
         rng.standard_normal(rows.shape).astype(np.float32), y)
     for T, S, d, e in ((19, 37, 5, 7), (64, 64, 16, 16)):  # with and without SIMD tails
