@@ -15,18 +15,18 @@ from fastadam.autodiff import _transformer_kernels as TK
 LOWEST = np.finfo(np.float32).min
 
 
-def oracle(q, kt, v, mask, g):
-    """float64 forward and VJPs of softmax(q @ kt + mask) @ v, from the formulas."""
+def oracle(q, kt, v, mask, g, scale=1.0):
+    """float64 forward and VJPs of softmax(scale * (q @ kt) + mask) @ v, from the formulas."""
     q, kt, v, mask, g = (np.asarray(a, np.float64) for a in (q, kt, v, mask, g))
-    s = q @ kt + mask
+    s = scale * (q @ kt) + mask
     with np.errstate(invalid="ignore"):
         e = np.exp(s - s.max(axis=-1, keepdims=True))
     p = e / e.sum(axis=-1, keepdims=True)
     o = p @ v
     dp = g @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    dq = ds @ np.swapaxes(kt, -1, -2)
-    dkt = np.swapaxes(q, -1, -2) @ ds
+    dq = scale * ds @ np.swapaxes(kt, -1, -2)
+    dkt = scale * np.swapaxes(q, -1, -2) @ ds
     dv = np.swapaxes(p, -1, -2) @ g
     dmask = ds.reshape((-1,) + mask.shape[-2:]).sum(axis=0) if mask.ndim == 2 else ds
     return o, dq, dkt, dv, dmask
@@ -42,9 +42,9 @@ def operands(rng, batch, T, S, d, e, scale=1.0):
     return f(*batch, T, d), f(*batch, d, S), f(*batch, S, e), f(*batch, T, e)
 
 
-def run_fused(q, kt, v, mask, g):
+def run_fused(q, kt, v, mask, g, scale=1.0):
     Q, K, V = (ad.Tensor(a, requires_grad=True) for a in (q, kt, v))
-    o = ad.attention(Q, K, V, mask)
+    o = ad.attention(Q, K, V, mask, scale=scale)
     grads = ad.gradient(o, [Q, K, V], grad_output=g)
     return [o.data] + [t.data for t in grads]
 
@@ -355,3 +355,92 @@ def test_kernel_refuses_operands_of_different_ranks():
     with pytest.raises(ValueError, match="differ in dimensions"):
         TK.attention_backward_f32(np.zeros((2, 3, 6), np.float32), q, kt4, v,
                                   np.zeros((2, 3, 5), np.float32), ncols)
+
+
+@pytest.mark.parametrize("batch,T,S,d,e", SHAPES[:2])
+def test_a_scale_on_the_scores_equals_the_formula_fused_and_unfused(rng, batch, T, S, d, e):
+    """``scale``: softmax(scale * (q @ kt) + mask) @ v, its gradients scaled inside (the
+    session folds the exporters' Mul of q and of kt by a one-element constant into it)."""
+    q, kt, v, g = operands(rng, batch, T, S, d, e)
+    mask = causal(T, S)
+    want = oracle(q, kt, v, np.where(mask <= LOWEST, -np.inf, mask), g, scale=0.3)
+    for args in [(q, kt, v), tuple(a.astype(np.float64) for a in (q, kt, v))]:
+        m = mask.astype(args[0].dtype)
+        got = run_fused(*args, m, g.astype(args[0].dtype), scale=0.3)
+        tol = 2e-5 if args[0].dtype == np.float32 else 1e-12
+        for name, a, b in zip(("o", "dq", "dkt", "dv"), got, want):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+    Q, K, V = (ad.Tensor(a, requires_grad=True) for a in (q, kt, v))
+    slow = ad.gradient(ad.attention(Q, K, V, mask, scale=0.3), [Q, K, V], grad_output=g,
+                       create_graph=True)
+    for a, b in zip(slow, want[1:]):
+        np.testing.assert_allclose(a.data, b, rtol=2e-5, atol=2e-5)
+    x = [a.astype(np.float64)[:1, :1] for a in (q, kt, v)]
+    ad.check_grads(lambda a, b, c: ad.attention(a, b, c, mask.astype(np.float64), scale=0.3),
+                   *x, order=2)
+
+
+
+def scaled_attention_model(T=7, d=4):
+    """As ``attention_model``, with q and kt each multiplied by a one-element initializer "c"
+    first (as PyTorch's exporters write scaled_dot_product_attention)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    import fastadam.onnx as fo
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), n)
+             for n in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(causal(T, T), "mask"),
+              numpy_helper.from_array(np.array([0.7], np.float32), "c")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Mul", ["q", "c"], ["qs"]),
+             helper.make_node("Mul", ["c", "kt"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
+             helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "v"], ["out"]),
+             helper.make_node("Mul", ["out", "out"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", T, d])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=9), fo
+
+
+def _engine_grads(x, w, c, names):
+    """The scaled model's loss and gradients, unfused, with the engine's operations."""
+    W = {n: ad.Tensor(w[n], requires_grad=True) for n in ("wq", "wk", "wv")}
+    C = ad.Tensor(c, requires_grad=True)
+    X = ad.Tensor(x)
+    q, k, v = (ad.matmul(X, W[n]) for n in ("wq", "wk", "wv"))
+    s = ad.matmul(ad.multiply(q, C), ad.multiply(C, ad.transpose(k, (0, 2, 1))))
+    o = ad.matmul(ad.softmax(ad.add(s, causal(7, 7)), axis=-1), v)
+    loss = ad.sum(ad.multiply(o, o))
+    targets = [W[n] if n != "c" else C for n in names]
+    return loss.data, [g.data for g in ad.gradient(loss, targets)]
+
+
+def test_the_exporters_scale_muls_fold_into_the_fused_step(rng):
+    """A one-element constant scale on q and kt: the two Muls run inside the fused step (the
+    scores scaled by c * c); the loss and gradients are the unfused ones.  Trained, the scale
+    needs a gradient: the step runs the nodes as they are, and c gets its gradient."""
+    model, fo = scaled_attention_model()
+    from onnx import numpy_helper
+    x = rng.standard_normal((3, 7, 4)).astype(np.float32)
+    w = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for names in (["wq", "wk", "wv"], ["wq", "wk", "wv", "c"]):
+        session = fo.TrainingSession(fo.make_training_model(model, loss="loss", params=names,
+                                                            lr=0.0))
+        out = session.step({"x": x}, ["loss"] + [f"fastadam.grad.{n}" for n in names])
+        (label,) = _fused_labels(session)
+        assert label.count("(Mul)") == 2
+        loss, grads = _engine_grads(x, w, w["c"], names)
+        np.testing.assert_allclose(out["loss"], loss, rtol=1e-5)
+        for n, g in zip(names, grads):
+            np.testing.assert_allclose(out[f"fastadam.grad.{n}"], g, rtol=1e-4, atol=1e-5,
+                                       err_msg=n)

@@ -329,19 +329,22 @@ def _forget_attention(key):
 
 
 @primitive
-def _attention(q, kt, v, mask):
+def _attention(q, kt, v, mask, scale):
     parts = _attention_parts(q, kt, v, mask)
     if parts is None:
         from ._kernels import softmax
-        return np.matmul(softmax(np.matmul(q, kt) + mask, -1), v)
-    o, probs = _C.attention_f32(*parts)
+        s = np.matmul(q, kt)
+        if scale != 1.0:
+            s = s * s.dtype.type(scale)
+        return np.matmul(softmax(s + mask, -1), v)
+    o, probs = _C.attention_f32(*parts, alpha=scale)
     o = o.reshape(q.shape[:-1] + v.shape[-1:])
     key = id(o)
     _ATTENTION_SAVED[key] = (weakref.ref(o, _forget_attention(key)), parts, probs)
     return o
 
 
-def _attention_kernel_grads(g, ans, q, kt, v, mask):
+def _attention_kernel_grads(g, ans, q, kt, v, mask, scale):
     """``{0: dq, 1: dkt, 2: dv}`` by the backward kernel (the last call's, when ``g`` and
     ``ans`` are the same arrays), or None where the kernel does not apply."""
     cache = _ATTENTION_GRADS
@@ -354,58 +357,63 @@ def _attention_kernel_grads(g, ans, q, kt, v, mask):
         parts = _attention_parts(q, kt, v, mask)
         if parts is None:
             return None
-        _, probs = _C.attention_f32(*parts)
+        _, probs = _C.attention_f32(*parts, alpha=scale)
     if g.dtype != np.float32:
         return None
     q3, kt3, v3, _, ncols = parts
     dq, dkt, dv = _C.attention_backward_f32(_strided_rows(g), q3, kt3, v3, probs,
-                                            ncols)
+                                            ncols, alpha=scale)
     grads = {0: dq.reshape(q.shape), 1: dkt.reshape(kt.shape), 2: dv.reshape(v.shape)}
     cache[:] = [weakref.ref(ans), weakref.ref(g), grads]
     return grads
 
 
-def _attention_composite_vjp(i, g, q, kt, v, mask):
+def _attention_composite_vjp(i, g, q, kt, v, mask, scale):
     """The VJP of argument ``i`` with the engine's own operations (recorded when
     ``create_graph`` is on; the mask's gradient; dtypes and shapes the kernel does not
     take)."""
     from ._nn import softmax
     from ._ops import _mT, matmul
-    p = softmax(add(matmul(q, kt), mask), axis=-1)
+    s = matmul(q, kt)
+    if scale != 1.0:
+        s = multiply(s, scale)
+    p = softmax(add(s, mask), axis=-1)
     if i == 2:
         return unbroadcast(matmul(_mT(p), g), v.shape)
     dp = matmul(g, _mT(v))
     ds = multiply(p, subtract(dp, _sum(multiply(dp, p), axis=-1, keepdims=True)))
+    if i == 3:
+        return unbroadcast(ds, mask.shape)
+    if scale != 1.0:
+        ds = multiply(ds, scale)
     if i == 0:
         return unbroadcast(matmul(ds, _mT(kt)), q.shape)
-    if i == 1:
-        return unbroadcast(matmul(_mT(q), ds), kt.shape)
-    return unbroadcast(ds, mask.shape)
+    return unbroadcast(matmul(_mT(q), ds), kt.shape)
 
 
 def _attention_vjp(i):
-    def vjp(g, ans, q, kt, v, mask):
+    def vjp(g, ans, q, kt, v, mask, scale):
         if i < 3 and not _tensor._mode.enabled:  # first order: the fused backward kernel
             grads = _attention_kernel_grads(g.data, ans.data, q.data, kt.data, v.data,
-                                            mask.data)
+                                            mask.data, scale)
             if grads is not None:
                 out = grads.pop(i, None)
                 if not grads:
                     _ATTENTION_GRADS[:] = [None, None, {}]
                 if out is not None:
                     return _wrap(out)
-        return _attention_composite_vjp(i, g, q, kt, v, mask)
+        return _attention_composite_vjp(i, g, q, kt, v, mask, scale)
     return vjp
 
 
 defvjp(_attention, *[_attention_vjp(i) for i in range(4)])
 
 
-def attention(q, kt, v, mask=None):
-    """``softmax(q @ kt + mask, axis=-1) @ v`` (scaled dot-product attention with the key
-    already transposed and scaled, as exported ONNX graphs compute it): ``q`` (..., T, d),
-    ``kt`` (..., d, S), ``v`` (..., S, e), ``mask`` added to the scores (broadcast; None: no
-    mask).
+def attention(q, kt, v, mask=None, scale=1.0):
+    """``softmax(scale * (q @ kt) + mask, axis=-1) @ v`` (scaled dot-product attention with the
+    key already transposed, as exported ONNX graphs compute it): ``q`` (..., T, d), ``kt``
+    (..., d, S), ``v`` (..., S, e), ``mask`` added to the scores (broadcast; None: no mask),
+    ``scale`` a number (not differentiated).
 
     Float32 operands with the same batch axes and a mask of shape (T, S) (or with leading
     axes of 1, or the full batch) run one fused kernel per batch-head, forward and backward,
@@ -417,4 +425,4 @@ def attention(q, kt, v, mask=None):
     q, kt, v = as_tensor(q), as_tensor(kt), as_tensor(v)
     if mask is None:
         mask = _wrap(np.zeros((), q.data.dtype))
-    return _attention(q, kt, v, as_tensor(mask))
+    return _attention(q, kt, v, as_tensor(mask), scale=float(scale))

@@ -252,8 +252,8 @@ cdef extern from *:
             y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
     }
     /* Fused attention of one batch-head (q: T x d, kt: d x S, v: S x e, mask: T x S, all
-       row-major): P = softmax(q kt + mask) over each row, o = P v; P is kept for the backward
-       pass.  The softmax is tk_softmax_f32_rows' per element (exp(x - max) by fastexp.h, 0
+       row-major): P = softmax(alpha q kt + mask) over each row, o = P v; P is kept for the
+       backward pass.  The softmax is tk_softmax_f32_rows' per element (exp(x - max) by fastexp.h, 0
        more than 87 below the max, times 1 / sum); its max and sum run over 16 lanes combined
        as a tree.  Row i uses its first ncols[i] columns only: the caller found the others
        masked with -FLT_MAX or -inf, whose probabilities the unfused softmax makes exactly 0
@@ -358,7 +358,8 @@ cdef extern from *:
        runs for the block's rows in turn: their reductions (tree, division) do not wait on
        each other. */
     FA_TK_INLINE void fa_tk_att_rows(float *restrict P, const float *restrict mask,
-                                     const int32_t *ncols, Py_ssize_t R, Py_ssize_t S) {
+                                     const int32_t *ncols, Py_ssize_t R, Py_ssize_t S,
+                                     float alpha) {
         float acc[4][16], t[4][16], m[4], inv[4];
         Py_ssize_t n16[4], full[4];
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -372,7 +373,7 @@ cdef extern from *:
             for (Py_ssize_t j = 0; j < full[r]; j += 16) {
                 #pragma omp simd
                 for (int l = 0; l < 16; l++) {
-                    const float x = j + l < n ? s[j + l] + mi[j + l] : -INFINITY;
+                    const float x = j + l < n ? alpha * s[j + l] + mi[j + l] : -INFINITY;
                     s[j + l] = x;
                     acc[r][l] = x > acc[r][l] ? x : acc[r][l];
                 }
@@ -380,7 +381,7 @@ cdef extern from *:
             if (full[r] < n16[r]) {
                 const Py_ssize_t f = full[r];
                 for (int l = 0; l < 16; l++)
-                    t[r][l] = f + l < n ? s[f + l] + mi[f + l] : -INFINITY;
+                    t[r][l] = f + l < n ? alpha * s[f + l] + mi[f + l] : -INFINITY;
                 #pragma omp simd
                 for (int l = 0; l < 16; l++) acc[r][l] = t[r][l] > acc[r][l] ? t[r][l] : acc[r][l];
             }
@@ -434,17 +435,18 @@ cdef extern from *:
                                              Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                              const float *mask, const int32_t *ncols, float *o,
                                              float *P, Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
-                                             Py_ssize_t e) {
+                                             Py_ssize_t e, float alpha) {
         for (Py_ssize_t i = 0; i < T; i += 4) {
             const Py_ssize_t R = T - i < 4 ? T - i : 4;
             const Py_ssize_t nb = fa_tk_block_cols(ncols, i, R, S);
             fa_tk_product(q + i * ldq, ldq, 1, kt, ldk, P + i * S, S, R, nb, 0, d);
-            fa_tk_att_rows(P + i * S, mask + i * S, ncols + i, R, S);
+            fa_tk_att_rows(P + i * S, mask + i * S, ncols + i, R, S, alpha);
             fa_tk_product(P + i * S, S, 1, v, ldv, o + i * e, e, R, e, 0, nb);
         }
     }
     /* Its backward pass for the output cotangent g (T x e), from the forward pass's P:
-       dp = g v^T, ds = p * (dp - sum(dp * p)) (the softmax VJP), dq = ds kt^T, dkt = q^T ds,
+       dp = g v^T, ds = alpha p (dp - sum(dp * p)) (the softmax VJP, times the scores' scale),
+       dq = ds kt^T, dkt = q^T ds,
        dv = p^T g; the last two sum over the rows from the first row block whose columns reach
        the tile (the rows before it hold exact zeros there).  Scratch: dS (T x S), kk (S x d:
        kt transposed), vt (e x S: v transposed). */
@@ -454,7 +456,7 @@ cdef extern from *:
                                                  const int32_t *ncols, float *dq, float *dkt,
                                                  float *dv, float *dS, float *kk, float *vt,
                                                  Py_ssize_t T, Py_ssize_t S, Py_ssize_t d,
-                                                 Py_ssize_t e) {
+                                                 Py_ssize_t e, float alpha) {
         for (Py_ssize_t k = 0; k < d; k++)
             for (Py_ssize_t j = 0; j < S; j++) kk[j * d + k] = kt[k * ldk + j];
         for (Py_ssize_t j = 0; j < S; j++)
@@ -485,9 +487,10 @@ cdef extern from *:
                 const float dot = fa_tk_lanes_sum(acc);
                 for (Py_ssize_t j = 0; j < full; j += 16) {
                     #pragma omp simd
-                    for (int l = 0; l < 16; l++) ds[j + l] = p[j + l] * (ds[j + l] - dot);
+                    for (int l = 0; l < 16; l++)
+                        ds[j + l] = alpha * (p[j + l] * (ds[j + l] - dot));
                 }
-                for (Py_ssize_t j = full; j < nb; j++) ds[j] = p[j] * (ds[j] - dot);
+                for (Py_ssize_t j = full; j < nb; j++) ds[j] = alpha * (p[j] * (ds[j] - dot));
                 Py_ssize_t j = nb;
                 for (; j + 16 <= S; j += 16) {
                     #pragma omp simd
@@ -558,17 +561,19 @@ cdef extern from *:
     static void fa_tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt,
                                     Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                     const float *mask, const int32_t *ncols, float *o, float *P,
-                                    Py_ssize_t T, Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) {
-        FA_AT_LEVEL(tk_attention_f32)(q, ldq, kt, ldk, v, ldv, mask, ncols, o, P, T, S, d, e);
+                                    Py_ssize_t T, Py_ssize_t S, Py_ssize_t d, Py_ssize_t e,
+                                    float alpha) {
+        FA_AT_LEVEL(tk_attention_f32)(q, ldq, kt, ldk, v, ldv, mask, ncols, o, P, T, S, d, e,
+                                      alpha);
     }
     static void fa_tk_attention_bwd_f32(const float *g, Py_ssize_t ldg, const float *q,
                                         Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
                                         const float *v, Py_ssize_t ldv, const float *P,
                                         const int32_t *ncols, float *dq, float *dkt, float *dv,
                                         float *dS, float *kk, float *vt, Py_ssize_t T,
-                                        Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) {
+                                        Py_ssize_t S, Py_ssize_t d, Py_ssize_t e, float alpha) {
         FA_AT_LEVEL(tk_attention_bwd_f32)(g, ldg, q, ldq, kt, ldk, v, ldv, P, ncols, dq, dkt, dv,
-                                          dS, kk, vt, T, S, d, e);
+                                          dS, kk, vt, T, S, d, e, alpha);
     }
     static void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) {
         FA_AT_LEVEL(tk_erf_f32_loop)(x, y, n);
@@ -596,12 +601,12 @@ cdef extern from *:
     void fa_tk_attention_f32(const float *q, Py_ssize_t ldq, const float *kt, Py_ssize_t ldk,
                              const float *v, Py_ssize_t ldv, const float *mask,
                              const int32_t *ncols, float *o, float *P, Py_ssize_t T,
-                             Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
+                             Py_ssize_t S, Py_ssize_t d, Py_ssize_t e, float alpha) nogil
     void fa_tk_attention_bwd_f32(const float *g, Py_ssize_t ldg, const float *q, Py_ssize_t ldq,
                                  const float *kt, Py_ssize_t ldk, const float *v, Py_ssize_t ldv,
                                  const float *P, const int32_t *ncols, float *dq, float *dkt,
                                  float *dv, float *dS, float *kk, float *vt, Py_ssize_t T,
-                                 Py_ssize_t S, Py_ssize_t d, Py_ssize_t e) nogil
+                                 Py_ssize_t S, Py_ssize_t d, Py_ssize_t e, float alpha) nogil
 
 ctypedef fused real:
     float
@@ -1000,9 +1005,10 @@ cdef cnp.ndarray _row_offsets(cnp.ndarray a, str name, Py_ssize_t *ld):
 
 
 def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask,
-                  cnp.ndarray ncols):
-    """``(o, p)``: ``p[b] = softmax(q[b] @ kt[b] + mask[b or 0], axis=-1)`` and ``o[b] = p[b]
-    @ v[b]`` for each batch entry ``b`` (the batch axes flattened), row ``i`` of ``mask[m]``
+                  cnp.ndarray ncols, float alpha=1.0):
+    """``(o, p)``: ``p[b] = softmax(alpha * (q[b] @ kt[b]) + mask[b or 0], axis=-1)`` and
+    ``o[b] = p[b] @ v[b]`` for each batch entry ``b`` (the batch axes flattened), row ``i`` of
+    ``mask[m]``
     using its first ``ncols[m, i]`` columns (the rest hold -FLT_MAX or -inf: probability 0).
     ``q`` (..., T, d), ``kt`` (..., d, S), ``v`` (..., S, e): float32 of one batch shape, any
     strides with a unit last one and positive rows (such views need no copy); ``mask`` (1 or
@@ -1047,12 +1053,12 @@ def attention_f32(cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v, cnp.ndarray mask
         for b in prange(bh, schedule="static", num_threads=nt):
             fa_tk_attention_f32(qp + qop[b], ldq, kp + kop[b], ldk, vp + vop[b], ldv,
                                 mp + b * mstride, np_ + b * nstride, op + b * T * e,
-                                pp + b * T * S, T, S, d, e)
+                                pp + b * T * S, T, S, d, e, alpha)
     return o, p
 
 
 def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.ndarray v,
-                           cnp.ndarray p, cnp.ndarray ncols):
+                           cnp.ndarray p, cnp.ndarray ncols, float alpha=1.0):
     """``(dq, dkt, dv)`` of ``attention_f32``, each C-contiguous (BH, rows, columns), for the
     output cotangent ``g`` (..., T, e; strided as the operands may be), from its
     probabilities ``p`` (the other arguments as there; ``ncols`` of shape (1 or BH, T))."""
@@ -1104,7 +1110,7 @@ def attention_backward_f32(cnp.ndarray g, cnp.ndarray q, cnp.ndarray kt, cnp.nda
             fa_tk_attention_bwd_f32(gp + gop[b], ldg, qp + qop[b], ldq, kp + kop[b], ldk,
                                     vp + vop[b], ldv, pp + b * T * S, np_ + b * nstride,
                                     dqp + b * T * d, dkp + b * d * S, dvp + b * S * e, w,
-                                    w + T * S, w + T * S + S * d, T, S, d, e)
+                                    w + T * S, w + T * S + S * d, T, S, d, e, alpha)
     return dq, dkt, dv
 
 
