@@ -51,6 +51,18 @@ def shape_model(big_constant=False):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
+def count_trilu(monkeypatch):
+    """A list that grows by one at each Trilu run (of the sessions built after this call)."""
+    calls = []
+    since, trilu = _core_ops.OPERATORS["Trilu"]
+
+    def counting_trilu(*args, **kw):
+        calls.append(1)
+        return trilu(*args, **kw)
+    monkeypatch.setitem(_core_ops.OPERATORS, "Trilu", (since, counting_trilu))
+    return calls
+
+
 def schedule_program(session):
     (alg,) = session._algorithms
     return [sched.program for sched in alg.schedules.values()]
@@ -61,13 +73,7 @@ def test_folded_values_equal_every_node_run_and_follow_the_batch_size(rng, monke
     batches = [3, 3, 5, 5, 3]
     xs = [rng.standard_normal((b, 4)).astype(np.float32) for b in batches]
     refs = [fo.run(model, {"x": x}) for x in xs]  # every node, before Trilu is counted
-    calls = []
-    since, trilu = _core_ops.OPERATORS["Trilu"]
-
-    def counting_trilu(*args, **kw):
-        calls.append(1)
-        return trilu(*args, **kw)
-    monkeypatch.setitem(_core_ops.OPERATORS, "Trilu", (since, counting_trilu))
+    calls = count_trilu(monkeypatch)
     session = fo.TrainingSession(fo.make_training_model(model, loss="loss", params=["w"],
                                                         lr=0.0))
     for x, ref, trilu_calls in zip(xs, refs, [1, 1, 2, 2, 3]):
@@ -91,13 +97,7 @@ def test_a_large_initializer_read_by_folded_nodes_turns_folding_off(rng, monkeyp
     model = shape_model(big_constant=True)
     x = rng.standard_normal((3, 4)).astype(np.float32)
     ref = fo.run(model, {"x": x})
-    calls = []
-    since, trilu = _core_ops.OPERATORS["Trilu"]
-
-    def counting_trilu(*args, **kw):
-        calls.append(1)
-        return trilu(*args, **kw)
-    monkeypatch.setitem(_core_ops.OPERATORS, "Trilu", (since, counting_trilu))
+    calls = count_trilu(monkeypatch)
     session = fo.TrainingSession(fo.make_training_model(model, loss="loss", params=["w"],
                                                         lr=0.0))
     for k in range(3):
