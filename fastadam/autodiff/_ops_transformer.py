@@ -271,7 +271,7 @@ minimum.__doc__ = """``np.minimum``; at ties each argument gets half the gradien
 
 
 # ---------------------------------------------------------------------------------------------
-# attention: softmax(q @ kt + mask) @ v in one kernel
+# attention: softmax(scale * (q @ kt) + mask) @ v in one kernel
 # ---------------------------------------------------------------------------------------------
 
 # The forward kernel's operands and probabilities, kept while its output lives (as
@@ -350,6 +350,8 @@ def _attention_kernel_grads(g, ans, q, kt, v, mask, scale):
     cache = _ATTENTION_GRADS
     if cache[0] is not None and cache[0]() is ans and cache[1]() is g:
         return cache[2]
+    if g.dtype != np.float32:
+        return None
     kept = _ATTENTION_SAVED.get(id(ans))
     if kept is not None and kept[0]() is ans:
         parts, probs = kept[1], kept[2]
@@ -358,8 +360,6 @@ def _attention_kernel_grads(g, ans, q, kt, v, mask, scale):
         if parts is None:
             return None
         _, probs = _C.attention_f32(*parts, alpha=scale)
-    if g.dtype != np.float32:
-        return None
     q3, kt3, v3, _, ncols = parts
     dq, dkt, dv = _C.attention_backward_f32(_strided_rows(g), q3, kt3, v3, probs,
                                             ncols, alpha=scale)
