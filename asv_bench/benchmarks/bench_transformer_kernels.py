@@ -1,8 +1,9 @@
 """The float32 row kernels of a transformer step against the same results composed from NumPy
 operations (the path each replaces; for the fused attention, the unfused nodes' path):
-``TransformerKernelRatio.track_numpy_over_kernel``, one ratio per kernel, 1 thread, shapes of the GPT benchmark's step (batch 16, sequence 64, d 64,
-4 heads, vocabulary 128: bench_onnx_gpt).  ``cases`` is shared with
-asv_bench/transformer_kernels_report.py, which also checks each kernel against a float64 oracle.
+``TransformerKernelRatio.track_numpy_over_kernel``, one ratio per kernel, 1 thread, shapes of
+the GPT benchmark's step (batch 16, sequence 64, d 64, 4 heads, vocabulary 128:
+bench_onnx_gpt).  ``cases`` is shared with asv_bench/transformer_kernels_report.py, which also
+checks each kernel against a float64 oracle.
 """
 import math
 
