@@ -145,82 +145,126 @@ cdef extern from *:
         for (int j = 0; j < FA_TK_DLANES; j++) s += acc[j];
         return s;
     }
-    FA_DISPATCH static void tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
-                                           float *y, float *mean, float *rstd, Py_ssize_t rows,
-                                           Py_ssize_t n, double eps) {
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            const float *xr = x + r * n;
-            float *yr = y + r * n;
-            double acc[FA_TK_DLANES] = {0.0};
-            Py_ssize_t i = 0;
-            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+    /* The rows are taken FA_TK_LN_BLOCK at a time, each step of the row arithmetic run for
+       every row of the block in turn: a row's sums are chains of dependent additions (lane by
+       lane, then the lanes, then a division and a square root), and the rows of a block are
+       independent chains the core overlaps.  Each row's operations and their order are those
+       of a block of one (the rows past the last full block), so the bits do not depend on the
+       blocking.  R is a constant after inlining: the loops over the block unroll. */
+    #define FA_TK_LN_BLOCK 4
+    static inline __attribute__((always_inline)) void fa_tk_ln_f32_block(
+            const float *x, const float *scale, const float *bias, float *y, float *mean,
+            float *rstd, Py_ssize_t n, double eps, const int R) {
+        double acc[FA_TK_LN_BLOCK][FA_TK_DLANES] = {{0.0}};
+        double m[FA_TK_LN_BLOCK], inv[FA_TK_LN_BLOCK];
+        Py_ssize_t i = 0;
+        for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES)
+            for (int q = 0; q < R; q++) {
                 #pragma omp simd
-                for (int j = 0; j < FA_TK_DLANES; j++) acc[j] += (double)xr[i + j];
+                for (int j = 0; j < FA_TK_DLANES; j++) acc[q][j] += (double)x[q * n + i + j];
             }
-            for (int j = 0; i + j < n; j++) acc[j] += (double)xr[i + j];
-            const double m = fa_tk_dlanes_sum(acc) / (double)n;
-            double acc2[FA_TK_DLANES] = {0.0};
-            i = 0;
-            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+        for (int q = 0; q < R; q++) {
+            for (int j = 0; i + j < n; j++) acc[q][j] += (double)x[q * n + i + j];
+            m[q] = fa_tk_dlanes_sum(acc[q]) / (double)n;
+        }
+        double acc2[FA_TK_LN_BLOCK][FA_TK_DLANES] = {{0.0}};
+        for (i = 0; i + FA_TK_DLANES <= n; i += FA_TK_DLANES)
+            for (int q = 0; q < R; q++) {
                 #pragma omp simd
                 for (int j = 0; j < FA_TK_DLANES; j++) {
-                    const double d = (double)xr[i + j] - m;
-                    acc2[j] += d * d;
+                    const double d = (double)x[q * n + i + j] - m[q];
+                    acc2[q][j] += d * d;
                 }
             }
+        for (int q = 0; q < R; q++) {
             for (int j = 0; i + j < n; j++) {
-                const double d = (double)xr[i + j] - m;
-                acc2[j] += d * d;
+                const double d = (double)x[q * n + i + j] - m[q];
+                acc2[q][j] += d * d;
             }
-            const double inv = 1.0 / __builtin_sqrt(fa_tk_dlanes_sum(acc2) / (double)n + eps);
-            mean[r] = (float)m;
-            rstd[r] = (float)inv;
+            inv[q] = 1.0 / __builtin_sqrt(fa_tk_dlanes_sum(acc2[q]) / (double)n + eps);
+            mean[q] = (float)m[q];
+            rstd[q] = (float)inv[q];
+        }
+        for (int q = 0; q < R; q++) {
+            const float *xr = x + q * n;
+            float *yr = y + q * n;
+            const double mq = m[q], iq = inv[q];
             if (bias) {
                 #pragma omp simd
                 for (Py_ssize_t k = 0; k < n; k++)
-                    yr[k] = (float)(((double)xr[k] - m) * inv) * scale[k] + bias[k];
+                    yr[k] = (float)(((double)xr[k] - mq) * iq) * scale[k] + bias[k];
             } else {
                 #pragma omp simd
                 for (Py_ssize_t k = 0; k < n; k++)
-                    yr[k] = (float)(((double)xr[k] - m) * inv) * scale[k];
+                    yr[k] = (float)(((double)xr[k] - mq) * iq) * scale[k];
             }
         }
     }
+    FA_DISPATCH static void tk_ln_f32_rows(const float *x, const float *scale, const float *bias,
+                                           float *y, float *mean, float *rstd, Py_ssize_t rows,
+                                           Py_ssize_t n, double eps) {
+        Py_ssize_t r = 0;
+        for (; r + FA_TK_LN_BLOCK <= rows; r += FA_TK_LN_BLOCK)
+            fa_tk_ln_f32_block(x + r * n, scale, bias, y + r * n, mean + r, rstd + r, n, eps,
+                               FA_TK_LN_BLOCK);
+        for (; r < rows; r++)
+            fa_tk_ln_f32_block(x + r * n, scale, bias, y + r * n, mean + r, rstd + r, n, eps, 1);
+    }
     /* dx of layer normalisation per float32 row: rstd * (gs - mean(gs) - xhat * mean(gs xhat)),
        gs = g * scale, xhat = (x - mean) * rstd, in float64 with the row means (the statistics
-       of the forward, rounded to float32 as stored) */
-    FA_DISPATCH static void tk_ln_backward_f32_rows(const float *g, const float *x,
-                                                    const float *scale, const float *mean,
-                                                    const float *rstd, float *dx,
-                                                    Py_ssize_t rows, Py_ssize_t n) {
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            const float *gr = g + r * n, *xr = x + r * n;
-            float *o = dx + r * n;
-            const double m = mean[r], inv = rstd[r];
-            double acc_a[FA_TK_DLANES] = {0.0}, acc_b[FA_TK_DLANES] = {0.0};
-            Py_ssize_t i = 0;
-            for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES) {
+       of the forward, rounded to float32 as stored); rows in blocks as above */
+    static inline __attribute__((always_inline)) void fa_tk_ln_backward_f32_block(
+            const float *g, const float *x, const float *scale, const float *mean,
+            const float *rstd, float *dx, Py_ssize_t n, const int R) {
+        double acc_a[FA_TK_LN_BLOCK][FA_TK_DLANES] = {{0.0}};
+        double acc_b[FA_TK_LN_BLOCK][FA_TK_DLANES] = {{0.0}};
+        double a[FA_TK_LN_BLOCK], b[FA_TK_LN_BLOCK];
+        Py_ssize_t i = 0;
+        for (; i + FA_TK_DLANES <= n; i += FA_TK_DLANES)
+            for (int q = 0; q < R; q++) {
+                const float *gr = g + q * n, *xr = x + q * n;
+                const double m = mean[q], inv = rstd[q];
                 #pragma omp simd
                 for (int j = 0; j < FA_TK_DLANES; j++) {
                     const double gs = (double)gr[i + j] * scale[i + j];
-                    acc_a[j] += gs;
-                    acc_b[j] += gs * ((double)xr[i + j] - m) * inv;
+                    acc_a[q][j] += gs;
+                    acc_b[q][j] += gs * ((double)xr[i + j] - m) * inv;
                 }
             }
+        for (int q = 0; q < R; q++) {
+            const float *gr = g + q * n, *xr = x + q * n;
+            const double m = mean[q], inv = rstd[q];
             for (int j = 0; i + j < n; j++) {
                 const double gs = (double)gr[i + j] * scale[i + j];
-                acc_a[j] += gs;
-                acc_b[j] += gs * ((double)xr[i + j] - m) * inv;
+                acc_a[q][j] += gs;
+                acc_b[q][j] += gs * ((double)xr[i + j] - m) * inv;
             }
-            const double a = fa_tk_dlanes_sum(acc_a) / (double)n;
-            const double b = fa_tk_dlanes_sum(acc_b) / (double)n;
+            a[q] = fa_tk_dlanes_sum(acc_a[q]) / (double)n;
+            b[q] = fa_tk_dlanes_sum(acc_b[q]) / (double)n;
+        }
+        for (int q = 0; q < R; q++) {
+            const float *gr = g + q * n, *xr = x + q * n;
+            float *o = dx + q * n;
+            const double m = mean[q], inv = rstd[q], aq = a[q], bq = b[q];
             #pragma omp simd
             for (Py_ssize_t k = 0; k < n; k++) {
                 const double gs = (double)gr[k] * scale[k];
                 const double xh = ((double)xr[k] - m) * inv;
-                o[k] = (float)(inv * (gs - a - xh * b));
+                o[k] = (float)(inv * (gs - aq - xh * bq));
             }
         }
+    }
+    FA_DISPATCH static void tk_ln_backward_f32_rows(const float *g, const float *x,
+                                                    const float *scale, const float *mean,
+                                                    const float *rstd, float *dx,
+                                                    Py_ssize_t rows, Py_ssize_t n) {
+        Py_ssize_t r = 0;
+        for (; r + FA_TK_LN_BLOCK <= rows; r += FA_TK_LN_BLOCK)
+            fa_tk_ln_backward_f32_block(g + r * n, x + r * n, scale, mean + r, rstd + r,
+                                        dx + r * n, n, FA_TK_LN_BLOCK);
+        for (; r < rows; r++)
+            fa_tk_ln_backward_f32_block(g + r * n, x + r * n, scale, mean + r, rstd + r,
+                                        dx + r * n, n, 1);
     }
     /* The column sums of layer normalisation's parameter gradients, in float64, row after row
        (each column's terms in row order: the bits of the serial Cython loop for float64
