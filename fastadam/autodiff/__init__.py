@@ -10,8 +10,9 @@ from ._check_grads import check_grads
 from ._engine import backward, gradient
 from ._nn import conv2d, log_softmax, mse, softmax, softmax_cross_entropy, take
 from ._ops import (abs, add, broadcast_to, clip, concatenate, divide, exp, gemm, getitem, log,
-                   matmul, max, mean, multiply, negative, power, relu, reshape, sigmoid, sign,
-                   sqrt, subtract, sum, sum_to, tanh, transpose, unbroadcast, where)
+                   matmul, matmul_add, max, mean, multiply, negative, power, relu, reshape,
+                   sigmoid, sign, sqrt, subtract, sum, sum_to, tanh, transpose, unbroadcast,
+                   where)
 from ._ops_extra import (avg_pool2d, batch_norm, cast, gather, leaky_relu, max_pool2d, nll_loss,
                          pad, take_along_axis)
 from ._ops_transformer import attention, attention_fuses, erf, gelu, layer_norm, maximum, minimum
@@ -21,10 +22,10 @@ from ._tensor import Tensor, is_grad_enabled, no_grad, set_grad_enabled
 __all__ = [
     "Primitive", "Tensor", "abs", "add", "backward", "broadcast_to", "check_grads", "clip",
     "concatenate", "conv2d", "defvjp", "defvjp_argnum", "divide", "exp", "gemm", "getitem",
-    "gradient", "is_grad_enabled", "log", "log_softmax", "matmul", "max", "mean", "mse",
-    "multiply", "negative", "no_grad", "power", "primitive", "relu", "reshape", "set_grad_enabled",
-    "sigmoid", "sign", "softmax", "softmax_cross_entropy", "sqrt", "subtract", "sum", "sum_to",
-    "take", "tanh", "transpose", "unbroadcast", "where", "zero_vjp",
+    "gradient", "is_grad_enabled", "log", "log_softmax", "matmul", "matmul_add", "max", "mean",
+    "mse", "multiply", "negative", "no_grad", "power", "primitive", "relu", "reshape",
+    "set_grad_enabled", "sigmoid", "sign", "softmax", "softmax_cross_entropy", "sqrt",
+    "subtract", "sum", "sum_to", "take", "tanh", "transpose", "unbroadcast", "where", "zero_vjp",
     # _ops_extra (added for the ONNX front-end)
     "avg_pool2d", "batch_norm", "cast", "gather", "leaky_relu", "max_pool2d", "nll_loss", "pad",
     "take_along_axis",

@@ -153,6 +153,49 @@ def _matmul_nt_vjp_b(g, ans, a, b):
 defvjp(matmul_nt, _matmul_nt_vjp_a, _matmul_nt_vjp_b)
 
 
+def _rows2(x):
+    """``x`` (..., n) as a 2-D (rows, n) array (a view when its layout allows)."""
+    return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+
+
+@primitive
+def _matmul_add(a, b, c):
+    y = np.matmul(_rows2(a), b)
+    np.add(y, c, out=y)  # the product is this op's own: the bias is added in place
+    return y if a.ndim == 2 else y.reshape(a.shape[:-1] + (b.shape[1],))
+
+
+def _matmul_add_vjp_a(g, ans, a, b, c):
+    if not _tensor._mode.enabled:
+        return _wrap(np.matmul(_rows2(g.data), b.data.T).reshape(a.shape))
+    return reshape(matmul(reshape(g, (-1, g.shape[-1])), transpose(b)), a.shape)
+
+
+def _matmul_add_vjp_b(g, ans, a, b, c):
+    if not _tensor._mode.enabled:
+        return _wrap(np.matmul(_rows2(a.data).T, _rows2(g.data)))
+    return matmul(transpose(reshape(a, (-1, a.shape[-1]))), reshape(g, (-1, g.shape[-1])))
+
+
+defvjp(_matmul_add, _matmul_add_vjp_a, _matmul_add_vjp_b,
+       lambda g, ans, a, b, c: unbroadcast(g, c.shape))
+
+
+def matmul_add(a, b, c):
+    """``a @ b + c`` with ``a`` (..., k), ``b`` (k, n) and ``c`` (n,) (a linear layer whose
+    weight is stored (in, out), as exported graphs write it: MatMul then Add) as one
+    operation: the bias is added into the product's own buffer, and one recorded op replaces
+    two.  The values and gradients are those of ``add(matmul(a, b), c)``, bit for bit (the
+    same BLAS calls, additions and sums); other shapes or mixed dtypes run as that."""
+    a, b, c = as_tensor(a), as_tensor(b), as_tensor(c)
+    ad, bd, cd = a.data, b.data, c.data
+    if (ad.ndim >= 2 and bd.ndim == 2 and cd.ndim == 1 and ad.shape[-1] == bd.shape[0]
+            and cd.shape[0] == bd.shape[1] and ad.dtype == bd.dtype == cd.dtype
+            and ad.dtype.kind == "f"):
+        return _matmul_add(a, b, c)
+    return add(matmul(a, b), c)
+
+
 def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     """ONNX Gemm: ``alpha * op(a) @ op(b) + beta * c`` (``op`` transposes when asked); 2-D only."""
     a = as_tensor(a)

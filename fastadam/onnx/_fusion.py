@@ -18,6 +18,14 @@ needs a gradient, say), it runs the nodes as they are, each error labelled with 
 The values differ from the unfused nodes' by rounding only: the products sum in another order,
 and the two scales multiply the scores (``sq * sk * (q @ kt)``) instead of their operands.
 
+Linear layers.  ``MatMul(x, w)`` whose product only an ``Add`` reads (``Add(product, bias)``
+or ``Add(bias, product)``), the form both of PyTorch's exporters give ``nn.Linear`` on inputs
+of rank 3, runs as ``fastadam.autodiff.matmul_add(x, w, bias)`` when at run time ``w`` is
+2-D, ``bias`` 1-D of ``w``'s columns and the three of one floating dtype: the bias is added
+into the product's own buffer and the tape records one operation instead of two, with the
+bits of the two nodes (values and gradients).  Otherwise the two nodes run.  Attention
+patterns are found first and keep their MatMul and Add.
+
 Only programs that know what the caller reads after them (``keep``) are fused: the session's
 steps.  ``fastadam.onnx.run`` and a Gradient node's re-evaluated sub-graph may be asked for any
 tensor, so they run every node.
@@ -83,9 +91,68 @@ def fuse(graph, steps, keep, errors):
         fused[id(s4)] = _attention_step(graph, errors, s1, s2, s3, s4, scales,
                                         mask=s2.inputs[1 - pos], scores_first=pos == 0)
         dropped.update(id(s) for s in (s1, s2, s3, *scales) if s is not None)
+    if fused:
+        steps = [fused.get(id(s), s) for s in steps if id(s) not in dropped]
+    return _fuse_linear(graph, steps, only_read_by_next, producer, errors)
+
+
+def _fuse_linear(graph, steps, only_read_by_next, producer, errors):
+    """``steps`` with each ``MatMul(x, w)`` whose product only an ``Add`` of a bias reads
+    replaced by one step (after the attention patterns, which keep their MatMul and Add)."""
+    fused, dropped = {}, set()
+    present = {id(s) for s in steps}  # (a MatMul of a fused attention is not)
+    for s2 in steps:
+        if not _is(s2, "Add", 2):
+            continue
+        for pos in (0, 1):
+            s1 = producer.get(s2.inputs[pos])
+            if s1 is not None and id(s1) in present and _is(s1, "MatMul", 2) and \
+                    id(s1) not in dropped and only_read_by_next(s1.outputs[0]):
+                break
+        else:
+            continue
+        fused[id(s2)] = _linear_step(graph, errors, s1, s2, bias=s2.inputs[1 - pos],
+                                     product_first=pos == 0)
+        dropped.add(id(s1))
     if not fused:
         return steps
     return [fused.get(id(s), s) for s in steps if id(s) not in dropped]
+
+
+def _call(graph, errors, s, args):
+    """``s.run(args)``, an error labelled with ``s``'s node."""
+    try:
+        return s.run(list(args))
+    except errors as e:
+        labelled = graph.relabel(s, e)
+        if labelled is e:
+            raise
+        raise labelled from e
+
+
+def _linear_step(graph, errors, s1, s2, bias, product_first):
+    """The step that runs ``s1`` (``MatMul(x, w)``) and ``s2`` (its product plus ``bias``) as
+    ``fastadam.autodiff.matmul_add(x, w, bias)`` when at run time ``w`` is 2-D, ``bias``
+    1-D of ``w``'s columns and all three of one floating dtype (the same values as the two
+    nodes); otherwise as the two nodes."""
+    def run(inputs):
+        x, w, c = inputs
+        xd, wd, cd = x.data, w.data, c.data
+        if (wd.ndim == 2 and cd.ndim == 1 and xd.ndim >= 2 and xd.shape[-1] == wd.shape[0]
+                and cd.shape[0] == wd.shape[1] and xd.dtype == wd.dtype == cd.dtype
+                and xd.dtype.kind == "f"):
+            reserve("MatMul", xd.shape[:-1] + wd.shape[1:], xd.dtype)
+            return [ad.matmul_add(x, w, c)]
+        y = _call(graph, errors, s1, (x, w))[0]
+        return _call(graph, errors, s2, (y, c) if product_first else (c, y))
+
+    step = copy.copy(s2)
+    step.label = f"{s2.label} (fused with {s1.label})"
+    step.inputs = list(s1.inputs) + [bias]
+    step.outputs = list(s2.outputs)
+    step.attrs = {}
+    step.run = run
+    return step
 
 
 def _scaled(pair):
@@ -105,13 +172,7 @@ def _attention_step(graph, errors, s1, s2, s3, s4, scales, mask, scores_first):
     as one (see the module note): a copy of ``s4`` with the inputs of all and its own
     ``run``."""
     def call(s, args):
-        try:
-            return s.run(list(args))
-        except errors as e:
-            labelled = graph.relabel(s, e)
-            if labelled is e:
-                raise
-            raise labelled from e
+        return _call(graph, errors, s, args)
 
     widths = [1 if mul is None else 2 for mul in scales]  # inputs per operand of s1
 
