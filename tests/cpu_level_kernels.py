@@ -108,6 +108,11 @@ def autodiff_kernels(out):
         out[f"transformer/erf/{name}"] = _transformer_kernels.erf(a)
         out[f"transformer/gelu/{name}"] = _transformer_kernels.gelu(a)
         out[f"transformer/gelu_grad/{name}"] = _transformer_kernels.gelu_grad(g, a)
+        if dtype == np.float32:  # the GELU that keeps Phi for its backward pass
+            y, cdf = _transformer_kernels.gelu_cdf_f32(a)
+            out["transformer/gelu_cdf/float32"] = np.concatenate([y, cdf])
+            out["transformer/gelu_grad_cdf/float32"] = _transformer_kernels.gelu_grad_cdf_f32(
+                g, a, cdf)
     rows = rng.standard_normal((50, 37)).astype(np.float32) * 30
     rows[::3, 5:20] = -np.inf  # masked entries: exactly 0 at every level
     y = _transformer_kernels.softmax_last_f32(rows)

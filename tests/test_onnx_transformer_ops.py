@@ -289,6 +289,37 @@ def test_slicing_vjps_like_torch(rng):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_a_recorded_float32_gelu_keeps_phi_with_the_bits_of_the_plain_kernels(rng):
+    """A float32 GELU on the tape keeps Phi(x) for its backward pass: the output and the
+    gradient are the kernels' without it, bit for bit, and the float64 formula's within
+    rounding; a second-order gradient still works; Phi goes with the output."""
+    import gc
+
+    from fastadam.autodiff import _ops_transformer, _transformer_kernels as TK
+    x = (rng.standard_normal((7, 33)) * 3).astype(np.float32).T  # strided: (33, 7)
+    g = rng.standard_normal((33, 7)).astype(np.float32)
+    xc = np.ascontiguousarray(x)
+    t = ad.Tensor(x, requires_grad=True)
+    y = ad.gelu(t)
+    assert len(_ops_transformer._GELU_CDF) == 1
+    (dx,) = ad.gradient(ad.sum(ad.multiply(y, g)), [t])
+    np.testing.assert_array_equal(y.data, TK.gelu(xc))
+    np.testing.assert_array_equal(dx.data, TK.gelu_grad(g, xc))
+    x64 = x.astype(np.float64)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+    pdf = np.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi)
+    np.testing.assert_allclose(y.data, x64 * cdf, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx.data, g * (cdf + x64 * pdf), rtol=1e-5, atol=1e-6)
+    del y, dx
+    gc.collect()
+    assert _ops_transformer._GELU_CDF == {}
+    # second order (the kept Phi is a first-order shortcut): d2/dx2 sum(gelu) = pdf (2 - x^2)
+    t = ad.Tensor(x, requires_grad=True)
+    (d1,) = ad.gradient(ad.sum(ad.gelu(t)), [t], create_graph=True)
+    (d2,) = ad.gradient(ad.sum(d1), [t])
+    np.testing.assert_allclose(d2.data, pdf * (2 - x64 * x64), rtol=1e-4, atol=1e-5)
+
+
 def test_primitives_second_order_finite_differences(rng):
     x = rng.standard_normal((3, 6))
     s, b = rng.standard_normal(6), rng.standard_normal(6)

@@ -79,12 +79,48 @@ defvjp(_gelu, lambda g, ans, x: _gelu_grad(g, x))
 defvjp(_gelu_grad, lambda h, ans, g, x: _gelu_grad(h, x), _gelu_grad_vjp_x)
 
 
+# Phi(x) of a recorded float32 GELU, kept while its output lives: id(output array) -> (weak
+# reference to it, Phi).  The first-order VJP reads it instead of evaluating erf again (the
+# same bits: the kernels compute Phi the one way); a missing or foreign output recomputes.
+_GELU_CDF = {}
+
+
+def _forget_cdf(key):
+    return lambda _ref: _GELU_CDF.pop(key, None)
+
+
+@primitive
+def _gelu_keep(x):
+    y, cdf = _C.gelu_cdf_f32(_contiguous(x))
+    y = y.reshape(x.shape)
+    key = id(y)
+    _GELU_CDF[key] = (weakref.ref(y, _forget_cdf(key)), cdf)
+    return y
+
+
+def _gelu_keep_vjp(g, ans, x):
+    if not _tensor._mode.enabled:
+        kept = _GELU_CDF.get(id(ans.data))
+        gd = g.data
+        if kept is not None and kept[0]() is ans.data and gd.dtype == np.float32 and \
+                gd.shape == ans.data.shape:
+            return _wrap(_C.gelu_grad_cdf_f32(_contiguous(gd), _contiguous(x.data),
+                                              kept[1]).reshape(gd.shape))
+    return _gelu_grad(g, x)
+
+
+defvjp(_gelu_keep, _gelu_keep_vjp)
+
+
 def gelu(x, approximate="none"):
     """GELU (ONNX Gelu, ``torch.nn.functional.gelu``): ``x * Phi(x)`` with ``Phi`` the standard
     normal CDF (``approximate="none"``), or ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715
     * x^3)))`` (``approximate="tanh"``)."""
     x = as_tensor(x)
     if approximate == "none":
+        if x.data.dtype == np.float32 and _C is not None and _tensor._mode.enabled and \
+                (x.requires_grad or x._node is not None):
+            return _gelu_keep(x)  # recorded: Phi is kept for the backward pass
         return _gelu(x)
     if approximate == "tanh":
         inner = multiply(add(x, multiply(power(x, 3.0), 0.044715)), math.sqrt(2.0 / math.pi))

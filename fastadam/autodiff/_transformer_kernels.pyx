@@ -295,6 +295,28 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f));
     }
+    /* GELU keeping cdf = Phi(x) for the backward pass: y with the bits of tk_gelu_f32_loop,
+       cdf with those of the first pass of tk_gelu_grad_f32_loop; and that backward pass from
+       the kept cdf (its second pass), without erf */
+    FA_DISPATCH static void tk_gelu_cdf_f32_loop(const float *x, float *y, float *cdf,
+                                                 Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float e1 = 1.0f + fa_tk_erf_f32(x[i] * 0.70710678118654752f);
+            y[i] = 0.5f * x[i] * e1;
+            cdf[i] = 0.5f * e1;
+        }
+    }
+    FA_DISPATCH static void tk_gelu_grad_cdf_f32_loop(const float *g, const float *x,
+                                                      const float *cdf, float *o,
+                                                      Py_ssize_t n) {
+        #pragma omp simd
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float v = x[i];
+            const float density = 0.39894228040143267794f * fa_exp_neg_f32(-0.5f * v * v);
+            o[i] = g[i] * (cdf[i] + v * density);
+        }
+    }
     /* Fused attention of one batch-head (q: T x d, kt: d x S, v: S x e, mask: T x S, all
        row-major): P = softmax(alpha q kt + mask) over each row, o = P v; P is kept for the
        backward pass.  The softmax is tk_softmax_f32_rows' per element (exp(x - max) by fastexp.h, 0
@@ -569,6 +591,8 @@ cdef extern from *:
     FA_CLONES(tk_erf_f32_loop);
     FA_CLONES(tk_gelu_f32_loop);
     FA_CLONES(tk_gelu_grad_f32_loop);
+    FA_CLONES(tk_gelu_cdf_f32_loop);
+    FA_CLONES(tk_gelu_grad_cdf_f32_loop);
     FA_CLONES(tk_softmax_f32_rows);
     FA_CLONES(tk_softmax_vjp_f32_rows);
     FA_CLONES(tk_attention_f32);
@@ -625,10 +649,20 @@ cdef extern from *:
     static void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) {
         FA_AT_LEVEL(tk_gelu_f32_loop)(x, y, n);
     }
+    static void fa_tk_gelu_cdf_f32_loop(const float *x, float *y, float *cdf, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_gelu_cdf_f32_loop)(x, y, cdf, n);
+    }
+    static void fa_tk_gelu_grad_cdf_f32_loop(const float *g, const float *x, const float *cdf,
+                                             float *o, Py_ssize_t n) {
+        FA_AT_LEVEL(tk_gelu_grad_cdf_f32_loop)(g, x, cdf, o, n);
+    }
     """
     void fa_tk_erf_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
     void fa_tk_gelu_grad_f32_loop(const float *g, const float *x, float *o, Py_ssize_t n) nogil
     void fa_tk_gelu_f32_loop(const float *x, float *y, Py_ssize_t n) nogil
+    void fa_tk_gelu_cdf_f32_loop(const float *x, float *y, float *cdf, Py_ssize_t n) nogil
+    void fa_tk_gelu_grad_cdf_f32_loop(const float *g, const float *x, const float *cdf,
+                                      float *o, Py_ssize_t n) nogil
     void fa_tk_softmax_f32_rows(const float *x, float *y, Py_ssize_t rows, Py_ssize_t n) nogil
     void fa_tk_ln_f32_rows(const float *x, const float *scale, const float *bias, float *y,
                            float *mean, float *rstd, Py_ssize_t rows, Py_ssize_t n,
@@ -865,6 +899,48 @@ def gelu_grad(cnp.ndarray g, cnp.ndarray x):
         with nogil:
             _gelu_grad_f64(<double *>cnp.PyArray_DATA(g), <double *>cnp.PyArray_DATA(x),
                            <double *>cnp.PyArray_DATA(o), n, nt)
+    return o
+
+
+def gelu_cdf_f32(cnp.ndarray x):
+    """``(gelu(x), Phi(x))`` of a C-contiguous float32 array: ``gelu``'s values and the
+    standard normal CDF its backward pass reads (``gelu_grad_cdf_f32``)."""
+    _check(x, "x", np.float32)
+    cdef cnp.ndarray y = np.empty_like(x)
+    cdef cnp.ndarray cdf = np.empty_like(x)
+    cdef Py_ssize_t n = x.size, c, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    cdef int nt = _threads(n)
+    cdef float *xp = <float *>cnp.PyArray_DATA(x)
+    cdef float *yp = <float *>cnp.PyArray_DATA(y)
+    cdef float *cp = <float *>cnp.PyArray_DATA(cdf)
+    with nogil:
+        for c in prange(chunks, schedule="static", num_threads=nt):
+            lo = c * CHUNK
+            hi = lo + CHUNK if lo + CHUNK < n else n
+            fa_tk_gelu_cdf_f32_loop(xp + lo, yp + lo, cp + lo, hi - lo)
+    return y, cdf
+
+
+def gelu_grad_cdf_f32(cnp.ndarray g, cnp.ndarray x, cnp.ndarray cdf):
+    """``gelu_grad(g, x)`` (its bits) from ``cdf = Phi(x)`` as ``gelu_cdf_f32`` returns it:
+    C-contiguous float32 arrays of one size."""
+    _check(x, "x", np.float32)
+    _check(g, "g", np.float32)
+    _check(cdf, "cdf", np.float32)
+    if g.size != x.size or cdf.size != x.size:
+        raise ValueError(f"g and cdf: expected {x.size} elements, got {g.size} and {cdf.size}")
+    cdef cnp.ndarray o = np.empty_like(x)
+    cdef Py_ssize_t n = x.size, c, lo, hi, chunks = (n + CHUNK - 1) // CHUNK
+    cdef int nt = _threads(n)
+    cdef float *gp = <float *>cnp.PyArray_DATA(g)
+    cdef float *xp = <float *>cnp.PyArray_DATA(x)
+    cdef float *cp = <float *>cnp.PyArray_DATA(cdf)
+    cdef float *op = <float *>cnp.PyArray_DATA(o)
+    with nogil:
+        for c in prange(chunks, schedule="static", num_threads=nt):
+            lo = c * CHUNK
+            hi = lo + CHUNK if lo + CHUNK < n else n
+            fa_tk_gelu_grad_cdf_f32_loop(gp + lo, xp + lo, cp + lo, op + lo, hi - lo)
     return o
 
 
