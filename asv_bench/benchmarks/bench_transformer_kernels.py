@@ -16,7 +16,8 @@ except ImportError:  # imported as a top-level module (the report puts benchmark
 
 NAMES = ("softmax (16,4,64,64), causal", "softmax VJP", "GELU VJP (1024,256)",
          "LayerNorm (1024,64)", "LayerNorm dx", "cross-entropy VJP (1024,128)",
-         "scatter rows (embedding VJP)", "attention (16,4,64,16), causal", "attention VJP")
+         "scatter rows (embedding VJP)", "attention (16,4,64,16), causal", "attention VJP",
+         "GELU VJP, Phi kept")
 
 
 def _kernels():
@@ -146,6 +147,7 @@ def cases(rng):
         return r * (gs - gs.mean(-1, keepdims=True) - xh * (gs * xh).mean(-1, keepdims=True))
 
     pd = probs.astype(d64)
+    cdf = TK.gelu_cdf_f32(hidden)[1] if hasattr(TK, "gelu_cdf_f32") else None
     return [
         ("softmax (16,4,64,64), causal", lambda: TK.softmax_last_f32(scores),
          lambda: _np_softmax(scores), _np_softmax(scores.astype(d64)), 1e-6),
@@ -166,9 +168,12 @@ def cases(rng):
          _np_sce_grad(logits.astype(d64), labels), 1e-6),
         ("scatter rows (embedding VJP)", lambda: _k_scatter(128, tokens, g_emb),
          lambda: _np_scatter(128, tokens, g_emb), _np_scatter(128, tokens, g_emb), 0.0),
-    ] + (_attention_cases(rng, TK) if hasattr(TK, "attention_live_columns") else [])
-
-
+    ] + (_attention_cases(rng, TK) if hasattr(TK, "attention_live_columns") else []) + (
+        [("GELU VJP, Phi kept",  # (Phi from the recorded forward: no erf in the VJP)
+          lambda: TK.gelu_grad_cdf_f32(g_hidden, hidden, cdf),
+          lambda: _np_gelu_grad(g_hidden, hidden),
+          _np_gelu_grad(g_hidden.astype(d64), hidden.astype(d64)), 1e-5)]
+        if hasattr(TK, "gelu_cdf_f32") else [])
 
 
 def limit_threads():
