@@ -104,11 +104,6 @@ def sparse_supported(int kind, int flags):
     return bool(fa_sparse_supported(kind, flags))
 
 
-def has_kernel(Coefficients coeffs, int typenum):
-    """True if this build has the kernel (float16 kernels need the compiler's _Float16)."""
-    return fa_dense_kernel(coeffs.kind, storage_type(typenum)) != NULL
-
-
 cpdef object dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
                         bint skip_nonfinite, int num_threads):
     """One step of the optimizer `coeffs` describes over validated tensors.

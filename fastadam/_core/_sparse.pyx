@@ -29,9 +29,6 @@ def simd_level_in_use():
     return fa_level_name(fa_level_in_use()).decode()
 
 
-cdef extern from "fastadam/common.h":
-    int fa_openmp_enabled() nogil
-
 cdef extern from "fastadam/sparse.h":
     int FA_RADIX_BITS
     int FA_RADIX_MAX_PASSES
@@ -99,11 +96,6 @@ cdef cnp.ndarray scratch(str name, Py_ssize_t n, object dtype):
         buf = np.empty(max(n, 4096), dtype=dtype)
         setattr(_workspace, name, buf)
     return buf[:n]
-
-
-def openmp_enabled():
-    """True when this extension was compiled with OpenMP (checked by the build test)."""
-    return bool(fa_openmp_enabled())
 
 
 def sort_segments(cnp.ndarray indices, n_rows):
