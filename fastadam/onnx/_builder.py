@@ -12,7 +12,31 @@ The optimizer's ``T`` input: Adam gets ``T_next`` (1 at the first step, so the b
 starts as PyTorch's and TensorFlow's do); Adagrad and Momentum get ``T`` (0 at the first step:
 Adagrad's ``R / (1 + T * decay_factor)`` and Momentum's undampened first step then match
 ``torch.optim.Adagrad`` and ``torch.optim.SGD``).  Every added name starts with ``fastadam.``.
+
+Initializers an exporter merged (``_untie_merged``).  torch's exporters (TorchScript and dynamo)
+write one initializer for parameters of equal values, so distinct parameters that start equal
+(fresh LayerNorms: all ones, all zeros) reach the ONNX model as one initializer feeding several
+layers, directly or through ``Identity`` nodes; trained as it is, it would be one parameter.  A
+parameter torch ties on purpose is a single ``Parameter`` used in several places, which the
+graph cannot tell from a merge, so the rule reads how the initializer is consumed:
+
+- every use (``Identity`` nodes followed to the nodes behind them) is a layer's parameter input:
+  LayerNormalization / BatchNormalization / InstanceNormalization / GroupNormalization scale
+  and bias, RMSNormalization scale, MatMul's right operand, Gemm's B and C, Conv /
+  ConvTranspose weight and bias, or an Add of a bias to a MatMul's, Gemm's or Conv's result;
+- there are at least two such uses.
+
+Then each use gets its own copy (the default, ``tied_initializers="untie"``); anything else
+stays one tensor: a weight that a Gather also reads (a tied embedding and output head, an
+embedding shared by an encoder and a decoder) keeps its tie, as torch trains it, with the
+gradients of its uses summed.  Parameters that torch shares by applying one module several
+times (cross-layer sharing) look like a merge: ``tied_initializers="keep"`` trains them as one.
+The first reader keeps the initializer; a copy is named after the ``Identity`` output it
+replaces (TorchScript writes one per torch parameter, under its name), otherwise
+``fastadam.untied.<node>.<scale|weight|bias>`` after the node that reads it.
 """
+import warnings
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -22,6 +46,17 @@ from ._model import load_model, opsets
 
 _PREFIX = "fastadam."
 _STATES = {"adam": ("V", "H"), "adagrad": ("H",), "momentum": ("V",)}
+_TIED = ("untie", "keep")
+# (op_type, input index) -> what the input is, for the inputs that hold a layer's parameter
+_LAYER_INPUTS = {("LayerNormalization", 1): "scale", ("LayerNormalization", 2): "bias",
+                 ("BatchNormalization", 1): "scale", ("BatchNormalization", 2): "bias",
+                 ("InstanceNormalization", 1): "scale", ("InstanceNormalization", 2): "bias",
+                 ("GroupNormalization", 1): "scale", ("GroupNormalization", 2): "bias",
+                 ("RMSNormalization", 1): "scale",
+                 ("MatMul", 1): "weight", ("Gemm", 1): "weight", ("Gemm", 2): "bias",
+                 ("Conv", 1): "weight", ("Conv", 2): "bias",
+                 ("ConvTranspose", 1): "weight", ("ConvTranspose", 2): "bias"}
+_BIASED = ("MatMul", "Gemm", "Conv")  # an Add of an initializer to their result adds a bias
 
 
 def _sources(nodes, target, stop=()):
@@ -39,6 +74,119 @@ def _sources(nodes, target, stop=()):
         else:
             stack.extend(i for i in node.input if i)
     return found
+
+
+def _subgraph_names(nodes):
+    """Every name that a sub-graph (an If / Loop / Scan body) of ``nodes`` reads."""
+    names, stack = set(), [a for n in nodes for a in n.attribute]
+    while stack:
+        a = stack.pop()
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in g.node:
+                names.update(n.input)
+                stack.extend(n.attribute)
+    return names
+
+
+def _layer_input(node, index, producer):
+    """What input ``index`` of ``node`` holds ("scale", "weight", "bias"), when it is a layer's
+    parameter; else None."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    kind = _LAYER_INPUTS.get((node.op_type, index))
+    if kind is None and node.op_type == "Add" and len(node.input) == 2:
+        other = producer.get(node.input[1 - index])
+        if other is not None and other.op_type in _BIASED and other.domain in ("", "ai.onnx"):
+            kind = "bias"
+    return kind
+
+
+def _untie_merged(graph, params):
+    """Give each layer that reads a merged initializer a copy of its own (the module note's
+    rule), in place on ``graph``.  Returns the parameters (each untied one replaced by its copies,
+    in node order) and ``{untied initializer: [(node name, op_type, input kind), ...]}``."""
+    nodes = list(graph.node)
+    consumers = {}
+    for k, n in enumerate(nodes):
+        for i, x in enumerate(n.input):
+            if x:
+                consumers.setdefault(x, []).append((k, i))
+    producer = {o: n for n in nodes for o in n.output if o}
+    fixed = ({o.name for o in graph.output} | {i.name for i in graph.input}
+             | _subgraph_names(nodes))
+    inits = {t.name: t for t in graph.initializer}
+    taken = set(inits) | set(producer) | {i.name for i in graph.input} | set(consumers)
+
+    def layer_uses(name):
+        """``(uses, identities)``: the (node, input) pairs behind ``Identity`` nodes that read
+        ``name`` and those Identity nodes; ``uses`` is None when one is not a layer's input."""
+        uses, identities, stack = [], [], [name]
+        while stack:
+            for k, i in consumers.get(stack.pop(), ()):
+                n = nodes[k]
+                if (n.op_type == "Identity" and n.domain in ("", "ai.onnx")
+                        and n.output[0] not in fixed):
+                    identities.append(k)
+                    stack.append(n.output[0])
+                elif _layer_input(n, i, producer) is None:
+                    return None, ()
+                else:
+                    uses.append((k, i))
+        return sorted(uses), identities
+
+    out, untied, dropped, added = [], {}, set(), []
+    for p in params:
+        uses, identities = layer_uses(p) if p in inits and p not in fixed else (None, ())
+        if uses is None or len(uses) < 2:
+            out.append(p)
+            continue
+        names = set()
+        for k, i in uses:
+            name = nodes[k].input[i]  # ``p`` or an Identity's output: the first use keeps it
+            if name in names:
+                base = (f"{_PREFIX}untied.{nodes[k].name or f'node{k}'}."
+                        f"{_layer_input(nodes[k], i, producer)}")
+                name, count = base, 1
+                while name in taken:
+                    count += 1
+                    name = f"{base}.{count}"
+                nodes[k].input[i] = name
+            names.add(name)
+            taken.add(name)
+            out.append(name)
+            if name != p:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(inits[p])
+                copy.name = name
+                added.append(copy)
+        dropped.update(identities)
+        if p not in names:
+            del inits[p]  # every reader has a copy of its own
+        untied[p] = [(nodes[k].name, nodes[k].op_type, _layer_input(nodes[k], i, producer))
+                     for k, i in uses]
+    if untied:
+        kept = [n for k, n in enumerate(nodes) if k not in dropped]
+        tensors = list(inits.values()) + added
+        del graph.node[:]
+        graph.node.extend(kept)
+        del graph.initializer[:]
+        graph.initializer.extend(tensors)
+    return out, untied
+
+
+def _untie_warning(untied):
+    copies = sum(len(u) for u in untied.values())
+    parts = []
+    for p, uses in untied.items():
+        kinds = sorted({f"{op} {kind}" for _, op, kind in uses})
+        nodes = ", ".join(repr(n) for n, _, _ in uses[:3]) + (", ..." if len(uses) > 3 else "")
+        parts.append(f"'{p}' ({len(uses)} uses: {' / '.join(kinds)} of nodes {nodes})")
+    return (f"make_training_model: {len(untied)} initializer(s) feed several layers, as an "
+            f"exporter writes parameters of equal initial values (fresh LayerNorms) merged into "
+            f"one: "
+            f"{'; '.join(parts)}. Each layer now trains a copy of its own ({copies} tensors "
+            f"instead of {len(untied)}), as the source model trains them; pass "
+            f"tied_initializers='keep' to train each as one shared parameter.")
 
 
 def _loss_nodes(kind, output, labels, core_opset):
@@ -61,7 +209,7 @@ def _loss_nodes(kind, output, labels, core_opset):
 
 def make_training_model(inference_model, *, loss="softmax_cross_entropy", output=None,
                         labels="labels", optimizer="adam", lr=1e-3, params=None,
-                        **optimizer_attrs):
+                        tied_initializers="untie", **optimizer_attrs):
     """A copy of ``inference_model`` with a ``training_info`` that trains it.
 
     Parameters
@@ -85,12 +233,27 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
         fill value and the 0 its causal mask is compared with as one-element initializers), and
         training them changes the model (a scale that drifts, a mask that no longer masks).
         Name a one-element parameter (a PReLU slope) here to train it.
+    tied_initializers : {"untie", "keep"}
+        What to do with a trained initializer that several layers read as their parameter (a
+        LayerNorm scale or bias, a MatMul / Gemm / Conv weight, a bias added to their result),
+        directly or through ``Identity`` nodes.  torch's exporters write one initializer for
+        parameters of equal values, so fresh LayerNorms (all ones, all zeros) arrive merged.
+        ``"untie"`` (default): each layer trains a copy of its own, as torch trains the source
+        model, with one ``UserWarning`` naming them; a copy takes the name of the ``Identity``
+        output it replaces, else ``fastadam.untied.<node>.<scale|weight|bias>``.  ``"keep"``:
+        train the initializer as one parameter (a module that torch applies several times,
+        sharing its parameters on purpose, exports the same way).  A weight that a Gather also
+        reads (an embedding tied to the output head) is never untied: it trains as one tensor
+        with the gradients of its uses summed, as torch trains a tied ``Parameter``.
     **optimizer_attrs
         Attributes of the optimizer node (Adam: alpha, beta, epsilon, norm_coefficient,
         norm_coefficient_post; Adagrad: decay_factor, epsilon, norm_coefficient; Momentum:
         alpha, beta, mode, norm_coefficient, all required by the operator).
     """
     src = load_model(inference_model)
+    if tied_initializers not in _TIED:
+        raise ValueError(f"tied_initializers: expected 'untie' or 'keep', got "
+                         f"{tied_initializers!r}")
     if optimizer not in _STATES:
         raise ValueError(f"optimizer: expected 'adam', 'adagrad' or 'momentum', got "
                          f"{optimizer!r}")
@@ -132,6 +295,12 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
             raise ValueError(f"params: the loss does not depend on '{p}'")
     if not params:
         raise ValueError("params: the loss depends on no floating-point initializer to train")
+    if tied_initializers == "untie":
+        params, untied = _untie_merged(graph, params)
+        if untied:
+            warnings.warn(_untie_warning(untied), UserWarning, stacklevel=2)
+            inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+            reached = _sources(list(graph.node) + nodes, loss_name)
     zs = [n for n in reached if n not in params]
 
     dtype = inits[params[0]].dtype
