@@ -425,3 +425,24 @@ def test_tied_embedding_and_head_stay_one_tensor():
                                atol=1e-9)
     np.testing.assert_allclose(session.initializers["tok.weight"],
                                reference.tok.weight.detach().numpy(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("exporter,opset", [
+    ("torchscript", 17),
+    pytest.param("dynamo", 18, marks=pytest.mark.slow),  # a dynamo export: seconds
+])
+def test_a_folded_tied_head_is_tied_back(exporter, opset):
+    """With constant folding (the exporters' default) the tied head is an initializer of its
+    own holding the embedding's transpose: it is tied back (``Transpose`` of the embedding)
+    and the merged LayerNorms untied, in one warning: 28 tensors, torch's loss curve."""
+    _, proto = exported_fresh(exporter, opset, tied=True, dtype="float64")
+    assert not any(n.op_type == "Transpose" and n.input[0].endswith("weight")
+                   for n in proto.graph.node)
+    with pytest.warns(UserWarning, match=r"2 initializer\(s\) feed several layers.*"
+                                         r"1 output head\(s\) equal an embedding's transpose"):
+        trained, session, losses, f = _fresh_trajectory(exporter, opset, "float64", 1e-6,
+                                                        1e-9, tied=True)
+    reference = fresh_layer_norms(G.torch_model(CFG, True, np.float64))
+    assert len(trained_names(trained)) == len(list(reference.parameters())) == 28
+    np.testing.assert_allclose(losses, _train_torch(reference, len(losses), f), rtol=1e-6,
+                               atol=1e-9)

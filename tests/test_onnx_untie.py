@@ -157,28 +157,42 @@ def test_a_bias_added_to_something_else_than_a_product_stays_tied():
     assert "'c'" not in messages[0]
 
 
-def tied_embedding(gemm=False):
+def tied_embedding(head="transpose", head_value=None):
     """A tied embedding and output head: ``Gather(E, ids)`` and ``h @ E.T`` (``Transpose``
-    then ``MatMul``, or ``Gemm(transB=1)``)."""
+    then ``MatMul``, ``Gemm(transB=1)``, or ``head="folded"``: ``MatMul`` of an initializer
+    ``Et`` holding ``E.T``, as constant folding writes it; ``head_value`` replaces it)."""
+    E = np.random.default_rng(3).standard_normal((5, D)).astype(np.float32)
+    inits = [numpy_helper.from_array(E, "E")]
     nodes = [helper.make_node("Gather", ["E", "ids"], ["h"])]
-    if gemm:
+    if head == "gemm":
         nodes.append(helper.make_node("Gemm", ["h", "E"], ["y"], transB=1))
-    else:
+    elif head == "transpose":
         nodes += [helper.make_node("Transpose", ["E"], ["Et"]),
                   helper.make_node("MatMul", ["h", "Et"], ["y"])]
+    else:
+        inits.append(numpy_helper.from_array(E.T.copy() if head_value is None else head_value,
+                                             "Et"))
+        nodes.append(helper.make_node("MatMul", ["h", "Et"], ["y"], name="head"))
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
-        [numpy_helper.from_array(np.random.default_rng(3).standard_normal((5, D))
-                                 .astype(np.float32), "E")])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-@pytest.mark.parametrize("gemm", [False, True])
-def test_a_tied_embedding_and_head_stay_one_tensor(gemm):
-    """torch's own tie (GPT-2's): one tensor whose gradient sums both uses."""
-    trained, xs, messages = build(tied_embedding(gemm))
-    assert xs == ["E"] and messages == []
+@pytest.mark.parametrize("head", ["transpose", "gemm", "folded"])
+def test_a_tied_embedding_and_head_stay_one_tensor(head):
+    """torch's own tie (GPT-2's): one tensor whose gradient sums both uses; a head that
+    constant folding wrote as an initializer equal to ``E.T`` is tied back (with a warning)."""
+    trained, xs, messages = build(tied_embedding(head))
+    assert xs == ["E"]
+    if head == "folded":
+        assert len(messages) == 1
+        assert "1 output head(s) equal an embedding's transpose" in messages[0]
+        assert "'Et' = Transpose('E')" in messages[0]
+        assert [n.op_type for n in trained.graph.node][0] == "Transpose"
+        assert "Et" not in {t.name for t in trained.graph.initializer}
+    else:
+        assert messages == []
     ids = np.array([0, 3, 3], np.int64)
     labels = np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32)
     E = numpy_helper.to_array(trained.graph.initializer[0]).astype(np.float64)
@@ -188,6 +202,16 @@ def test_a_tied_embedding_and_head_stay_one_tensor(gemm):
     np.add.at(want, ids, gy @ E)  # the embedding's use
     out = fo.TrainingSession(trained).step({"ids": ids, "labels": labels}, ["fastadam.grad.E"])
     np.testing.assert_allclose(out["fastadam.grad.E"], want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_head_that_is_not_the_embeddings_transpose_trains_apart():
+    E = numpy_helper.to_array(tied_embedding().graph.initializer[0])
+    other = E.T.copy()
+    other[0, 0] += 1
+    _, xs, messages = build(tied_embedding("folded", other))
+    assert xs == ["E", "Et"] and messages == []
+    _, xs, messages = build(tied_embedding("folded"), tied_initializers="keep")
+    assert xs == ["E", "Et"] and messages == []
 
 
 def test_a_shared_initializer_that_another_op_reads_stays_tied():
@@ -208,6 +232,6 @@ def test_a_shared_initializer_that_is_a_graph_output_stays_tied():
 
 
 def test_tied_initializers_is_checked():
-    with pytest.raises(ValueError, match="tied_initializers: expected 'untie' or 'keep', got "
-                                         "'tie'"):
+    with pytest.raises(ValueError, match="tied_initializers: expected 'restore' or 'keep', "
+                                         "got 'tie'"):
         fo.make_training_model(two_layer_norms(), loss="mse", tied_initializers="tie")

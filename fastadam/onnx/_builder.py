@@ -13,27 +13,31 @@ starts as PyTorch's and TensorFlow's do); Adagrad and Momentum get ``T`` (0 at t
 Adagrad's ``R / (1 + T * decay_factor)`` and Momentum's undampened first step then match
 ``torch.optim.Adagrad`` and ``torch.optim.SGD``).  Every added name starts with ``fastadam.``.
 
-Initializers an exporter merged (``_untie_merged``).  torch's exporters (TorchScript and dynamo)
-write one initializer for parameters of equal values, so distinct parameters that start equal
-(fresh LayerNorms: all ones, all zeros) reach the ONNX model as one initializer feeding several
-layers, directly or through ``Identity`` nodes; trained as it is, it would be one parameter.  A
-parameter torch ties on purpose is a single ``Parameter`` used in several places, which the
-graph cannot tell from a merge, so the rule reads how the initializer is consumed:
+What the exporters do to parameters (``tied_initializers="restore"``, the default, undoes
+both; ``"keep"`` trains the initializers as they are).  A parameter torch ties on purpose is a
+single ``Parameter`` used in several places; the graph cannot always tell it from what an
+exporter did, so the rules read how an initializer is consumed.
 
-- every use (``Identity`` nodes followed to the nodes behind them) is a layer's parameter input:
-  LayerNormalization / BatchNormalization / InstanceNormalization / GroupNormalization scale
-  and bias, RMSNormalization scale, MatMul's right operand, Gemm's B and C, Conv /
-  ConvTranspose weight and bias, or an Add of a bias to a MatMul's, Gemm's or Conv's result;
-- there are at least two such uses.
-
-Then each use gets its own copy (the default, ``tied_initializers="untie"``); anything else
-stays one tensor: a weight that a Gather also reads (a tied embedding and output head, an
-embedding shared by an encoder and a decoder) keeps its tie, as torch trains it, with the
-gradients of its uses summed.  Parameters that torch shares by applying one module several
-times (cross-layer sharing) look like a merge: ``tied_initializers="keep"`` trains them as one.
-The first reader keeps the initializer; a copy is named after the ``Identity`` output it
-replaces (TorchScript writes one per torch parameter, under its name), otherwise
-``fastadam.untied.<node>.<scale|weight|bias>`` after the node that reads it.
+1. Merges (``_untie_merged``).  torch's exporters (TorchScript and dynamo) write one
+   initializer for parameters of equal values, so distinct parameters that start equal (fresh
+   LayerNorms: all ones, all zeros) reach the model as one initializer feeding several layers,
+   directly or through ``Identity`` nodes.  A trained initializer is untied, one copy per use,
+   when every use (``Identity`` nodes followed to the nodes behind them) is a layer's parameter
+   input -- LayerNormalization / BatchNormalization / InstanceNormalization /
+   GroupNormalization scale and bias, RMSNormalization scale, MatMul's right operand, Gemm's B
+   and C, Conv / ConvTranspose weight and bias, an Add of a bias to a MatMul's, Gemm's or
+   Conv's result -- and there are at least two.  Anything else stays one tensor: a weight that
+   a Gather also reads (an embedding tied to the output head, an embedding shared by an encoder
+   and a decoder) keeps its tie, as torch trains it, with the gradients of its uses summed.
+   Parameters that torch shares by applying one module several times (cross-layer sharing)
+   look like a merge: ``"keep"`` trains them as one.  The first reader keeps the initializer;
+   a copy is named after the ``Identity`` output it replaces (TorchScript writes one per torch
+   parameter, under its name), else ``fastadam.untied.<node>.<scale|weight|bias>``.
+2. Folded heads (``_retie_folded_heads``).  With constant folding (both exporters' default) a
+   head tied to its embedding ``E`` is written as a second initializer holding ``E.T``.  A
+   trained 2-D initializer that only MatMul (right operand) or Gemm (B, ``transB=0``) read and
+   that equals the transpose of a trained initializer a Gather reads becomes the output of
+   ``Transpose(E)`` (a node ``fastadam.tie.<head>``): one tensor, as torch trains it.
 """
 import warnings
 
@@ -46,7 +50,7 @@ from ._model import load_model, opsets
 
 _PREFIX = "fastadam."
 _STATES = {"adam": ("V", "H"), "adagrad": ("H",), "momentum": ("V",)}
-_TIED = ("untie", "keep")
+_TIED = ("restore", "keep")
 # (op_type, input index) -> what the input is, for the inputs that hold a layer's parameter
 _LAYER_INPUTS = {("LayerNormalization", 1): "scale", ("LayerNormalization", 2): "bias",
                  ("BatchNormalization", 1): "scale", ("BatchNormalization", 2): "bias",
@@ -174,19 +178,72 @@ def _untie_merged(graph, params):
     return out, untied
 
 
-def _untie_warning(untied):
-    copies = sum(len(u) for u in untied.values())
+def _retie_folded_heads(graph, params, arrays):
+    """Tie back an output head that an exporter folded into an initializer of its own (the
+    module note), in place on ``graph``: the head initializer ``H`` becomes the output of
+    ``Transpose(E)``.  Returns the parameters without the heads and ``{H: E}``."""
+    nodes = list(graph.node)
+    readers = {}
+    for n in nodes:
+        for i, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, i))
+    fixed = ({o.name for o in graph.output} | {i.name for i in graph.input}
+             | _subgraph_names(nodes))
+
+    def core(n):
+        return n.domain in ("", "ai.onnx")
+
+    def head_use(n, i):
+        trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0)
+        return core(n) and i == 1 and (n.op_type == "MatMul" or (n.op_type == "Gemm"
+                                                                 and not trans_b))
+    embeddings = [p for p in params if p not in fixed and arrays[p].ndim == 2
+                  and any(core(n) and n.op_type == "Gather" and i == 0
+                          for n, i in readers.get(p, ()))]
+    tied = {}
+    for h in params:
+        a = arrays[h]
+        if h in fixed or h in embeddings or a.ndim != 2 or not readers.get(h) or \
+                not all(head_use(n, i) for n, i in readers[h]):
+            continue
+        tied.update({h: e for e in embeddings[::-1]
+                     if arrays[e].shape == a.shape[::-1] and np.array_equal(arrays[e].T, a)})
+    if tied:
+        kept = [t for t in graph.initializer if t.name not in tied]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        transposes = [helper.make_node("Transpose", [e], [h], name=f"{_PREFIX}tie.{h}",
+                                       perm=[1, 0]) for h, e in tied.items()]
+        order = transposes + [onnx.NodeProto() for _ in nodes]  # E is an initializer: first
+        for copy, n in zip(order[len(transposes):], nodes):
+            copy.CopyFrom(n)
+        del graph.node[:]
+        graph.node.extend(order)
+    return [p for p in params if p not in tied], tied
+
+
+def _restore_warning(untied, tied):
+    """The one warning that says what ``tied_initializers="restore"`` changed."""
     parts = []
-    for p, uses in untied.items():
-        kinds = sorted({f"{op} {kind}" for _, op, kind in uses})
-        nodes = ", ".join(repr(n) for n, _, _ in uses[:3]) + (", ..." if len(uses) > 3 else "")
-        parts.append(f"'{p}' ({len(uses)} uses: {' / '.join(kinds)} of nodes {nodes})")
-    return (f"make_training_model: {len(untied)} initializer(s) feed several layers, as an "
-            f"exporter writes parameters of equal initial values (fresh LayerNorms) merged into "
-            f"one: "
-            f"{'; '.join(parts)}. Each layer now trains a copy of its own ({copies} tensors "
-            f"instead of {len(untied)}), as the source model trains them; pass "
-            f"tied_initializers='keep' to train each as one shared parameter.")
+    if untied:
+        names = []
+        for p, uses in untied.items():
+            kinds = " / ".join(sorted({f"{op} {kind}" for _, op, kind in uses}))
+            nodes = ", ".join(repr(n) for n, _, _ in uses[:3]) + (", ..." if len(uses) > 3
+                                                                 else "")
+            names.append(f"'{p}' ({len(uses)} uses: {kinds} of nodes {nodes})")
+        copies = sum(len(u) for u in untied.values())
+        parts.append(f"{len(untied)} initializer(s) feed several layers, as an exporter writes "
+                     f"parameters of equal initial values (fresh LayerNorms) merged into one: "
+                     f"{'; '.join(names)}; each layer now trains a copy of its own ({copies} "
+                     f"tensors instead of {len(untied)})")
+    if tied:
+        heads = ", ".join(f"'{h}' = Transpose('{e}')" for h, e in tied.items())
+        parts.append(f"{len(tied)} output head(s) equal an embedding's transpose, as an "
+                     f"exporter folds a head tied to its embedding: {heads} now trains as that "
+                     f"embedding (one tensor, both gradients summed)")
+    return (f"make_training_model: {'. '.join(parts)}. This trains the source model's "
+            f"parameters; pass tied_initializers='keep' to train the initializers as they are.")
 
 
 def _loss_nodes(kind, output, labels, core_opset):
@@ -209,7 +266,7 @@ def _loss_nodes(kind, output, labels, core_opset):
 
 def make_training_model(inference_model, *, loss="softmax_cross_entropy", output=None,
                         labels="labels", optimizer="adam", lr=1e-3, params=None,
-                        tied_initializers="untie", **optimizer_attrs):
+                        tied_initializers="restore", **optimizer_attrs):
     """A copy of ``inference_model`` with a ``training_info`` that trains it.
 
     Parameters
@@ -233,18 +290,19 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
         fill value and the 0 its causal mask is compared with as one-element initializers), and
         training them changes the model (a scale that drifts, a mask that no longer masks).
         Name a one-element parameter (a PReLU slope) here to train it.
-    tied_initializers : {"untie", "keep"}
-        What to do with a trained initializer that several layers read as their parameter (a
-        LayerNorm scale or bias, a MatMul / Gemm / Conv weight, a bias added to their result),
-        directly or through ``Identity`` nodes.  torch's exporters write one initializer for
-        parameters of equal values, so fresh LayerNorms (all ones, all zeros) arrive merged.
-        ``"untie"`` (default): each layer trains a copy of its own, as torch trains the source
-        model, with one ``UserWarning`` naming them; a copy takes the name of the ``Identity``
-        output it replaces, else ``fastadam.untied.<node>.<scale|weight|bias>``.  ``"keep"``:
-        train the initializer as one parameter (a module that torch applies several times,
-        sharing its parameters on purpose, exports the same way).  A weight that a Gather also
-        reads (an embedding tied to the output head) is never untied: it trains as one tensor
-        with the gradients of its uses summed, as torch trains a tied ``Parameter``.
+    tied_initializers : {"restore", "keep"}
+        ``"restore"`` (default): train the source model's parameters where an exporter merged
+        or split them, with one ``UserWarning`` saying what changed.  torch's exporters write
+        one initializer for parameters of equal values (fresh LayerNorms: all ones, all zeros):
+        an initializer that several layers read as their parameter (a normalization's scale or
+        bias, a MatMul / Gemm / Conv weight, a bias added to their result; directly or through
+        ``Identity`` nodes) is untied, each layer training a copy of its own (named after the
+        ``Identity`` output it replaces, else ``fastadam.untied.<node>.<scale|weight|bias>``).
+        A weight that a Gather also reads (an embedding tied to the output head) keeps its tie:
+        one tensor, gradients of its uses summed, as torch trains a tied ``Parameter``; and a
+        head that constant folding wrote as the embedding's transpose is tied back to it.
+        ``"keep"``: train the initializers as they are (a module that torch applies several
+        times, sharing its parameters on purpose, exports like a merge).
     **optimizer_attrs
         Attributes of the optimizer node (Adam: alpha, beta, epsilon, norm_coefficient,
         norm_coefficient_post; Adagrad: decay_factor, epsilon, norm_coefficient; Momentum:
@@ -252,7 +310,7 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
     """
     src = load_model(inference_model)
     if tied_initializers not in _TIED:
-        raise ValueError(f"tied_initializers: expected 'untie' or 'keep', got "
+        raise ValueError(f"tied_initializers: expected 'restore' or 'keep', got "
                          f"{tied_initializers!r}")
     if optimizer not in _STATES:
         raise ValueError(f"optimizer: expected 'adam', 'adagrad' or 'momentum', got "
@@ -295,10 +353,11 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
             raise ValueError(f"params: the loss does not depend on '{p}'")
     if not params:
         raise ValueError("params: the loss depends on no floating-point initializer to train")
-    if tied_initializers == "untie":
+    if tied_initializers == "restore":
+        params, tied = _retie_folded_heads(graph, params, inits)
         params, untied = _untie_merged(graph, params)
-        if untied:
-            warnings.warn(_untie_warning(untied), UserWarning, stacklevel=2)
+        if untied or tied:
+            warnings.warn(_restore_warning(untied, tied), UserWarning, stacklevel=2)
             inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
             reached = _sources(list(graph.node) + nodes, loss_name)
     zs = [n for n in reached if n not in params]
