@@ -71,23 +71,25 @@ def torch_gradients(model, f):
     return loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
 
-def session_gradients(proto, model):
+def session_gradients(proto, model, **kw):
     """The training model's gradients of the first step, summed per torch parameter."""
     mapping = param_map(proto, model)
-    trained = fo.make_training_model(proto, loss="loss", params=list(mapping))
+    trained = fo.make_training_model(proto, loss="loss", params=list(mapping), **kw)
     session = fo.TrainingSession(trained)
     f = feeds()
-    out = session.step(f, ["loss"] + [f"fastadam.grad.{n}" for n in mapping])
+    names = trained_names(trained)
+    out = session.step(f, ["loss"] + [f"fastadam.grad.{n}" for n in names])
     grads = {}
-    for init, (name, transposed) in mapping.items():
+    for init in names:
+        name, transposed = mapping[init]
         g = out[f"fastadam.grad.{init}"]
         g = g.T if transposed else g
         grads[name] = grads[name] + g if name in grads else g
     return float(out["loss"]), grads, f
 
 
-def assert_gradients_match(proto, model, rtol, atol):
-    loss, grads, f = session_gradients(proto, model)
+def assert_gradients_match(proto, model, rtol, atol, **kw):
+    loss, grads, f = session_gradients(proto, model, **kw)
     ref_loss, ref = torch_gradients(model, f)
     assert set(grads) == set(ref), "every torch parameter is trained through some initializer"
     np.testing.assert_allclose(loss, ref_loss, rtol=rtol)
@@ -114,15 +116,22 @@ def test_float64_gradients_equal_torch(exporter):
     assert_gradients_match(proto, model, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("tied_initializers", ["restore", "keep"])
 @pytest.mark.parametrize("exporter,opset", [
     ("torchscript", 17),
     pytest.param("dynamo", 20, marks=pytest.mark.slow),  # a dynamo export: seconds
 ])
-def test_tied_head_gradients_equal_torch(exporter, opset):
+def test_tied_head_gradients_equal_torch(exporter, opset, tied_initializers):
     """With constant folding the exporters write the tied head's transposed weight as a second
-    initializer: the two gradients add up to torch's gradient of the one parameter."""
+    initializer: by default it is tied back (``Transpose`` of the embedding: one trained tensor
+    whose gradient is torch's); kept, the two gradients add up to torch's gradient of the one
+    parameter."""
     model, proto = exported(exporter, opset, tied=True)
-    assert_gradients_match(proto, model, rtol=1e-4, atol=1e-6)
+    trained = fo.make_training_model(proto, loss="loss", params=list(param_map(proto, model)),
+                                     tied_initializers=tied_initializers)
+    assert len(trained_names(trained)) == 28 + (tied_initializers == "keep")
+    assert_gradients_match(proto, model, rtol=1e-4, atol=1e-6,
+                           tied_initializers=tied_initializers)
 
 
 def test_explicit_tril_mask_attention_gradients_equal_torch():
@@ -340,8 +349,7 @@ def untied_param_map(trained, model):
     return mapping
 
 
-def _fresh_trajectory(exporter, opset, dtype, rtol, atol, tied=False, folding=True,
-                      steps=12, **kw):
+def _fresh_trajectory(exporter, opset, dtype, tied=False, folding=True, steps=12, **kw):
     """Train the export of a GPT with fresh LayerNorms for ``steps`` Adam steps; returns the
     training model, the session, the losses and the feeds."""
     _, proto = exported_fresh(exporter, opset, tied, dtype, folding)
@@ -371,7 +379,7 @@ def test_merged_layer_norms_train_apart_as_torch_trains_them(exporter, opset, dt
     assert len(floats) == 21, "the export merged the LayerNorms' ten parameters into two"
     with pytest.warns(UserWarning, match=r"2 initializer\(s\) feed several layers.*"
                                          r"5 uses: LayerNormalization bias.*tensors instead of 2"):
-        trained, session, losses, f = _fresh_trajectory(exporter, opset, dtype, rtol, atol)
+        trained, session, losses, f = _fresh_trajectory(exporter, opset, dtype)
     names = trained_names(trained)
     reference = fresh_layer_norms(G.torch_model(CFG, dtype=np.dtype(dtype)))
     assert len(names) == len(list(reference.parameters())) == 29
@@ -394,7 +402,7 @@ def test_keep_tied_trains_the_merged_initializers_as_one_parameter():
     curve is not torch's curve for the source model (the default's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        trained, _, losses, f = _fresh_trajectory("torchscript", 17, "float64", 1e-6, 1e-9,
+        trained, _, losses, f = _fresh_trajectory("torchscript", 17, "float64",
                                                   tied_initializers="keep")
     assert len(trained_names(trained)) == 21
     shared = fresh_layer_norms(G.torch_model(CFG, dtype=np.float64), shared=True)
@@ -415,8 +423,8 @@ def test_tied_embedding_and_head_stay_one_tensor():
     readers = [n.op_type for n in proto.graph.node if "tok.weight" in n.input]
     assert sorted(readers) == ["Gather", "Transpose"]
     with pytest.warns(UserWarning, match="2 initializer"):
-        trained, session, losses, f = _fresh_trajectory("torchscript", 17, "float64", 1e-6,
-                                                        1e-9, tied=True, folding=False)
+        trained, session, losses, f = _fresh_trajectory("torchscript", 17, "float64", tied=True,
+                                                        folding=False)
     names = trained_names(trained)
     reference = fresh_layer_norms(G.torch_model(CFG, True, np.float64))
     assert len(names) == len(list(reference.parameters())) == 28
@@ -440,8 +448,7 @@ def test_a_folded_tied_head_is_tied_back(exporter, opset):
                    for n in proto.graph.node)
     with pytest.warns(UserWarning, match=r"2 initializer\(s\) feed several layers.*"
                                          r"1 output head\(s\) equal an embedding's transpose"):
-        trained, session, losses, f = _fresh_trajectory(exporter, opset, "float64", 1e-6,
-                                                        1e-9, tied=True)
+        trained, session, losses, f = _fresh_trajectory(exporter, opset, "float64", tied=True)
     reference = fresh_layer_norms(G.torch_model(CFG, True, np.float64))
     assert len(trained_names(trained)) == len(list(reference.parameters())) == 28
     np.testing.assert_allclose(losses, _train_torch(reference, len(losses), f), rtol=1e-6,

@@ -107,6 +107,17 @@ def test_layer_norms_that_read_one_initializer_train_a_copy_each(via_identity):
     assert not np.allclose(session.initializers["s"], session.initializers[second[0]])
 
 
+def test_the_untied_model_runs_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    session = fo.TrainingSession(build(two_layer_norms(via_identity=True))[0])
+    session.step(FEEDS)
+    path = str(tmp_path / "untied.onnx")
+    session.save(path)
+    x = {"x": FEEDS["x"]}
+    np.testing.assert_allclose(ort.InferenceSession(path).run(["y"], x)[0], session.run(x)["y"],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_keep_trains_the_shared_initializer_as_one_parameter():
     trained, xs, messages = build(two_layer_norms(), tied_initializers="keep")
     assert xs == ["b", "s"] and messages == []
