@@ -169,13 +169,19 @@ def _untie_merged(graph, params):
         untied[p] = [(nodes[k].name, nodes[k].op_type, _layer_input(nodes[k], i, producer))
                      for k, i in uses]
     if untied:
-        kept = [n for k, n in enumerate(nodes) if k not in dropped]
-        tensors = list(inits.values()) + added
-        del graph.node[:]
-        graph.node.extend(kept)
-        del graph.initializer[:]
-        graph.initializer.extend(tensors)
+        _replace(graph.node, [n for k, n in enumerate(nodes) if k not in dropped])
+        _replace(graph.initializer, list(inits.values()) + added)
     return out, untied
+
+
+def _replace(field, items):
+    """Set a repeated message field of a graph to ``items`` (copied first: some of them are
+    its own elements)."""
+    copies = [type(m)() for m in items]
+    for copy, m in zip(copies, items):
+        copy.CopyFrom(m)
+    del field[:]
+    field.extend(copies)
 
 
 def _retie_folded_heads(graph, params, arrays):
@@ -206,19 +212,15 @@ def _retie_folded_heads(graph, params, arrays):
         if h in fixed or h in embeddings or a.ndim != 2 or not readers.get(h) or \
                 not all(head_use(n, i) for n, i in readers[h]):
             continue
-        tied.update({h: e for e in embeddings[::-1]
-                     if arrays[e].shape == a.shape[::-1] and np.array_equal(arrays[e].T, a)})
+        e = next((e for e in embeddings if arrays[e].dtype == a.dtype
+                  and arrays[e].shape == a.shape[::-1] and np.array_equal(arrays[e].T, a)), None)
+        if e is not None:
+            tied[h] = e
     if tied:
-        kept = [t for t in graph.initializer if t.name not in tied]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+        _replace(graph.initializer, [t for t in graph.initializer if t.name not in tied])
         transposes = [helper.make_node("Transpose", [e], [h], name=f"{_PREFIX}tie.{h}",
                                        perm=[1, 0]) for h, e in tied.items()]
-        order = transposes + [onnx.NodeProto() for _ in nodes]  # E is an initializer: first
-        for copy, n in zip(order[len(transposes):], nodes):
-            copy.CopyFrom(n)
-        del graph.node[:]
-        graph.node.extend(order)
+        _replace(graph.node, transposes + nodes)  # E is an initializer: the Transposes go first
     return [p for p in params if p not in tied], tied
 
 
