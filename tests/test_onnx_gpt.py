@@ -116,6 +116,7 @@ def test_float64_gradients_equal_torch(exporter):
     assert_gradients_match(proto, model, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:make_training_model:UserWarning")  # checked below
 @pytest.mark.parametrize("tied_initializers", ["restore", "keep"])
 @pytest.mark.parametrize("exporter,opset", [
     ("torchscript", 17),
