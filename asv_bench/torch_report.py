@@ -7,9 +7,14 @@ Times ``optimizer.step()`` (gradients already in ``.grad``, float32) for:
      Adam(fused=True) — the per-step cost of many small tensors;
   2. one parameter of 1e7 elements: the same three (memory-bandwidth bound);
   3. a sparse embedding (1e6 x 64, 65536 looked-up rows, Zipf(1.3) as in the sparse report):
-     fastadam.torch.SparseAdam vs torch.optim.SparseAdam, and fastadam.torch.Adam's lazy step.
-DeepSpeed's ``DeepSpeedCPUAdam`` is timed beside row 1 and 2 when ``deepspeed`` imports and
+     fastadam.torch.SparseAdam vs torch.optim.SparseAdam, and fastadam.torch.Adam's lazy step;
+  4. with ``--models``, the parameters of real models, defined below in plain torch (no
+     torchvision or transformers): GPT-2 small (124M parameters in 148 tensors), ResNet-18
+     (11.7M in 62 tensors) and a recommender (a 1e6 x 64 embedding table with dense gradients
+     and a small MLP), Adam with torch foreach and fused beside fastadam.torch.
+DeepSpeed's ``DeepSpeedCPUAdam`` is timed beside rows 1, 2 and 4 when ``deepspeed`` imports and
 its CPU op builds (about 80 s of JIT compilation on first use); otherwise the report says so.
+GPT-2 small needs about 2 GB per contender (parameters, gradients and two states).
 Timings alternate between contenders (fastadam.bench.median_seconds_interleaved).
 """
 import argparse
@@ -69,6 +74,91 @@ def dense_rows(threads, repeats, quick):
         print(f"   Adam {label:>10}: fastadam.torch {ref * 1e3:8.3f} ms  {cells}")
 
 
+# ---- real models' parameters (shapes as the published models have them) -----------------------
+class GPT2Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.c_attn, self.attn_proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+
+class GPT2Small(torch.nn.Module):
+    """GPT-2 small's trainable tensors: token and position embeddings, 12 blocks of 12 tensors,
+    the final LayerNorm (the head is tied to the token embedding): 148 tensors, 124.4M values."""
+
+    def __init__(self, vocab=50257, context=1024, d=768, layers=12):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(context, d)
+        self.h = torch.nn.ModuleList(GPT2Block(d) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(d)
+
+
+class BasicBlock(torch.nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        if stride != 1 or cin != cout:
+            self.down = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            torch.nn.BatchNorm2d(cout))
+
+
+class ResNet18(torch.nn.Module):
+    """ResNet-18's trainable tensors (1000 classes): 62 tensors, 11.7M values."""
+
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(64)
+        widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(BasicBlock(cin, cout, s), BasicBlock(cout, cout, 1))
+            for cin, cout, s in widths)
+        self.fc = torch.nn.Linear(512, classes)
+
+
+class Recommender(torch.nn.Module):
+    """A 1e6 x 64 embedding table (dense gradients, as ``nn.Embedding(sparse=False)`` gives)
+    and a small MLP over 8 pooled features."""
+
+    def __init__(self, rows=1_000_000, dim=64, features=8):
+        super().__init__()
+        self.table = torch.nn.Embedding(rows, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(features * dim, 256), torch.nn.ReLU(),
+                                       torch.nn.Linear(256, 64), torch.nn.ReLU(),
+                                       torch.nn.Linear(64, 1))
+
+
+MODELS = {"GPT-2 small": GPT2Small, "ResNet-18": ResNet18, "recommender": Recommender}
+
+
+def model_rows(threads, repeats):
+    for label, cls in MODELS.items():
+        torch.manual_seed(0)
+        base = list(cls().parameters())
+        g = torch.Generator().manual_seed(1)
+        for p in base:
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        n, k = sum(p.numel() for p in base), len(base)
+        contenders = {"fastadam.torch": ft.Adam(clone(base), lr=1e-3, num_threads=threads).step}
+        for name, kw in (("torch foreach", dict(foreach=True)), ("torch fused", dict(fused=True))):
+            contenders[name] = torch.optim.Adam(clone(base), lr=1e-3, **kw).step
+        ds = deepspeed_adam(clone(base))
+        if ds is not None:
+            contenders["DeepSpeedCPUAdam"] = ds.step
+        del base
+        t = median_seconds_interleaved(contenders, repeats)
+        ref = t["fastadam.torch"]
+        cells = "  ".join(f"{k} {s * 1e3:8.2f} ms ({s / ref:5.2f}x)" for k, s in t.items()
+                          if k != "fastadam.torch")
+        print(f"   Adam {label:>12} ({n / 1e6:.1f}M in {k} tensors): "
+              f"fastadam.torch {ref * 1e3:8.2f} ms  {cells}")
+        del contenders
+
+
 def sparse_rows(repeats, quick):
     rows, dim, lookups = (100_000, 64, 8192) if quick else (1_000_000, 64, 65536)
     rng = np.random.default_rng(0)
@@ -98,12 +188,17 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--models", action="store_true",
+                        help="also the real models' parameters (GPT-2 small, ResNet-18, a "
+                             "recommender; about 2 GB per contender)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"fastadam.torch vs torch.optim, float32, {args.threads} thread(s), medians of "
           f"{args.repeats} interleaved rounds (ratio = other / fastadam)")
     dense_rows(args.threads, args.repeats, args.quick)
     sparse_rows(args.repeats, args.quick)
+    if args.models:
+        model_rows(args.threads, args.repeats)
 
 
 if __name__ == "__main__":
