@@ -407,6 +407,16 @@ def _assert_out_of_step(outcome, first, later, expected):
 MPI_RANK = [0]
 
 
+def _others(last):
+    """How the message names the ranks before ``last``: "rank 0 reached", "ranks 0, 1, 2
+    reached"."""
+    return ("rank 0" if last == 1 else "ranks " + ", ".join(map(str, range(last)))) + " reached"
+
+
+def _their(last):
+    return "its" if last == 1 else "their"
+
+
 def scenario_skipped_step(comm, workdir):
     """The last rank catches an error of its own at step 2 and skips that step; the loop goes
     on and every rank then calls state_dict.  The ranks' calls pair up until the last rank's
@@ -430,8 +440,8 @@ def scenario_skipped_step(comm, workdir):
                         ("save", lambda: sharded.save(os.path.join(workdir, "never.npz")))])
     assert outcome["step 1"] is None
     expected = [f"rank {last} reached ShardedOptimizer #0.state_dict after 3 steps as its "
-                f"call 5", "reached ShardedOptimizer #0.step after 3 steps as its call 5",
-                "a rank skipped a call"]
+                f"call 5", _others(last) + " ShardedOptimizer #0.step after 3 steps as "
+                + _their(last) + " call 5", "a rank skipped a call"]
     if rank == last:
         assert "deliberate" in str(outcome["step 2"])
         assert outcome["step 3"] is None and outcome["step 4"] is None
@@ -458,7 +468,8 @@ def scenario_mismatched_methods(comm, workdir):
     outcome = _calls(actions + [("lookup", lambda: table.lookup(np.array([1, 2]))),
                                 ("state_dict", table.state_dict)])
     expected = [f"rank {last} reached ShardedEmbedding #0.apply_gradients after 2 steps as "
-                f"its call 4", "reached ShardedEmbedding #0.lookup after 2 steps as its call 4"]
+                f"its call 4", _others(last) + " ShardedEmbedding #0.lookup after 2 steps as "
+                + _their(last) + " call 4"]
     first = "apply 3" if rank == last else "lookup"
     later = ["lookup", "state_dict"] if rank == last else ["state_dict"]
     _assert_out_of_step(outcome, first, later, expected)

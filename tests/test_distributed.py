@@ -78,10 +78,10 @@ def test_ranks_out_of_step_raise_on_every_rank(tmp_path):
 
 
 @pytest.mark.parametrize("scenario, expected", [
-    ("unequal_steps", "rank 0 reached the end of its program as its call 4; rank 1 reached "
+    ("unequal_steps", "rank 0 reached the end of the program as its call 4; rank 1 reached "
                       "ShardedOptimizer #0.step after 2 steps as its call 4"),
     ("skipped_step_at_exit", "rank 0 reached ShardedOptimizer #0.step after 2 steps as its "
-                             "call 4; rank 1 reached the end of its program as its call 4"),
+                             "call 4; rank 1 reached the end of the program as its call 4"),
 ])
 @pytest.mark.parametrize("plain_python", [True, False], ids=["python", "python-m-mpi4py"])
 def test_a_rank_left_stepping_ends_the_job(tmp_path, scenario, expected, plain_python):
@@ -103,8 +103,8 @@ def test_out_of_step_message_groups_the_ranks(dist):
                                                                            None)]
     assert mismatch_message(entries).startswith(
         "the ranks are out of step: ranks 0, 2 reached ShardedOptimizer #1.step after 5 steps "
-        "as its call 7; rank 1 reached ShardedOptimizer #1.step after 4 steps as its call 6; "
-        "rank 3 reached the end of its program as its call 7.  Every rank must make the same "
+        "as their call 7; rank 1 reached ShardedOptimizer #1.step after 4 steps as its call 6; "
+        "rank 3 reached the end of the program as its call 7.  Every rank must make the same "
         "fastadam.distributed calls in the same order")
 
 

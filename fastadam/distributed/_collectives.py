@@ -252,11 +252,11 @@ def mismatch_message(entries):
     """What each group of ranks was calling, from the gathered (count, object, method, step)."""
     groups = {}
     for rank, (calls, obj, method, steps, _) in enumerate(entries):
-        what = ("the end of its program" if obj is None else
+        what = ("the end of the program" if obj is None else
                 f"{obj}.{method}" + ("" if steps is None else f" after {steps} steps"))
         groups.setdefault((what, calls), []).append(rank)
-    parts = [f"{_ranks(ranks)} reached {what} as its call {calls}"
-             for (what, calls), ranks in groups.items()]
+    parts = [f"{_ranks(ranks)} reached {what} as {'its' if len(ranks) == 1 else 'their'} "
+             f"call {calls}" for (what, calls), ranks in groups.items()]
     return ("the ranks are out of step: " + "; ".join(parts) + ".  Every rank must make the "
             "same fastadam.distributed calls in the same order: a rank skipped a call (an error "
             "caught on that rank only?) or made one more (unequal numbers of steps?)")
