@@ -373,6 +373,137 @@ def scenario_abort_plain(comm, workdir):
     comm.Barrier()
 
 
+def _calls(actions):
+    """Run each (label, action) in turn as a training loop that catches RuntimeError and goes
+    on (the pattern that lets a rank skip a step); returns {label: exception or None}."""
+    outcome = {}
+    for label, action in actions:
+        try:
+            action()
+            outcome[label] = None
+        except RuntimeError as exc:
+            outcome[label] = exc
+    return outcome
+
+
+def _assert_out_of_step(outcome, first, later, expected):
+    """``outcome[first]`` is the CollectiveMismatchError that every rank raised together, its
+    message naming each rank's call (``expected``: substrings); every call in ``later`` raised
+    at once, without a collective."""
+    from fastadam.distributed import CollectiveMismatchError
+    exc = outcome[first]
+    assert isinstance(exc, CollectiveMismatchError), (first, outcome)
+    message = str(exc)
+    assert message.startswith("the ranks are out of step: "), message
+    for part in expected:
+        assert part in message, (part, message)
+    for label in later:
+        assert isinstance(outcome[label], CollectiveMismatchError), (label, outcome)
+        assert "not started, the ranks are out of step since an earlier call" in str(
+            outcome[label]), str(outcome[label])
+    print(f"rank {MPI_RANK[0]}: {type(exc).__name__}: {message}", flush=True)
+
+
+MPI_RANK = [0]
+
+
+def _others(last):
+    """How the message names the ranks before ``last``: "rank 0 reached", "ranks 0, 1, 2
+    reached"."""
+    return ("rank 0" if last == 1 else "ranks " + ", ".join(map(str, range(last)))) + " reached"
+
+
+def _their(last):
+    return "its" if last == 1 else "their"
+
+
+def scenario_skipped_step(comm, workdir):
+    """The last rank catches an error of its own at step 2 and skips that step; the loop goes
+    on and every rank then calls state_dict.  The ranks' calls pair up until the last rank's
+    state_dict meets the others' step 4: every rank raises there, naming both, and every later
+    call raises without a collective (no hang, whatever the loop catches)."""
+    from fastadam.distributed import ShardedOptimizer
+    own = comm.Dup()        # the out-of-step communicator is this one, not the world
+    rank, last = own.Get_rank(), own.Get_size() - 1
+    MPI_RANK[0] = rank
+    sharded = ShardedOptimizer(fastadam.Adam(initial_params(), **ADAM_VARIANTS[0]), own)
+
+    def step(k):
+        def run():
+            if rank == last and k == 2:
+                raise RuntimeError("deliberate: no batch for step 2 on the last rank")
+            sharded.step(rank_grads(k, rank))
+        return run
+
+    outcome = _calls([(f"step {k}", step(k)) for k in range(1, 5)]
+                     + [("state_dict", sharded.state_dict), ("step 5", step(5)),
+                        ("save", lambda: sharded.save(os.path.join(workdir, "never.npz")))])
+    assert outcome["step 1"] is None
+    expected = [f"rank {last} reached ShardedOptimizer #0.state_dict after 3 steps as its "
+                f"call 5", _others(last) + " ShardedOptimizer #0.step after 3 steps as "
+                + _their(last) + " call 5", "a rank skipped a call"]
+    if rank == last:
+        assert "deliberate" in str(outcome["step 2"])
+        assert outcome["step 3"] is None and outcome["step 4"] is None
+        _assert_out_of_step(outcome, "state_dict", ["step 5", "save"], expected)
+    else:
+        assert outcome["step 2"] is None and outcome["step 3"] is None
+        _assert_out_of_step(outcome, "step 4", ["state_dict", "step 5", "save"], expected)
+    assert sharded.t == 3
+    assert not os.path.exists(os.path.join(workdir, "never.npz"))
+    own.Free()
+
+
+def scenario_mismatched_methods(comm, workdir):
+    """Unequal numbers of steps on a sharded embedding: the last rank applies one gradient
+    more while the others look rows up: every rank raises at that call, naming both."""
+    from fastadam.distributed import ShardedEmbedding
+    own = comm.Dup()
+    rank, last = own.Get_rank(), own.Get_size() - 1
+    MPI_RANK[0] = rank
+    table = ShardedEmbedding(NUM_ROWS, DIM, own, lr=0.1, convention="torch")
+    steps = 3 if rank == last else 2
+    actions = [(f"apply {k}", lambda k=k: table.apply_gradients(embedding_batch(k, rank)))
+               for k in range(1, steps + 1)]
+    outcome = _calls(actions + [("lookup", lambda: table.lookup(np.array([1, 2]))),
+                                ("state_dict", table.state_dict)])
+    expected = [f"rank {last} reached ShardedEmbedding #0.apply_gradients after 2 steps as "
+                f"its call 4", _others(last) + " ShardedEmbedding #0.lookup after 2 steps as "
+                + _their(last) + " call 4"]
+    first = "apply 3" if rank == last else "lookup"
+    later = ["lookup", "state_dict"] if rank == last else ["state_dict"]
+    _assert_out_of_step(outcome, first, later, expected)
+    assert table.t == 2
+    own.Free()
+
+
+def scenario_unequal_steps(comm, workdir):
+    """The last rank makes one step more than the others, which end their program: its step
+    meets their exit (no hang): it raises and the job aborts."""
+    from fastadam.distributed import ShardedOptimizer
+    rank, last = comm.Get_rank(), comm.Get_size() - 1
+    sharded = ShardedOptimizer(fastadam.Adam(initial_params(), **ADAM_VARIANTS[0]), comm)
+    for k in range(1, 4 if rank == last else 3):
+        sharded.step(rank_grads(k, rank))
+    print(f"rank {rank} done after {sharded.t} steps", flush=True)
+
+
+def scenario_skipped_step_at_exit(comm, workdir):
+    """The last rank catches an error of its own and skips step 2, then ends its program; the
+    others' step 3 meets its exit (no hang): they raise and the job aborts."""
+    from fastadam.distributed import ShardedOptimizer
+    rank, last = comm.Get_rank(), comm.Get_size() - 1
+    sharded = ShardedOptimizer(fastadam.Adam(initial_params(), **ADAM_VARIANTS[0]), comm)
+    for k in range(1, 4):
+        try:
+            if rank == last and k == 2:
+                raise ValueError("deliberate: no batch for step 2 on the last rank")
+        except ValueError:
+            continue
+        sharded.step(rank_grads(k, rank))
+    print(f"rank {rank} done after {sharded.t} steps", flush=True)
+
+
 def main(argv):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -383,8 +514,14 @@ def main(argv):
         argv = argv[:at] + argv[at + 2:]
     for name in argv:
         globals()[f"scenario_{name}"](comm, workdir)
+        if name in ENDS_OUT_OF_STEP:
+            continue    # a Barrier here would meet the peer's step: the job must end by itself
         comm.Barrier()
         print(f"scenario {name} ok on rank {comm.Get_rank()} of {comm.Get_size()}", flush=True)
+
+
+# scenarios that leave the ranks out of step on the world communicator when they return
+ENDS_OUT_OF_STEP = ("unequal_steps", "skipped_step_at_exit")
 
 
 if __name__ == "__main__":

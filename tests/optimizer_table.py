@@ -4,12 +4,40 @@ sparse, object and GPU-emulation sweeps.  A new optimizer is tested by adding a 
 functional steps, its float64 oracle (tests/reference.py), its option sets and its class.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import fastadam
 from fastadam._core._registry import spec
+from fastadam.optim._lion import HYPER_RULES as LION_RULES
+from fastadam.optim._rmsprop import HYPER_RULES as RMSPROP_RULES
 from reference import (adagrad_reference, adam_reference, lion_reference, momentum_reference,
                        rmsprop_reference)
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """A bad hyper-parameter (``options``: functional keywords) that every entry point refuses
+    with ``error``, naming ``arg`` (as torch.testing's ``ErrorOptimizerInput``)."""
+
+    options: Dict[str, Any]
+    error: type
+    arg: str
+
+    def __repr__(self):
+        return ",".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+def rule_errors(rules):
+    """The error rows of an optimizer's ``HYPER_RULES`` table: a value below each range and
+    above each bounded one, and the rows every real hyper-parameter shares."""
+    rows = []
+    for name, (low, high) in rules.items():
+        rows.append(ErrorInput({name: low - 0.5}, ValueError, name))
+        if high is not None:
+            rows.append(ErrorInput({name: high + 0.5}, ValueError, name))
+    return rows + [ErrorInput({"lr": float("nan")}, ValueError, "lr"),
+                   ErrorInput({"lr": [0.1]}, TypeError, "lr"),
+                   ErrorInput({"weight_decay": float("inf")}, ValueError, "weight_decay")]
 
 
 @dataclass(frozen=True)
@@ -19,7 +47,9 @@ class OptimizerInfo:
     reference(x, g, state, t, **options) -> (x, state): the float64 oracle.  option_sets: the
     functional keyword sets the sweeps run.  cls / object_options(options): the optimizer class
     and its constructor keywords for an option set (None: the set has no object form).
-    sparse_ok(options): whether the sparse walk has the set.  first_t: the first step number."""
+    sparse_ok(options): whether the sparse walk has the set.  first_t: the first step number.
+    error_inputs: bad hyper-parameters that every entry point refuses alike.  torch_class /
+    torch_options(options): the fastadam.torch class and its keywords (None: none)."""
 
     name: str
     dense: Callable
@@ -30,6 +60,9 @@ class OptimizerInfo:
     object_options: Callable
     sparse_ok: Callable = lambda options: True
     first_t: int = 1
+    error_inputs: List[ErrorInput] = field(default_factory=list)
+    torch_class: Optional[str] = None
+    torch_options: Callable = lambda options: None
 
     def slots(self, options) -> Tuple[str, ...]:
         """The functional slot names this option set uses, in kernel order."""
@@ -134,6 +167,14 @@ def _lion_object(o):
     return kw
 
 
+def _rmsprop_torch(o):
+    return None if "convention" in o or "grad_scale" in o else dict(o)
+
+
+def _lion_torch(o):
+    return _lion_object(o)
+
+
 def _adagrad_reference(x, g, s, t, **kw):
     x, h = adagrad_reference(x, g, s["h"], t, **kw)
     return x, {"h": h}
@@ -191,14 +232,17 @@ OPTIMIZERS = [
         reference=_rmsprop_reference, option_sets=_rmsprop_sets(), cls=fastadam.RMSprop,
         object_options=_rmsprop_object,
         sparse_ok=lambda o: not o.get("grad_scale") and not (o.get("centered")
-                                                             and o.get("momentum", 0) > 0)),
+                                                             and o.get("momentum", 0) > 0),
+        error_inputs=rule_errors(RMSPROP_RULES), torch_class="RMSprop",
+        torch_options=_rmsprop_torch),
     OptimizerInfo(
         name="lion", dense=_lion_dense, sparse=_lion_sparse, reference=_lion_reference,
         option_sets=[dict(lr=0.01), dict(lr=0.01, beta1=0.8, beta2=0.95, weight_decay=0.5,
                                          maximize=True),
                      dict(lr=0.01, grad_scale=2.0)],
         cls=fastadam.Lion, object_options=_lion_object,
-        sparse_ok=lambda o: not o.get("grad_scale")),
+        sparse_ok=lambda o: not o.get("grad_scale"),
+        error_inputs=rule_errors(LION_RULES), torch_class="Lion", torch_options=_lion_torch),
 ]
 
 CASES = [(info, options) for info in OPTIMIZERS for options in info.option_sets]
@@ -208,3 +252,11 @@ def case_id(case):
     info, options = case
     return info.name + "-" + ",".join(f"{k}={v}" for k, v in options.items()
                                       if k not in ("lr",))
+
+
+ERROR_CASES = [(info, row) for info in OPTIMIZERS for row in info.error_inputs]
+
+
+def error_case_id(case):
+    info, row = case
+    return f"{info.name}-{row!r}"

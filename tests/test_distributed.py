@@ -70,6 +70,44 @@ def test_bad_input_on_one_rank_raises_on_every_rank(tmp_path):
     assert_mpi_ok(2, ["errors"], tmp_path)
 
 
+def test_ranks_out_of_step_raise_on_every_rank(tmp_path):
+    """A rank skips a step (it caught an error of its own), or makes one more: the first call
+    where the ranks differ raises CollectiveMismatchError on every rank, naming each rank's
+    call, and every later call raises at once (checked in the scenarios, on every rank)."""
+    assert_mpi_ok(2, ["skipped_step", "mismatched_methods"], tmp_path)
+
+
+@pytest.mark.parametrize("scenario, expected", [
+    ("unequal_steps", "rank 0 reached the end of the program as its call 4; rank 1 reached "
+                      "ShardedOptimizer #0.step after 2 steps as its call 4"),
+    ("skipped_step_at_exit", "rank 0 reached ShardedOptimizer #0.step after 2 steps as its "
+                             "call 4; rank 1 reached the end of the program as its call 4"),
+])
+@pytest.mark.parametrize("plain_python", [True, False], ids=["python", "python-m-mpi4py"])
+def test_a_rank_left_stepping_ends_the_job(tmp_path, scenario, expected, plain_python):
+    """One rank makes a step more than the others (unequal step counts, or a step skipped by
+    the others), which end their program: that step used to wait for ever.  Now it meets
+    their exit, raises, and the job ends with the error, on both launchers."""
+    rc, output, seconds = run_mpi(2, [scenario], tmp_path, timeout=60, plain_python=plain_python)
+    assert rc != 0, output[-3000:]
+    assert "CollectiveMismatchError: the ranks are out of step: " + expected in output, \
+        output[-3000:]
+    assert seconds < 60
+
+
+def test_out_of_step_message_groups_the_ranks(dist):
+    from fastadam.distributed._collectives import mismatch_message
+    entries = [(7, "ShardedOptimizer #1", "step", 5, None), (6, "ShardedOptimizer #1", "step", 4,
+                                                              None),
+               (7, "ShardedOptimizer #1", "step", 5, ("ValueError", "x")), (7, None, None, None,
+                                                                           None)]
+    assert mismatch_message(entries).startswith(
+        "the ranks are out of step: ranks 0, 2 reached ShardedOptimizer #1.step after 5 steps "
+        "as their call 7; rank 1 reached ShardedOptimizer #1.step after 4 steps as its call 6; "
+        "rank 3 reached the end of the program as its call 7.  Every rank must make the same "
+        "fastadam.distributed calls in the same order")
+
+
 def test_checkpoint_loads_with_other_rank_counts(tmp_path):
     assert_mpi_ok(2, ["checkpoint"], tmp_path)
     # the 2-rank checkpoint is an ordinary fastadam.Adam checkpoint
@@ -113,7 +151,7 @@ def test_a_rank_that_raises_aborts_a_plain_python_job(tmp_path):
 @pytest.mark.slow
 def test_four_ranks_oversubscribed(tmp_path):
     names = ["dense_exact", "skip_nonfinite", "generic_optimizer", "errors", "checkpoint",
-             "embedding_adam"]
+             "embedding_adam", "skipped_step", "mismatched_methods"]
     if hasattr(fastadam, "sparse_adagrad_step_inplace"):
         names.append("embedding_adagrad")
     assert_mpi_ok(4, names, tmp_path)

@@ -48,6 +48,8 @@ def swapped():
     (lambda: Adam([np.zeros(2)], amsgrad=1), TypeError, r"amsgrad: expected a bool, got int 1"),
     (lambda: Adam([np.zeros(2)], sparse_mode="catchup"), ValueError,
      r"sparse_mode: expected one of \('lazy', 'dense'\), got 'catchup'"),
+    (lambda: Adam([np.zeros(2, np.float32)], master_weights=True), ValueError,
+     r"master_weights: a float32 master copy is for bfloat16 parameters; these are float32"),
     (lambda: Adam([np.zeros(2)], clip_grad_norm=0.0), ValueError,
      r"clip_grad_norm: expected a number > 0 or None, got 0.0"),
     (lambda: Adam([np.zeros(2)], num_threads="4"), TypeError,

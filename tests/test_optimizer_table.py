@@ -3,6 +3,7 @@ against its float64 oracle, thread-count independence, its sparse forms against 
 its object against its functional step (checkpoints included), and its GPU kernels, run on the
 host, against the CPU bit for bit.  A new optimizer is covered by adding a row."""
 import ctypes
+import re
 
 import numpy as np
 import pytest
@@ -10,8 +11,10 @@ import pytest
 import fastadam
 from fastadam._core._registry import spec
 from fastadam.gpu import _layout
+from fastadam.optim import prepare_step
 from gpu_emulation_build import BuildError, build
-from optimizer_table import CASES, OPTIMIZERS, case_id, fold_options
+from optimizer_table import (CASES, ERROR_CASES, OPTIMIZERS, case_id, error_case_id,
+                             fold_options)
 
 SIZES = [0, 1, 17, 1000]
 STEPS = 3
@@ -190,6 +193,77 @@ def test_object_follows_a_schedule(rng, info):
         opt.step([g])
         info.dense(want_x, g, state, info.first_t + k, **dict(options, lr=sched(k)))
     np.testing.assert_array_equal(x, want_x)
+
+
+# ---- one rule per hyper-parameter in every entry point --------------------------------------
+def _entry_points(info, options, x, state):
+    """(name, argument-name map, call) of every entry point given ``options`` (functional
+    keywords) over the parameter ``x`` and its ``state`` (every slot of the spec)."""
+    g, t = np.full(x.shape, 0.5), info.first_t
+    points = [
+        ("functional", {}, lambda: info.dense(x, g, state, t, **options)),
+        ("sparse", {}, lambda: info.sparse(x, (np.array([1, 3]), np.ones(2)), state, t,
+                                           **options)),
+        ("prepare_step", {}, lambda: prepare_step(info.name, x, state).step(g, t, **options)),
+    ]
+    kw = info.object_options(options)
+    if kw is not None:
+        good = info.object_options(info.option_sets[0])
+        points += [("object", {}, lambda: info.cls([x], **kw)),
+                   ("object.set_hyperparameters", {},
+                    lambda: info.cls([x], **good).set_hyperparameters(**kw))]
+    torch_kw = info.torch_options(options)
+    if torch_kw is not None and info.torch_class is not None:
+        torch = pytest.importorskip("torch")
+        import fastadam.torch as ft
+        param = torch.nn.Parameter(torch.ones(x.shape, dtype=torch.float64))
+        points.append(("fastadam.torch", {"beta1": "betas[0]", "beta2": "betas[1]"},
+                       lambda: getattr(ft, info.torch_class)([param], **torch_kw)))
+    return points
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=error_case_id)
+def test_every_entry_point_refuses_a_bad_hyperparameter_alike(case):
+    """A row of the optimizer's error table (for RMSprop and Lion made from its HYPER_RULES):
+    the functional and sparse steps, prepare_step, the object (built, or its hyper-parameters
+    set) and fastadam.torch raise the same exception naming the same argument, and change
+    nothing."""
+    info, row = case
+    x = np.ones(5)
+    state = {name: np.zeros(5) for name in spec(info.name).slots}
+    seen = []
+    for name, rename, call in _entry_points(info, row.options, x, state):
+        arg = rename.get(row.arg, row.arg)
+        with pytest.raises(row.error) as caught:
+            call()
+        # fastadam's messages start with the argument; fastadam.torch may word them as torch
+        # does ("Invalid learning rate: -0.5 (lr must be >= 0)"): the argument is one word of it
+        pattern = (rf"(^|\W){re.escape(arg)}(\W|$)" if name == "fastadam.torch" else
+                   rf"^(param_groups\[0\]: )?{re.escape(arg)}: ")
+        assert re.search(pattern, str(caught.value)), (name, str(caught.value))
+        np.testing.assert_array_equal(x, 1, err_msg=name)
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, 0, err_msg=f"{name} {slot}")
+        seen.append(name)
+    assert seen[:5] == ["functional", "sparse", "prepare_step", "object",
+                        "object.set_hyperparameters"]
+
+
+@pytest.mark.parametrize("info", OPTIMIZERS, ids=lambda i: i.name)
+def test_a_master_copy_of_float32_parameters_is_refused_everywhere(info):
+    """master_weights=True (the object) and master= (prepare_step) keep a float32 master of
+    bfloat16 parameters; for float32 parameters both refuse it, naming their argument."""
+    x = np.ones(5, np.float32)
+    state = {name: np.zeros(5, np.float32) for name in spec(info.name).slots}
+    with pytest.raises(ValueError, match=r"^master: a float32 master copy is for bfloat16 "):
+        prepare_step(info.name, x, state, master=np.ones(5, np.float32))
+    kw = info.object_options(info.option_sets[0])
+    with pytest.raises(ValueError, match=r"^master_weights: a float32 master copy is for "
+                                         r"bfloat16 parameters; these are float32"):
+        info.cls([x], master_weights=True, **kw)
+    with pytest.raises(ValueError, match=r"^master_weights: "):
+        info.cls([x], master_weights=True, state_dtype="int8", **kw)
+    np.testing.assert_array_equal(x, 1)
 
 
 # ---- the GPU kernels on the host (tests/gpu_emulation.cpp) ---------------------------------

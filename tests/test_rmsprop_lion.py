@@ -112,8 +112,8 @@ def test_lion_propagates_nan_and_skips_with_skip_nonfinite():
 
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(alpha=1.5), ValueError, r"^alpha: expected 0 <= alpha <= 1, got 1.5"),
-    (dict(eps=-1.0), ValueError, r"^eps: expected eps >= 0"),
-    (dict(momentum=-0.1), ValueError, r"^momentum: expected momentum >= 0"),
+    (dict(eps=-1.0), ValueError, r"^eps: expected a number >= 0, got -1.0"),
+    (dict(momentum=-0.1), ValueError, r"^momentum: expected a number >= 0, got -0.1"),
     (dict(lr=float("nan")), ValueError, r"^lr: expected a finite number"),
     (dict(convention="tf"), ValueError, r"^convention: expected one of \('torch', 'keras'\)"),
     (dict(momentum=0.9), ValueError, r"^momentum_buffer: momentum > 0 needs momentum_buffer"),

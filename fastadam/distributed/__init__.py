@@ -16,6 +16,14 @@ Design
   plain ``mpiexec -n N python train.py``: building a ``ShardedOptimizer`` or
   ``ShardedEmbedding`` installs that ``sys.excepthook`` (``abort_on_error()``, ``_abort.py``);
   ``abort_on_error=False`` opts out.
+- The ranks are kept in step: every method starts with one allgather (for ``step``, ``lookup``
+  and ``apply_gradients`` the one that already agrees on input errors) that carries each rank's
+  count of calls on the communicator and the call it is making.  A rank that skipped a call
+  (it caught an error of its own), made one more (unequal numbers of steps) or called another
+  method makes every rank raise ``CollectiveMismatchError`` naming the ranks and their calls,
+  and later calls on that communicator raise at once; a rank whose program ends meets its
+  peers' calls once more at exit, so a peer still stepping raises instead of waiting for ever
+  (``_collectives.py``, ``CallSequence``).
 - Limits: MPI counts and displacements are C ints.  ``ShardedOptimizer`` counts elements, so one
   dtype's parameters must stay below 2**31 elements (mpi4py raises OverflowError beyond);
   ``ShardedEmbedding`` counts rows (a contiguous row datatype), so only ``num_rows`` is bounded.
@@ -38,7 +46,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
                       "pip install 'fastadam[mpi]'") from exc
 
 from ._abort import abort_on_error
+from ._collectives import CollectiveMismatchError
 from ._sharded_embedding import ShardedEmbedding
 from ._sharded_optimizer import ShardedOptimizer
 
-__all__ = ["ShardedEmbedding", "ShardedOptimizer", "abort_on_error"]
+__all__ = ["CollectiveMismatchError", "ShardedEmbedding", "ShardedOptimizer", "abort_on_error"]

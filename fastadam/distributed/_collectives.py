@@ -9,7 +9,20 @@ out, in rounds that keep its receive buffer near ``SCRATCH_BYTES``.
 
 ``agree_on_errors`` makes an input error seen by one rank an exception on every rank, so that no
 rank is left waiting in a collective that the failing rank will never enter.
+
+``CallSequence`` keeps the ranks of a communicator in step.  Every public method of the sharded
+objects starts with ``enter``: one ``allgather`` (the one that already carries the input check
+of ``step``, ``lookup`` and ``apply_gradients``) tells every rank which call every other rank
+is making and how many it has made on that communicator.  A rank that skipped a call (it caught
+an error of its own and went on), made one more (unequal numbers of steps) or called another
+method is seen by all of them at once: every rank raises ``CollectiveMismatchError`` naming
+the ranks and their calls, and the sequence is broken, so that later calls raise at once
+without a collective.  A rank whose program ends while a peer still calls makes one last
+``enter`` at exit (``atexit``), so the peer's call finds it instead of waiting for ever.
 """
+import atexit
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
@@ -169,3 +182,125 @@ def on_root(comm, root, action):
                 "FileNotFoundError": FileNotFoundError}.get(message[0], ValueError)
         raise kind(f"rank {root}: {message[1]}")
     return value
+
+
+# -- keeping the ranks in step -----------------------------------------------------------------
+class CollectiveMismatchError(RuntimeError):
+    """The ranks of a communicator are not making the same fastadam.distributed call: a rank
+    skipped a call, made one more, or called another method.  Raised on every rank at once;
+    the communicator's fastadam.distributed calls raise it from then on."""
+
+    __module__ = "fastadam.distributed"
+
+
+_KEYVAL = []        # the MPI attribute key under which a communicator keeps its CallSequence
+_AT_EXIT = []       # sequences of communicators of 2 or more ranks, for the call at exit
+
+
+class CallSequence:
+    """The fastadam.distributed calls made on one communicator, counted on every rank (kept as
+    an MPI attribute of the communicator: every object built on it shares one count)."""
+
+    def __init__(self, comm):
+        self.comm, self.calls, self.objects, self.broken = comm, 0, 0, None
+        self.freed = False
+
+    def label(self, kind):
+        """A name for the next object built on this communicator (``ShardedOptimizer #0``);
+        the ranks build them in the same order, so the names agree."""
+        self.objects += 1
+        return f"{kind} #{self.objects - 1}"
+
+    def enter(self, obj, method, steps=None, check=None):
+        """Begin the collective call ``obj.method`` (``steps``: the object's step count, for
+        the message) on every rank: one allgather of (call count, call, ``check()``'s error).
+        CollectiveMismatchError on every rank if the ranks' calls differ; else, as
+        ``agree_on_errors``, the local input error or another rank's, on every rank.
+        Returns ``check()``'s value."""
+        if self.broken is not None:
+            raise CollectiveMismatchError(f"{obj}.{method}: not started, the ranks are out "
+                                          f"of step since an earlier call: {self.broken}")
+        error, value = None, None
+        if check is not None:
+            try:
+                value = check()
+            except (TypeError, ValueError, IndexError) as exc:
+                error = exc
+        self.calls += 1
+        entries = self.comm.allgather((self.calls, obj, method, steps, None if error is None else
+                                       (type(error).__name__, str(error))))
+        first = entries[0][:3]
+        for entry in entries[1:]:
+            if entry[:3] != first:
+                self.broken = mismatch_message(entries)
+                raise CollectiveMismatchError(self.broken)
+        if error is not None:
+            raise error
+        for rank, entry in enumerate(entries):
+            if entry[4] is not None:
+                kind = {"TypeError": TypeError, "IndexError": IndexError}.get(entry[4][0],
+                                                                             ValueError)
+                raise kind(f"rank {rank}: {entry[4][1]}")
+        return value
+
+
+def _ranks(ranks):
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def mismatch_message(entries):
+    """What each group of ranks was calling, from the gathered (count, object, method, step)."""
+    groups = {}
+    for rank, (calls, obj, method, steps, _) in enumerate(entries):
+        what = ("the end of the program" if obj is None else
+                f"{obj}.{method}" + ("" if steps is None else f" after {steps} steps"))
+        groups.setdefault((what, calls), []).append(rank)
+    parts = [f"{_ranks(ranks)} reached {what} as {'its' if len(ranks) == 1 else 'their'} "
+             f"call {calls}" for (what, calls), ranks in groups.items()]
+    return ("the ranks are out of step: " + "; ".join(parts) + ".  Every rank must make the "
+            "same fastadam.distributed calls in the same order: a rank skipped a call (an error "
+            "caught on that rank only?) or made one more (unequal numbers of steps?)")
+
+
+def _freed(comm, keyval, sequence):
+    """MPI deletes the attribute when the communicator is freed: no call at exit on it."""
+    sequence.freed = True
+
+
+def call_sequence(comm):
+    """The CallSequence of ``comm`` (made on first use)."""
+    if not _KEYVAL:
+        _KEYVAL.append(MPI.Comm.Create_keyval(delete_fn=_freed))
+    sequence = comm.Get_attr(_KEYVAL[0])
+    if sequence is None:
+        sequence = CallSequence(comm)
+        comm.Set_attr(_KEYVAL[0], sequence)
+        if comm.Get_size() > 1:
+            _AT_EXIT.append(sequence)
+    return sequence
+
+
+def _enter_at_exit():
+    """A rank's program ends: meet, on each communicator still in use, whatever call the other
+    ranks make.  If one of them is still calling (a step more than this rank made), both see
+    the mismatch: the peer raises, and this rank reports it and aborts the job (if
+    ``abort_on_error`` is installed) instead of leaving the peer waiting."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    for sequence in _AT_EXIT:
+        if sequence.broken is not None or sequence.freed:
+            continue
+        try:
+            sequence.enter(None, None)
+        except CollectiveMismatchError as exc:
+            rank = MPI.COMM_WORLD.Get_rank()
+            sys.stderr.write(f"fastadam.distributed: rank {rank} at exit: "
+                             f"CollectiveMismatchError: {exc}\n")
+            sys.stderr.flush()
+            if getattr(sys.excepthook, "fastadam_abort_on_error", False):
+                MPI.COMM_WORLD.Abort(1)
+        except MPI.Exception:  # the communicator was freed through another handle
+            continue
+
+
+atexit.register(_enter_at_exit)

@@ -21,8 +21,7 @@ import fastadam
 
 from ._abort import abort_on_error as install_abort_hook
 
-from ._collectives import (agree_on_errors, alltoallv, carrier, exclusive_offsets, on_root,
-                           row_type)
+from ._collectives import alltoallv, call_sequence, carrier, exclusive_offsets, on_root, row_type
 
 _OPTIMIZERS = ("adam", "adagrad")
 
@@ -105,6 +104,9 @@ class ShardedEmbedding:
         self.last_step = np.zeros(len(self.rows), np.int64) if mode == "catchup" else None
         self.t = 0
         self._apply_local(np.zeros(0, np.int64), np.zeros((0, self.dim), dtype), t=1)  # checks
+        self._sequence = call_sequence(comm)
+        self._name = self._sequence.label("ShardedEmbedding")
+        self._sequence.enter(self._name, "__init__")
 
     # -- routing -------------------------------------------------------------------------
     def _check_ids(self, ids, name):
@@ -131,7 +133,8 @@ class ShardedEmbedding:
 
     def lookup(self, ids):
         """The rows of the global ``ids`` (any integer array): shape ``ids.shape + (dim,)``."""
-        flat = agree_on_errors(self.comm, lambda: self._check_ids(ids, "ids"))
+        flat = self._sequence.enter(self._name, "lookup", self.t,
+                                    lambda: self._check_ids(ids, "ids"))
         unique_ids, inverse = np.unique(flat, return_inverse=True)
         order, send_counts, recv_counts, recv_ids = self._route(unique_ids)
         rows = self.weight[recv_ids // self.comm.Get_size()]
@@ -165,7 +168,8 @@ class ShardedEmbedding:
         """One optimizer step with this rank's gradient ``grad`` (``fastadam.IndexedSlices``
         of the table, or an ``(indices, values)`` pair of global ids and rows), summed over the
         ranks.  Every rank's ``t`` advances."""
-        indices, values = agree_on_errors(self.comm, lambda: self._check_grad(grad))
+        indices, values = self._sequence.enter(self._name, "apply_gradients", self.t,
+                                               lambda: self._check_grad(grad))
         unique_ids, sums = fastadam.segment_sum(indices, values)
         order, send_counts, recv_counts, recv_ids = self._route(unique_ids)
         received = alltoallv(self.comm, sums[order], send_counts, recv_counts)
@@ -184,6 +188,7 @@ class ShardedEmbedding:
     def state_dict(self, root=0):
         """The full table (``"weight"``), optimizer state (``"m"``, ``"v"`` or ``"h"``,
         ``"last_step"`` in catchup mode) and ``"t"``, gathered on ``root`` (None elsewhere)."""
+        self._sequence.enter(self._name, "state_dict", self.t)
         local = dict(weight=self.weight, **self.state)
         if self.last_step is not None:
             local["last_step"] = self.last_step
@@ -197,6 +202,7 @@ class ShardedEmbedding:
     def load_state_dict(self, state, root=0):
         """Load a full state (``state_dict()`` of a table of the same shape, optimizer and mode,
         saved with any number of ranks), read on ``root`` only.  Collective."""
+        self._sequence.enter(self._name, "load_state_dict", self.t)
         local = dict(weight=self.weight, **self.state)
         if self.last_step is not None:
             local["last_step"] = self.last_step

@@ -26,9 +26,9 @@ from mpi4py import MPI
 
 from ._abort import abort_on_error as install_abort_hook
 
-from ._collectives import (agree_on_errors, allgather_in_place, carrier, gather_slices, on_root,
-                           reduce_scatter_chunk, reduce_scatter_in_rank_order, scatter_slices,
-                           slice_bounds)
+from ._collectives import (agree_on_errors, allgather_in_place, call_sequence, carrier,
+                           gather_slices, on_root, reduce_scatter_chunk,
+                           reduce_scatter_in_rank_order, scatter_slices, slice_bounds)
 
 
 def _constructor_defaults(optimizer):
@@ -169,6 +169,9 @@ class ShardedOptimizer:
         self.comm, self.params = comm, list(params)
         self.optimizer_type = type(optimizer)
         self.defaults = _constructor_defaults(optimizer)
+        self._sequence = call_sequence(comm)
+        self._name = self._sequence.label("ShardedOptimizer")
+        self._sequence.enter(self._name, "__init__")
         layout = [(p.shape, p.dtype.str) for p in self.params]
         agree_on_errors(comm, lambda: self._check_same_layout(comm.allgather(layout)))
         self._groups = []
@@ -209,7 +212,9 @@ class ShardedOptimizer:
         apply one step.  With ``skip_nonfinite=True`` a NaN or infinity in the averaged gradient
         on any rank skips the step on every rank: nothing changes and False is returned."""
         comm, size = self.comm, self.comm.Get_size()
-        grads = agree_on_errors(comm, lambda: self._check_grads(grads))
+        # the one allgather that checks the inputs also checks that every rank is at this step
+        grads = self._sequence.enter(self._name, "step", self.t,
+                                     lambda: self._check_grads(grads))
         for group in self._groups:
             send = group.flat_of(grads, None if group.single else group.grad_flat)
             reduce_scatter_in_rank_order(comm, send, group.bounds, group.scratch,
@@ -234,6 +239,10 @@ class ShardedOptimizer:
     def state_dict(self, root=0):
         """The full state, in the wrapped optimizer's ``state_dict`` format, gathered on
         ``root`` (None on the other ranks).  Collective."""
+        self._sequence.enter(self._name, "state_dict", self.t)
+        return self._gather_state(root)
+
+    def _gather_state(self, root):
         comm, is_root = self.comm, self.comm.Get_rank() == root
         states = [group.inner.state_dict() for group in self._groups]
         if not states:
@@ -256,6 +265,7 @@ class ShardedOptimizer:
     def load_state_dict(self, state, root=0):
         """Load a full state (``state_dict()`` of this or of an unsharded optimizer with the same
         parameters, from any number of ranks), read on ``root`` only.  Collective."""
+        self._sequence.enter(self._name, "load_state_dict", self.t)
         self._load_full_state(state, root)
 
     def _load_full_state(self, state, root):
@@ -298,7 +308,8 @@ class ShardedOptimizer:
     def save(self, path, root=0):
         """Write the parameters and the full state to ``path`` on ``root``, in the wrapped
         optimizer's checkpoint format (a single-process optimizer loads it).  Collective."""
-        state = self.state_dict(root)
+        self._sequence.enter(self._name, "save", self.t)
+        state = self._gather_state(root)
 
         def write():
             full = self.optimizer_type(self.params, **self.defaults)
@@ -311,6 +322,8 @@ class ShardedOptimizer:
         """Read a checkpoint written by :meth:`save` or by the unsharded optimizer's ``save``,
         with any number of ranks; ``root`` reads the file.  With ``params=True`` the saved
         parameters are broadcast into ``params`` too.  Collective."""
+        self._sequence.enter(self._name, "load", self.t)
+
         def read():
             full = self.optimizer_type([p.copy() for p in self.params], **self.defaults)
             full.load(path, params=params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -31,6 +31,24 @@ def check_real(value: Any, name: str, low: Optional[float] = 0.0) -> float:
     if low is not None and value < low:
         raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
     return value
+
+
+def check_rule(value: float, name: str, rule: Tuple[float, Optional[float]]) -> float:
+    """``value`` (a finite float) by its row ``rule = (low, high)`` of an optimizer's
+    ``HYPER_RULES``: ``low <= value <= high``, ``high`` None for no upper bound."""
+    low, high = rule
+    if high is None:
+        if not value >= low:
+            raise ValueError(f"{name}: expected a number >= {low:g}, got {value}")
+    elif not low <= value <= high:
+        raise ValueError(f"{name}: expected {low:g} <= {name} <= {high:g}, got {value}")
+    return value
+
+
+def real_or_schedule(value: Any, name: str = "lr") -> Any:
+    """A real number (type only: its range is the optimizer's table's, checked by its fold)
+    or a schedule (a callable)."""
+    return value if callable(value) else check_real(value, name, None)
 
 
 def check_bool(value: Any, name: str) -> bool:

@@ -15,7 +15,8 @@ import numpy as np
 
 from .._core._coeffs import StructCoefficients
 from .._core._registry import OptimizerSpec, register
-from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
+from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_real
+from ._checks import check_rule, real_or_schedule
 from ._coefficients import _grad_scale, finite_float, retime_from_one, step_number
 from ._functional import Arrays, dense_step
 
@@ -24,20 +25,24 @@ __all__ = ["Lion", "lion_step_inplace", "sparse_lion_step_inplace"]
 FIELDS = ("lr", "beta1", "beta2", "decay_mul", "sign", "grad_scale")
 _FINITE32 = ((0, "lr"), (5, "grad_scale"))
 _NONZERO32 = ((5, "grad_scale"),)
+#: One rule per hyper-parameter, (low, high) of a closed range (None: no upper bound).  Every
+#: entry point reads it through the fold: the functional and sparse steps, prepare_step (the
+#: spec's fold), the Lion object (check_group folds; so does each step) and fastadam.torch's
+#: Lion (its steps are the functional ones); tests/optimizer_table.py makes error rows of it.
+HYPER_RULES = {"lr": (0.0, None), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0),
+               "weight_decay": (0.0, None)}
 
 
 def lion_coefficients(t, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.0, maximize=False,
                       grad_scale=None):
     """The coefficient object of Lion's step ``t`` (formula: include/fastadam/lion.h)."""
-    lr = finite_float(lr, "lr")
-    beta1 = finite_float(beta1, "beta1")
-    beta2 = finite_float(beta2, "beta2")
-    weight_decay = finite_float(weight_decay, "weight_decay")
+    rules = HYPER_RULES
+    lr = check_rule(finite_float(lr, "lr"), "lr", rules["lr"])
+    beta1 = check_rule(finite_float(beta1, "beta1"), "beta1", rules["beta1"])
+    beta2 = check_rule(finite_float(beta2, "beta2"), "beta2", rules["beta2"])
+    weight_decay = check_rule(finite_float(weight_decay, "weight_decay"), "weight_decay",
+                              rules["weight_decay"])
     t = step_number(t)
-    if not 0.0 <= beta1 <= 1.0:
-        raise ValueError(f"beta1: expected 0 <= beta1 <= 1, got {beta1}")
-    if not 0.0 <= beta2 <= 1.0:
-        raise ValueError(f"beta2: expected 0 <= beta2 <= 1, got {beta2}")
     if t < 1:
         raise ValueError(f"t: expected a step number >= 1, got {t}")
     flags, divisor = _grad_scale(grad_scale)
@@ -156,13 +161,14 @@ class Lion(Optimizer):
 
     def check_group(self, hyper: Dict[str, Any]) -> Dict[str, Any]:
         h = dict(hyper)
-        h["lr"] = check_lr(h["lr"])
+        # types here; the ranges are HYPER_RULES's, applied by the fold below
+        h["lr"] = real_or_schedule(h["lr"])
         try:
             beta1, beta2 = h["betas"]
         except (TypeError, ValueError):
             raise TypeError(f"betas: expected a pair (beta1, beta2), got {h['betas']!r}") from None
         h["betas"] = (check_real(beta1, "beta1", None), check_real(beta2, "beta2", None))
-        h["weight_decay"] = check_real(h["weight_decay"], "weight_decay")
+        h["weight_decay"] = check_real(h["weight_decay"], "weight_decay", None)
         h["maximize"] = check_bool(h["maximize"], "maximize")
         h["sparse_mode"] = check_choice(h["sparse_mode"], "sparse_mode", SPARSE_MODES)
         lion_coefficients(1, **self._scalars(h, 0.0 if callable(h["lr"]) else h["lr"]))

@@ -118,6 +118,11 @@ def check_params(opts: LowpOptions, arrays: List[np.ndarray], labels: List[str])
     if opts.param_rounding == "stochastic" and not any(is_bfloat16(a.dtype) for a in arrays):
         raise ValueError("param_rounding: stochastic rounding is for bfloat16 parameters; "
                          "these are float32")
+    if opts.master_weights and not any(is_bfloat16(a.dtype) for a in arrays):
+        # prepare_step's rule (a master is for bfloat16 params); float32 ones beside bfloat16
+        # ones step without a copy, being their own master
+        raise ValueError("master_weights: a float32 master copy is for bfloat16 parameters; "
+                         "these are float32")
 
 
 def new_slot(opts: LowpOptions, spec: Any, name: str, a: np.ndarray, fill: float) -> Any:
