@@ -27,6 +27,11 @@ class ErrorInput:
         return ",".join(f"{k}={v!r}" for k, v in self.options.items())
 
 
+#: Adam's, Adagrad's and SGD's rules of the two hyper-parameters every entry point checks alike
+#: (their other ranges are half-open or depend on the convention: their own tests)
+NON_NEGATIVE_RULES = {"lr": (0.0, None), "weight_decay": (0.0, None)}
+
+
 def rule_errors(rules):
     """The error rows of an optimizer's ``HYPER_RULES`` table: a value below each range and
     above each bounded one, and the rows every real hyper-parameter shares."""
@@ -206,7 +211,9 @@ OPTIMIZERS = [
                      dict(lr=0.01, convention="torch", weight_decay=0.1,
                           decoupled_weight_decay=True, grad_scale=8.0)],
         cls=fastadam.Adam, object_options=_adam_object,
-        sparse_ok=lambda o: not (o.get("amsgrad") or o.get("nesterov") or o.get("grad_scale"))),
+        sparse_ok=lambda o: not (o.get("amsgrad") or o.get("nesterov") or o.get("grad_scale")),
+        error_inputs=rule_errors(NON_NEGATIVE_RULES), torch_class="Adam",
+        torch_options=lambda o: dict(o)),
     OptimizerInfo(
         name="adagrad", dense=lambda x, g, s, t, **kw: fastadam.adagrad_step_inplace(
             x, g, s["h"], t, **kw),
@@ -216,7 +223,9 @@ OPTIMIZERS = [
         option_sets=[dict(lr=0.05, convention="torch", eps=1e-10),
                      dict(lr=0.05, convention="keras", eps=1e-7, weight_decay=0.1)],
         cls=fastadam.Adagrad, object_options=lambda o: dict(o),
-        sparse_ok=lambda o: not o.get("grad_scale")),
+        sparse_ok=lambda o: not o.get("grad_scale"),
+        error_inputs=rule_errors(NON_NEGATIVE_RULES), torch_class="Adagrad",
+        torch_options=lambda o: dict(o)),
     OptimizerInfo(
         name="momentum", dense=lambda x, g, s, t, **kw: fastadam.momentum_step_inplace(
             x, g, s["v"], t, **kw),
@@ -226,7 +235,9 @@ OPTIMIZERS = [
         option_sets=[dict(lr=0.05, momentum=0.9), dict(lr=0.05, momentum=0.9, nesterov=True,
                                                         weight_decay=0.1)],
         cls=fastadam.SGD, object_options=lambda o: dict(o),
-        sparse_ok=lambda o: not o.get("grad_scale")),
+        sparse_ok=lambda o: not o.get("grad_scale"),
+        error_inputs=rule_errors(NON_NEGATIVE_RULES), torch_class="SGD",
+        torch_options=lambda o: dict(o)),
     OptimizerInfo(
         name="rmsprop", dense=_rmsprop_dense, sparse=_rmsprop_sparse,
         reference=_rmsprop_reference, option_sets=_rmsprop_sets(), cls=fastadam.RMSprop,

@@ -309,7 +309,8 @@ def adam_fold(t, lr, beta1, beta2, eps, convention, weight_decay, decoupled_weig
         return None
     lr_, b1, b2, eps_ = lr, beta1, beta2, eps
     wd, post = weight_decay, post_decay
-    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps_ > 0.0 and 0.0 <= post < 1.0):
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps_ > 0.0 and 0.0 <= post < 1.0
+            and lr_ >= 0.0 and wd >= 0.0):
         return None
     if grad_scale is not None:
         if not plain_finite(grad_scale) or <double>grad_scale == 0.0:

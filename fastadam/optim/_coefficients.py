@@ -16,12 +16,16 @@ from .._core._coeffs import (FLAG_AMSGRAD, FLAG_EPS_INSIDE, FLAG_L2, FLAG_MOMENT
                              FLAG_NESTEROV, FLAG_SCALE, AdagradCoefficients, AdamCoefficients,
                              MomentumCoefficients, StructCoefficients, adam_fold)
 from .._core._registry import OptimizerSpec, register
+from ._checks import check_rule
 
 ADAM_CONVENTIONS = ("tf", "torch", "onnx")
 ADAGRAD_CONVENTIONS = ("torch", "onnx", "keras")
 MOMENTUM_CONVENTIONS = ("torch", "onnx")
 # Each library's default epsilon (used when eps=None).
 ADAGRAD_EPS = {"torch": 1e-10, "onnx": 1e-6, "keras": 1e-7}
+#: the rule of ``lr`` and ``weight_decay`` in every entry point of Adam, Adagrad and SGD (as of
+#: RMSprop's and Lion's HYPER_RULES): a negative rate or decay steps uphill
+NON_NEGATIVE = (0.0, None)
 T_LIMIT = 2**63  # step numbers are int64 in the kernels and in checkpoints
 
 
@@ -88,6 +92,8 @@ def check_adam_hyperparameters(lr, beta1, beta2, eps, convention, weight_decay, 
     eps = finite_float(eps, "eps")
     weight_decay = finite_float(weight_decay, "weight_decay")
     post_decay = finite_float(post_decay, "post_decay")
+    check_rule(lr, "lr", NON_NEGATIVE)
+    check_rule(weight_decay, "weight_decay", NON_NEGATIVE)
     if not 0.0 <= beta1 < 1.0:
         raise ValueError(f"beta1: expected 0 <= beta1 < 1, got {beta1}")
     if not 0.0 <= beta2 < 1.0:
@@ -162,7 +168,9 @@ def adagrad_coefficients(t, *, lr, lr_decay=0.0, eps=None, weight_decay=0.0, max
     lr = finite_float(lr, "lr")
     lr_decay = finite_float(lr_decay, "lr_decay")
     eps = ADAGRAD_EPS[convention] if eps is None else finite_float(eps, "eps")
-    weight_decay = finite_float(weight_decay, "weight_decay")
+    weight_decay = check_rule(finite_float(weight_decay, "weight_decay"), "weight_decay",
+                              NON_NEGATIVE)
+    check_rule(lr, "lr", NON_NEGATIVE)
     t = step_number(t)
     if lr_decay < 0.0:
         raise ValueError(f"lr_decay: expected lr_decay >= 0, got {lr_decay}")
@@ -211,10 +219,11 @@ def momentum_coefficients(t, *, lr, momentum=0.9, dampening=0.0, nesterov=False,
     ``T > 0 ? beta : 1``).
     """
     _convention(convention, MOMENTUM_CONVENTIONS)
-    lr = finite_float(lr, "lr")
+    lr = check_rule(finite_float(lr, "lr"), "lr", NON_NEGATIVE)
     momentum = finite_float(momentum, "momentum")
     dampening = finite_float(dampening, "dampening")
-    weight_decay = finite_float(weight_decay, "weight_decay")
+    weight_decay = check_rule(finite_float(weight_decay, "weight_decay"), "weight_decay",
+                              NON_NEGATIVE)
     t = step_number(t)
     if convention == "torch":
         if momentum < 0.0:
