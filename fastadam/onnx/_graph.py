@@ -50,7 +50,10 @@ from ._training_ops import OPTIMIZERS, contiguous
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
 # the exceptions a node raises that are re-raised with the node's label in front
-LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
+# (MemoryError and OverflowError too: an allocation the budget let through that still fails, or
+# a count too large for a C integer, names its node like any other error)
+LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError,
+                   MemoryError, OverflowError)
 
 
 def _attribute_value(a, label):
