@@ -61,7 +61,7 @@ def _loss_nodes(kind, output, labels, core_opset):
 
 def make_training_model(inference_model, *, loss="softmax_cross_entropy", output=None,
                         labels="labels", optimizer="adam", lr=1e-3, params=None,
-                        **optimizer_attrs):
+                        base_dir=None, **optimizer_attrs):
     """A copy of ``inference_model`` with a ``training_info`` that trains it.
 
     Parameters
@@ -85,12 +85,16 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
         fill value and the 0 its causal mask is compared with as one-element initializers), and
         training them changes the model (a scale that drifts, a mask that no longer masks).
         Name a one-element parameter (a PReLU slope) here to train it.
+    base_dir : str or os.PathLike, optional
+        The folder holding the external data of a ModelProto that has some (refused without
+        it); a model given by path reads its external data from its own folder.  The result
+        holds every tensor's bytes.
     **optimizer_attrs
         Attributes of the optimizer node (Adam: alpha, beta, epsilon, norm_coefficient,
         norm_coefficient_post; Adagrad: decay_factor, epsilon, norm_coefficient; Momentum:
         alpha, beta, mode, norm_coefficient, all required by the operator).
     """
-    src = load_model(inference_model)
+    src = load_model(inference_model, base_dir)
     if optimizer not in _STATES:
         raise ValueError(f"optimizer: expected 'adam', 'adagrad' or 'momentum', got "
                          f"{optimizer!r}")

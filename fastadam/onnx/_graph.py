@@ -65,6 +65,9 @@ def _attribute_value(a, label):
             v = v.decode()
         elif isinstance(v, onnx.TensorProto):
             onnx_dtype(v.data_type, f"{label}: attribute '{a.name}'", "data_type")
+            if v.data_location == onnx.TensorProto.EXTERNAL:  # (load_model reads them all)
+                raise ValueError(f"{label}: attribute '{a.name}': its data is in an external "
+                                 f"file, which fastadam.onnx reads only when the model is loaded")
             v = numpy_helper.to_array(v)
         elif isinstance(v, list) and v and isinstance(v[0], bytes):
             v = [s.decode() for s in v]

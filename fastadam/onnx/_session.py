@@ -145,9 +145,14 @@ class TrainingSession:
     pool keeps up to its ``max_cached_bytes`` of freed arrays between steps
     (``session.memory_pool.release()`` frees them).  A copied or unpickled session gets a new
     pool.
+
+    ``model``: an ``onnx.ModelProto`` or a path.  ``base_dir``: the folder holding the external
+    data of a ModelProto that has some (refused without it); a model given by path reads its
+    external data from its own folder.  The session holds every tensor's bytes: ``save``
+    writes them into one self-contained file.
     """
 
-    def __init__(self, model, *, memory_pool=True):
+    def __init__(self, model, *, memory_pool=True, base_dir=None):
         if memory_pool is True:
             memory_pool = MemoryPool()
         elif memory_pool is False or memory_pool is None:
@@ -156,7 +161,7 @@ class TrainingSession:
             raise TypeError(f"memory_pool: expected True, False or a fastadam.MemoryPool, got "
                             f"{type(memory_pool).__name__}")
         self._pool = memory_pool
-        model = load_model(model)
+        model = load_model(model, base_dir)
         self._proto = model
         graph = model.graph
         ops = opsets(model)
