@@ -273,17 +273,23 @@ class TrainingSession:
         self._state_ids = None
 
     def default_outputs(self):
-        """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
+        """The tensors that ``step`` returns by default: the algorithm outputs bound to no
+        initializer, then the loss (the ``y`` of each Gradient node) where it is not one of
+        them -- a loss that is an output of the inference graph, say."""
         out = []
         for alg in self._algorithms:
             bound = {v for _, v in alg.updates}
-            out += [n for n in alg.outputs if n not in bound]
+            out += [n for n in alg.outputs if n not in bound and n not in out]
+        for alg in self._algorithms:
+            for step in alg.plan.steps:
+                if step.kind == "gradient" and step.y not in out:
+                    out.append(step.y)
         return out
 
     def step(self, feeds, output_names=None):
         """One training step: every ``algorithm`` graph in order, each followed by its
-        ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
-        algorithm outputs bound to no initializer, e.g. the loss).  A node that would allocate
+        ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default:
+        ``default_outputs()``, the loss among them, also when it is a model output).  A node that would allocate
         more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
         it, before allocating and before any initializer changes."""
         pool = self._pool
