@@ -1,5 +1,7 @@
 """Single-byte corruptions of a small ONNX training model (tests/test_onnx_limits.py runs a
-sample; ``python tests/onnx_fuzz.py`` runs every byte position and prints the counts).
+sample; ``python tests/onnx_fuzz.py`` runs every byte position and prints the counts), and the
+hostile models of every shape-amplifying operator (``OPERATOR_CASES`` below;
+``python tests/onnx_fuzz.py hostile`` runs them and exits non-zero unless all are refused).
 
 Each mutation sets one byte of the serialized model to another value (seeded), writes it to a
 file and gives the path to ``fastadam.onnx.TrainingSession``, then runs one step and one
@@ -82,7 +84,7 @@ def _main():
         tried, refused, peaks = hostile_outcomes()
         print(f"{tried} hostile models, {refused} refused before allocating; largest traced "
               f"peak {max(peaks.values()) / MiB:.2f} MiB ({max(peaks, key=peaks.get)})")
-        return
+        sys.exit(0 if refused == tried else 1)
     n, counts, others = fuzz(seed=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     print(f"{n} bytes, {sum(counts.values())} mutations: {counts}")
     kinds = {}
