@@ -226,3 +226,19 @@ def test_save_writes_only_the_models_own_bytes(service_cwd, folders, tmp_path):
         numpy_helper.to_array(next(t for t in saved.graph.initializer if t.name == "W")),
         session.initializers["W"])
     assert sorted(os.listdir(out.parent)) == ["trained.onnx"]  # no data file beside it
+
+
+def test_no_reader_after_loading_touches_an_external_reference(service_cwd):
+    """Past ``load_model`` nothing reads a file: the initializer and attribute readers refuse a
+    tensor that still refers to one (what a caller building graphs by hand would hit)."""
+    from fastadam.onnx._graph import attributes
+    from fastadam.onnx._model import initializer_arrays
+    model = received()
+    with pytest.raises(ValueError, match=r"graph 'g': initializer 'W': its data is in an "
+                                         r"external file \('service_secret\.bin'\)"):
+        initializer_arrays(model.graph)
+    node = helper.make_node("Constant", [], ["Y"], name="c",
+                            value=model.graph.initializer[0])
+    with pytest.raises(ValueError, match=r"node c: attribute 'value': its data is in an "
+                                         r"external file"):
+        attributes(node, "node c")
