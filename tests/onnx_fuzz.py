@@ -207,8 +207,13 @@ OPERATOR_CASES = {
         Case("MatMul", {"A": _f32(1, 256, 256), "B": _f32(256, 256, 1)}, wants=64 * MiB,
              gradient="A", label="gradient"),
     ]),
-    "Gemm": ("amplifying", [Case("Gemm", {"A": _f32(4096, 1), "B": _f32(1, 4096)},
-                                 wants=64 * MiB)]),
+    "Gemm": ("amplifying", [
+        Case("Gemm", {"A": _f32(4096, 1), "B": _f32(1, 4096)}, wants=64 * MiB),
+        # a C of more axes than (M, N) broadcast the output up (the spec: C broadcasts to it)
+        Case("Gemm", {"A": _f32(16, 3), "B": _f32(3, 16), "C": _f32(65536, 1, 1)},
+             wants=64 * MiB, refusal=r"C: shape \(65536, 1, 1\) does not broadcast to the "
+                                     r"output shape \(16, 16\)", label="C"),
+    ]),
     "ReduceSum": ("amplifying", [_empty_reduction("ReduceSum")]),
     "ReduceMean": ("amplifying", [_empty_reduction("ReduceMean")]),
     "ReduceMax": ("amplifying", [_empty_reduction("ReduceMax")]),

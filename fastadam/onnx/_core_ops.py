@@ -307,7 +307,13 @@ def compile_gemm(attrs, opset):
             same_dtype("Gemm", a, b, c)  # raises unless the dtypes are equal after all
         sa, sb = a.data.shape, b.data.shape
         if len(sa) == 2 and len(sb) == 2:
-            reserve("Gemm", (sa[1 if ta else 0], sb[0 if tb else 1]), dtype)
+            out = (sa[1 if ta else 0], sb[0 if tb else 1])
+            # C broadcasts to (M, N), one way: a C of more axes would make the output larger
+            if c is not None and (c.ndim > 2 or any(
+                    d != 1 and d != e for d, e in zip(c.data.shape[::-1], out[::-1]))):
+                raise ValueError(f"C: shape {c.data.shape} does not broadcast to the output "
+                                 f"shape {out}")
+            reserve("Gemm", out, dtype)
         try:
             return [gemm(a, b, c, alpha, beta, ta, tb)]
         except ValueError:  # nothing was recorded; wrong shapes of A and B are named here
