@@ -289,9 +289,10 @@ class TrainingSession:
     def step(self, feeds, output_names=None):
         """One training step: every ``algorithm`` graph in order, each followed by its
         ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default:
-        ``default_outputs()``, the loss among them, also when it is a model output).  A node that would allocate
-        more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
-        it, before allocating and before any initializer changes."""
+        ``default_outputs()``, the loss among them, also when it is a model output).  A node
+        that would allocate more than ``fastadam.onnx.memory_budget()`` allows raises
+        ``MemoryBudgetError`` naming it, before allocating and before any initializer
+        changes."""
         pool = self._pool
         with step_scope():
             if pool is None:
