@@ -448,6 +448,27 @@ def test_fuzz_onnx_conv(data):
     del onnx
 
 
+@FUZZ
+@given(data=st.data())
+def test_fuzz_onnx_hostile_models(data):
+    """The hostile models of tests/onnx_fuzz.py (a few KB whose node would allocate tens of
+    MiB), each under a drawn budget: refused naming the node (1 MiB) or run (256 MiB)."""
+    pytest.importorskip("onnx")
+    import fastadam.onnx as fo
+    import onnx_fuzz
+    op, case = data.draw(st.sampled_from(onnx_fuzz.hostile_cases()))
+    tensor_bytes = data.draw(st.sampled_from([1 << 20, 256 << 20]))
+    previous = fo.set_memory_budget(tensor_bytes=tensor_bytes, step_bytes=2 * tensor_bytes)
+    try:
+        ok, out = _outcome("onnx.run hostile model", case.run)
+    finally:
+        fo.set_memory_budget(**previous)
+    if not ok:
+        assert str(out).startswith("node 'hostile'"), out
+    else:
+        assert tensor_bytes > 1 << 20, case.name  # the tiny budget refuses every one
+
+
 # ---- sklearn loss kernels ----------------------------------------------------------------------
 
 @FUZZ

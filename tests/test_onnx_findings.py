@@ -406,7 +406,8 @@ def test_adagrad_negative_T_matches_onnx_reference(T):
 
 def test_adagrad_T_that_divides_by_zero_raises():
     x = np.ones(3, np.float32)
-    with pytest.raises(ValueError, match=r"t: 1 \+ t \* lr_decay is 0 \(t=-4, lr_decay=0.25\)"):
+    with pytest.raises(ValueError, match=r"Adagrad: T: -4 with decay_factor 0.25 makes "
+                                         r"1 \+ T \* decay_factor = 0"):
         fo.adagrad(np.float32(0.1), np.int64(-4), x, x, x, decay_factor=0.25)
 
 

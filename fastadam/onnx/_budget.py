@@ -87,16 +87,18 @@ def _format(nbytes):
     return f"{nbytes} B"
 
 
-def reserve(op_type, shape, dtype, what="output"):
+def reserve(op_type, shape, dtype, what="output", temporary=False):
     """Account for a tensor of ``shape`` and ``dtype`` that ``op_type`` is about to allocate;
-    raises MemoryBudgetError (naming ``op_type`` and ``what``) if it is over a limit."""
+    raises MemoryBudgetError (naming ``op_type`` and ``what``) if it is over a limit.
+    ``temporary``: scratch memory freed before the operator returns (checked against both
+    limits, not added to the step's total)."""
     nbytes = dtype.itemsize if isinstance(dtype, np.dtype) else np.dtype(dtype).itemsize
     for d in shape:
         nbytes *= int(d)
     tensor_limit, step_limit = _in_force[0] if _in_force else _resolved()
     total = getattr(_local, "total", None)
     if nbytes <= tensor_limit and (total is None or total + nbytes <= step_limit):
-        if total is not None:
+        if total is not None and not temporary:
             _local.total = total + nbytes
         return
     shown = f"{tuple(int(d) for d in shape)} ({np.dtype(dtype)}"

@@ -268,7 +268,7 @@ def _loss_nodes(kind, output, labels, core_opset):
 
 def make_training_model(inference_model, *, loss="softmax_cross_entropy", output=None,
                         labels="labels", optimizer="adam", lr=1e-3, params=None,
-                        tied_initializers="restore", **optimizer_attrs):
+                        tied_initializers="restore", base_dir=None, **optimizer_attrs):
     """A copy of ``inference_model`` with a ``training_info`` that trains it.
 
     Parameters
@@ -305,12 +305,16 @@ def make_training_model(inference_model, *, loss="softmax_cross_entropy", output
         head that constant folding wrote as the embedding's transpose is tied back to it.
         ``"keep"``: train the initializers as they are (a module that torch applies several
         times, sharing its parameters on purpose, exports like a merge).
+    base_dir : str or os.PathLike, optional
+        The folder holding the external data of a ModelProto that has some (refused without
+        it); a model given by path reads its external data from its own folder.  The result
+        holds every tensor's bytes.
     **optimizer_attrs
         Attributes of the optimizer node (Adam: alpha, beta, epsilon, norm_coefficient,
         norm_coefficient_post; Adagrad: decay_factor, epsilon, norm_coefficient; Momentum:
         alpha, beta, mode, norm_coefficient, all required by the operator).
     """
-    src = load_model(inference_model)
+    src = load_model(inference_model, base_dir)
     if tied_initializers not in _TIED:
         raise ValueError(f"tied_initializers: expected 'restore' or 'keep', got "
                          f"{tied_initializers!r}")

@@ -70,9 +70,18 @@ def const(array):
     return Tensor(np.asarray(array))
 
 
-def ints(t):
-    """An integer input tensor (axes, shape, ...) as a tuple of Python ints."""
-    return tuple(int(v) for v in np.asarray(t.data).reshape(-1))
+# the most values a shape, axes, starts/ends/steps input may hold: a NumPy array has at most
+# 64 dimensions (a longer list is refused before it becomes Python ints, 36 bytes each)
+MAX_RANK = 64
+
+
+def ints(t, name="input", limit=MAX_RANK):
+    """An integer input tensor (axes, shape, ...) as a tuple of Python ints; ValueError naming
+    ``name`` when it holds more than ``limit`` values."""
+    a = np.asarray(t.data)
+    if a.size > limit:
+        raise ValueError(f"{name}: expected at most {limit} values, got {a.size}")
+    return tuple(int(v) for v in a.reshape(-1))
 
 
 def normalize_axis(axis, rank, name="axis", *, allow_rank=False):
@@ -260,6 +269,13 @@ def matmul(inputs, attrs, opset):
         if a.ndim > 2 or b.ndim > 2 else ()
     reserve("MatMul", batch + a.shape[-2:-1] + b.shape[-1:] if b.ndim > 1 else
             batch + a.shape[-2:-1], a.data.dtype)
+    if batch and (a.requires_grad or b.requires_grad) and ad.is_grad_enabled():
+        # a recorded product over broadcast batch axes: its backward forms each operand's
+        # gradient over the whole batch before summing it down (g @ B^T, A^T @ g)
+        for name, t in (("A", a), ("B", b)):
+            if t.ndim > 1 and t.shape[:-2] != batch:
+                reserve("MatMul", batch + t.shape[-2:], a.data.dtype,
+                        f"gradient of {name} over the broadcast batch", temporary=True)
     if a.ndim > 2 and b.ndim == 2 and is_float(a):  # (..., k) @ (k, n): one 2-D product,
         y = ad.matmul(ad.reshape(a, (-1, ka)), b)   # not one per leading index (nor in backward)
         return [ad.reshape(y, a.shape[:-1] + (b.shape[1],))]
@@ -291,7 +307,13 @@ def compile_gemm(attrs, opset):
             same_dtype("Gemm", a, b, c)  # raises unless the dtypes are equal after all
         sa, sb = a.data.shape, b.data.shape
         if len(sa) == 2 and len(sb) == 2:
-            reserve("Gemm", (sa[1 if ta else 0], sb[0 if tb else 1]), dtype)
+            out = (sa[1 if ta else 0], sb[0 if tb else 1])
+            # C broadcasts to (M, N), one way: a C of more axes would make the output larger
+            if c is not None and (c.ndim > 2 or any(
+                    d != 1 and d != e for d, e in zip(c.data.shape[::-1], out[::-1]))):
+                raise ValueError(f"C: shape {c.data.shape} does not broadcast to the output "
+                                 f"shape {out}")
+            reserve("Gemm", out, dtype)
         try:
             return [gemm(a, b, c, alpha, beta, ta, tb)]
         except ValueError:  # nothing was recorded; wrong shapes of A and B are named here
@@ -325,7 +347,7 @@ def _reduce(op_type, ad_fun, np_fun, axes_input_since, empty=None):
     def run(inputs, attrs, opset):
         x = inputs[0]
         if opset >= axes_input_since:
-            axes = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ()
+            axes = ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else ()
         else:
             axes = tuple(attrs.get("axes", ()))
         keep = bool(attrs.get("keepdims", 1))
@@ -335,11 +357,13 @@ def _reduce(op_type, ad_fun, np_fun, axes_input_since, empty=None):
             axes = None
         else:
             axes = normalize_axes(axes, x.ndim)
-        if empty is not None and x.data.size == 0:
+        if x.data.size == 0:  # an empty input may reduce to a larger output: (0, n, m) -> (n, m)
             reduced = range(x.ndim) if axes is None else axes
-            if any(x.shape[a] == 0 for a in reduced):  # an empty set: the operator's identity
-                shape = tuple(1 if i in reduced else d for i, d in enumerate(x.shape)
-                              if keep or i not in reduced)
+            shape = tuple(1 if i in reduced else d for i, d in enumerate(x.shape)
+                          if keep or i not in reduced)
+            reserve(op_type, shape, x.data.dtype)
+            if empty is not None and any(x.shape[a] == 0 for a in reduced):
+                # an empty set: the operator's identity
                 return [const(np.full(shape, empty(x.data.dtype), x.data.dtype))]
         if is_float(x):
             return [ad_fun(x, axes, keep)]
@@ -363,7 +387,7 @@ def _reshaped(x, shape):
 @register("Reshape", since=5)
 def reshape(inputs, attrs, opset):
     x, shape = inputs
-    shape = list(ints(shape))
+    shape = list(ints(shape, "shape"))
     if not attrs.get("allowzero", 0):
         for i, d in enumerate(shape):
             if d == 0:
@@ -399,7 +423,7 @@ def transpose(inputs, attrs, opset):
 
 def _axes_of(inputs, attrs, opset):
     if opset >= 13:
-        return ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+        return ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else None
     return tuple(attrs["axes"]) if "axes" in attrs else None
 
 
@@ -441,6 +465,10 @@ def concat(inputs, attrs, opset):
                                if i != axis):
             raise ValueError(f"Concat: shapes {inputs[0].shape} and {t.shape} differ outside "
                              f"axis {axis}")
+    if len(inputs) > 1:  # (one input listed many times makes a large output of a small one)
+        shape = list(inputs[0].shape)
+        shape[axis] = sum(t.shape[axis] for t in inputs)
+        reserve("Concat", shape, inputs[0].data.dtype)
     if is_float(inputs[0]):
         return [ad.concatenate(inputs, axis=axis)]
     return [const(np.concatenate([t.data for t in inputs], axis=axis))]
@@ -458,11 +486,13 @@ def shape(inputs, attrs, opset):
 def gather(inputs, attrs, opset):
     x, idx = inputs
     axis = normalize_axis(attrs.get("axis", 0), x.ndim)
-    if is_float(x):
-        return [ad.gather(x, idx, axis=axis)]
     n, i = x.shape[axis], idx.data
     if i.dtype.kind not in "iu":
         raise TypeError(f"indices: expected an integer array, got {i.dtype}")
+    # many indices into a small table make a large output: checked before the index pass
+    reserve("Gather", x.shape[:axis] + i.shape + x.shape[axis + 1:], x.data.dtype)
+    if is_float(x):
+        return [ad.gather(x, idx, axis=axis)]
     if i.size and (i.min() < -n or i.max() >= n):
         raise IndexError(f"indices: values must lie in [{-n}, {n}), got [{i.min()}, {i.max()}]")
     return [const(np.take(x.data, np.where(i < 0, i + n, i), axis=axis))]
@@ -506,6 +536,8 @@ def cast(inputs, attrs, opset):
     if "to" not in attrs:
         raise ValueError("Cast: missing attribute 'to'")
     to = onnx_dtype(attrs["to"], "Cast", "to")
+    if to.itemsize > x.data.dtype.itemsize:  # bool or float8 to float64: 8 times the bytes
+        reserve("Cast", x.shape, to)
     if x.data.dtype in _IEEE_FLOATS and to in _IEEE_FLOATS:  # differentiable
         return [ad.cast(x, to)]
     return [const(cast_array(x.data, attrs["to"], attrs.get("saturate", 1),

@@ -50,7 +50,10 @@ from ._training_ops import OPTIMIZERS, contiguous
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 MIN_OPSET = 7
 # the exceptions a node raises that are re-raised with the node's label in front
-LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError)
+# (MemoryError and OverflowError too: an allocation the budget let through that still fails, or
+# a count too large for a C integer, names its node like any other error)
+LABELLED_ERRORS = (ValueError, TypeError, IndexError, NotImplementedError, ZeroDivisionError,
+                   MemoryError, OverflowError)
 
 
 def _attribute_value(a, label):
@@ -62,6 +65,9 @@ def _attribute_value(a, label):
             v = v.decode()
         elif isinstance(v, onnx.TensorProto):
             onnx_dtype(v.data_type, f"{label}: attribute '{a.name}'", "data_type")
+            if v.data_location == onnx.TensorProto.EXTERNAL:  # (load_model reads them all)
+                raise ValueError(f"{label}: attribute '{a.name}': its data is in an external "
+                                 f"file, which fastadam.onnx reads only when the model is loaded")
             v = numpy_helper.to_array(v)
         elif isinstance(v, list) and v and isinstance(v[0], bytes):
             v = [s.decode() for s in v]

@@ -49,11 +49,15 @@ def _spatial(x, w_shape, attrs, what):
     if any(p < 0 for p in pads) or min(strides) < 1 or min(dilations) < 1:
         raise ValueError(f"pads, strides, dilations: expected pads >= 0, strides >= 1 and "
                          f"dilations >= 1, got {pads}, {strides} and {dilations}")
+    return kernel, strides, dilations, pads
+
+
+def _reserve_padded(x, pads, what):
+    """``reserve`` the zero- (or -inf-) padded copy of ``x`` that a window operator makes."""
     if any(pads):
         n, c, h, w = x.shape
         reserve(what, (n, c, h + pads[0] + pads[2], w + pads[1] + pads[3]), x.data.dtype,
                 "padded input")
-    return kernel, strides, dilations, pads
 
 
 def _lift_1d(attrs):
@@ -104,12 +108,17 @@ def conv(inputs, attrs, opset):
     kernel, strides, dilations, pads = _spatial(x, w.shape[2:], attrs, "Conv")
     if kernel != tuple(w.shape[2:]):
         raise ValueError(f"kernel_shape: {kernel} differs from W's spatial shape {w.shape[2:]}")
+    _reserve_padded(x, pads, "Conv")
     t, lft, bot, r = pads
     (sh, sw), (dh, dw) = strides, dilations
     oh = (x.shape[2] + t + bot - (kernel[0] - 1) * dh - 1) // sh + 1
     ow = (x.shape[3] + lft + r - (kernel[1] - 1) * dw - 1) // sw + 1
     if oh > 0 and ow > 0:
         reserve("Conv", (x.shape[0], w.shape[0], oh, ow), x.data.dtype)
+        # the product runs on the input unrolled one sample at a time (im2col): a large kernel
+        # over a large input makes C*kh*kw rows of oh*ow from one small sample
+        reserve("Conv", (x.shape[1] * kernel[0] * kernel[1], oh * ow), x.data.dtype,
+                "unrolled input of one sample", temporary=True)
     if (t, lft) != (bot, r):  # asymmetric: pad explicitly, then convolve without padding
         x = ad.pad(x, ((0, 0), (0, 0), (t, bot), (lft, r)))
         t = lft = 0
@@ -147,6 +156,7 @@ def max_pool(inputs, attrs, opset, n_outputs=1):
     kernel, strides, dilations, pads = _spatial(x, None, attrs, "MaxPool")
     if attrs.get("ceil_mode", 0):  # the extra padding is -inf: exactly ceil_mode's windows
         pads = _ceil_pads(x, kernel, strides, dilations, pads)
+    _reserve_padded(x, pads, "MaxPool")
     return [ad.max_pool2d(x, kernel, strides, pads, dilations)]
 
 
@@ -163,6 +173,7 @@ def average_pool(inputs, attrs, opset):
             raise UnsupportedOperatorError("AveragePool: ceil_mode=1 with count_include_pad=1 "
                                            "is not supported")
         pads = ceil  # the extra padding is excluded from the divisor, as ceil_mode wants
+    _reserve_padded(x, pads, "AveragePool")
     return [ad.avg_pool2d(x, kernel, strides, pads, dilations,
                           count_include_pad=attrs.get("count_include_pad", 0))]
 
@@ -172,6 +183,8 @@ def global_average_pool(inputs, attrs, opset):
     x, = inputs
     if x.ndim < 3:
         raise ValueError(f"GlobalAveragePool: expected (N, C, d1, ...), got shape {x.shape}")
+    if x.data.size == 0:  # (N, C, 0) -> (N, C, 1): larger than the empty input
+        reserve("GlobalAveragePool", x.shape[:2] + (1,) * (x.ndim - 2), x.data.dtype)
     return [ad.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 

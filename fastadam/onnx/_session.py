@@ -145,9 +145,14 @@ class TrainingSession:
     pool keeps up to its ``max_cached_bytes`` of freed arrays between steps
     (``session.memory_pool.release()`` frees them).  A copied or unpickled session gets a new
     pool.
+
+    ``model``: an ``onnx.ModelProto`` or a path.  ``base_dir``: the folder holding the external
+    data of a ModelProto that has some (refused without it); a model given by path reads its
+    external data from its own folder.  The session holds every tensor's bytes: ``save``
+    writes them into one self-contained file.
     """
 
-    def __init__(self, model, *, memory_pool=True):
+    def __init__(self, model, *, memory_pool=True, base_dir=None):
         if memory_pool is True:
             memory_pool = MemoryPool()
         elif memory_pool is False or memory_pool is None:
@@ -156,7 +161,7 @@ class TrainingSession:
             raise TypeError(f"memory_pool: expected True, False or a fastadam.MemoryPool, got "
                             f"{type(memory_pool).__name__}")
         self._pool = memory_pool
-        model = load_model(model)
+        model = load_model(model, base_dir)
         self._proto = model
         graph = model.graph
         ops = opsets(model)
@@ -268,19 +273,26 @@ class TrainingSession:
         self._state_ids = None
 
     def default_outputs(self):
-        """The algorithm outputs that ``step`` returns by default: those bound to nothing."""
+        """The tensors that ``step`` returns by default: the algorithm outputs bound to no
+        initializer, then the loss (the ``y`` of each Gradient node) where it is not one of
+        them -- a loss that is an output of the inference graph, say."""
         out = []
         for alg in self._algorithms:
             bound = {v for _, v in alg.updates}
-            out += [n for n in alg.outputs if n not in bound]
+            out += [n for n in alg.outputs if n not in bound and n not in out]
+        for alg in self._algorithms:
+            for step in alg.plan.steps:
+                if step.kind == "gradient" and step.y not in out:
+                    out.append(step.y)
         return out
 
     def step(self, feeds, output_names=None):
         """One training step: every ``algorithm`` graph in order, each followed by its
-        ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default: the
-        algorithm outputs bound to no initializer, e.g. the loss).  A node that would allocate
-        more than ``fastadam.onnx.memory_budget()`` allows raises ``MemoryBudgetError`` naming
-        it, before allocating and before any initializer changes."""
+        ``update_binding``.  Returns ``{name: ndarray}`` for ``output_names`` (default:
+        ``default_outputs()``, the loss among them, also when it is a model output).  A node
+        that would allocate more than ``fastadam.onnx.memory_budget()`` allows raises
+        ``MemoryBudgetError`` naming it, before allocating and before any initializer
+        changes."""
         pool = self._pool
         with step_scope():
             if pool is None:

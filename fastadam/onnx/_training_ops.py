@@ -41,6 +41,15 @@ def _scalar(value, name, kind):
     return float(a.reshape(()))
 
 
+def _rate(op, R):
+    """The learning rate ``R`` as a float: finite and >= 0 (a negative rate steps uphill)."""
+    lr = _scalar(R, "R", "float")
+    if not lr >= 0.0 or lr == float("inf"):
+        raise ValueError(f"{op}: R: expected a finite learning rate >= 0, got {lr} (a negative "
+                         f"rate steps uphill)")
+    return lr
+
+
 def _groups(op, inputs, per_group):
     """Split the variadic inputs into ``per_group`` lists (X, G, states...) and check them."""
     if len(inputs) == 0 or len(inputs) % per_group:
@@ -143,7 +152,7 @@ def _apply(name, t, lists, hyper, cache):
 def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post,
                cache=None):
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
-    lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
+    lr, t = _rate("Adam", R), _scalar(T, "T", "int")
     _apply("adam", t, lists, dict(lr=lr, beta1=alpha, beta2=beta, eps=epsilon, convention="onnx",
                                   weight_decay=norm_coefficient,
                                   post_decay=norm_coefficient_post), cache)
@@ -163,6 +172,7 @@ def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"]
         X_new = (1 - norm_coefficient_post) * (X - r * V_new / (sqrt(H_new) + epsilon))
 
     ``inputs``: X1..Xn, G1..Gn, V1..Vn, H1..Hn (each G, V, H of its X's shape and dtype).
+    ``R`` must be finite and >= 0 (a negative rate steps uphill).
     """
     lists = _fresh(_groups("Adam", inputs, 4), (0, 2, 3))
     apply_adam(R, T, lists, alpha=alpha, beta=beta, epsilon=epsilon,
@@ -177,7 +187,16 @@ def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"]
 
 def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient, cache=None):
     """The Adagrad update in place on ``lists = [X, G, H]``."""
-    lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
+    lr, t = _rate("Adagrad", R), _scalar(T, "T", "int")
+    if decay_factor < 0.0:
+        raise ValueError(f"Adagrad: decay_factor: expected a decay >= 0, got {decay_factor}")
+    if decay_factor and not 1.0 + t * decay_factor > 0.0:
+        # r = R / (1 + T * decay_factor) <= 0 or undefined: the step would go uphill
+        raise ValueError(f"Adagrad: T: {t} with decay_factor {decay_factor:.7g} makes "
+                         f"1 + T * decay_factor = {1.0 + t * decay_factor:g}, so the learning "
+                         f"rate R / (1 + T * decay_factor) is not positive; T counts the updates "
+                         f"already applied (0 or 1 at the first), expected T > "
+                         f"{-1.0 / decay_factor:g}")
     _apply("adagrad", t, lists, dict(lr=lr, lr_decay=decay_factor, eps=epsilon,
                                      weight_decay=norm_coefficient, convention="onnx"), cache)
 
@@ -186,9 +205,11 @@ def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=ADAGRAD_DEFAULTS["epsilon"]
             norm_coefficient=0.0):
     """``ai.onnx.preview.training.Adagrad``: returns ``(X_new..., H_new...)``.
 
-    The defaults are the schema's (``epsilon`` is 1e-6 rounded to float32).  ``T`` may be
-    negative, as in the operator's pseudo-code (a ``T`` with ``1 + T * decay_factor == 0`` is
-    refused).
+    The defaults are the schema's (``epsilon`` is 1e-6 rounded to float32).  ``T`` counts the
+    updates already applied; a negative ``T`` is computed as the operator's pseudo-code (and
+    ``onnx.reference``) computes it while ``1 + T * decay_factor > 0``, and refused otherwise:
+    there the rate ``r`` would be negative (the step uphill) or undefined.  ``R`` must be finite
+    and >= 0, ``decay_factor`` >= 0.
 
     Per tensor, with ``r = R / (1 + T * decay_factor)``::
 
@@ -212,6 +233,12 @@ def _check_momentum_attrs(alpha, beta, mode, norm_coefficient):
         if not isinstance(v, numbers.Real):
             raise TypeError(f"Momentum: {name}: expected a float (a required attribute), got "
                             f"{type(v).__name__}")
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        # a negative beta turns the gradient around; a negative alpha, in the nesterov form
+        # G' + alpha * V_new, can too (from zero momentum: (1 + alpha * beta) * G')
+        if not v >= 0.0:
+            raise ValueError(f"Momentum: {name}: expected a coefficient >= 0, got {v} (a "
+                             f"negative one can step uphill)")
     if mode not in ("standard", "nesterov"):
         raise ValueError(f"Momentum: mode: expected 'standard' or 'nesterov', got {mode!r}")
 
@@ -219,7 +246,7 @@ def _check_momentum_attrs(alpha, beta, mode, norm_coefficient):
 def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient, cache=None):
     """The Momentum update in place on ``lists = [X, G, V]``."""
     _check_momentum_attrs(alpha, beta, mode, norm_coefficient)
-    lr, t = _scalar(R, "R", "float"), _scalar(T, "T", "int")
+    lr, t = _rate("Momentum", R), _scalar(T, "T", "int")
     _apply("momentum", t, lists, dict(lr=lr, momentum=alpha, dampening=1.0 - beta,
                                       nesterov=(mode == "nesterov"),
                                       weight_decay=norm_coefficient, convention="onnx"), cache)
@@ -228,7 +255,8 @@ def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient, cache=No
 def momentum(R, T, *inputs, alpha, beta, mode, norm_coefficient):
     """``ai.onnx.preview.training.Momentum``: returns ``(X_new..., V_new...)``.
 
-    Per tensor, with ``b = beta if T > 0 else 1`` (any ``T``, negative included)::
+    ``R``, ``alpha`` and ``beta`` must be >= 0 (a negative one can step uphill).  Per tensor,
+    with ``b = beta if T > 0 else 1`` (any ``T``, negative included)::
 
         G' = G + norm_coefficient * X
         V_new = alpha * V + b * G'

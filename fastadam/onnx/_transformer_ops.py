@@ -9,11 +9,13 @@ Gradient node differentiates them; shape and mask computations (integers, boolea
 NumPy.  A Dropout that would drop (training mode with a ratio above 0) raises
 ``UnsupportedOperatorError``: its random mask cannot equal another runtime's.
 """
+import math
+
 import numpy as np
 from onnx import helper
 
 from .. import autodiff as ad
-from ._budget import reserve
+from ._budget import broadcast_shape, reserve, reserve_broadcast
 from ._core_ops import (UnsupportedOperatorError, cast, const, ints, is_float, register,
                         same_dtype)
 
@@ -42,6 +44,12 @@ def layer_normalization(inputs, attrs, opset, n_outputs=1):
                                        f"are supported, got {x.data.dtype}")
     axis = _axis(attrs.get("axis", -1), x.ndim)
     eps = float(np.float32(attrs.get("epsilon", 1e-5)))  # a float attribute: float32
+    norm = x.shape[axis:]
+    for name, t in (("Scale", scale), ("B", bias)):
+        # (broadcast to the normalised shape, never past it: the output is x's size)
+        if t is not None and (t.ndim > len(norm) or broadcast_shape(name, t.shape, norm) != norm):
+            raise ValueError(f"{name}: shape {t.shape} does not broadcast to the normalised "
+                             f"shape {norm}")
     if n_outputs == 1:
         return [ad.layer_norm(x, scale, bias, axis=axis, epsilon=eps)]
     # Mean and InvStdDev wanted too: the composite form, every output differentiable
@@ -120,7 +128,8 @@ def split(inputs, attrs, opset, n_outputs=1):
     axis = _axis(attrs.get("axis", 0), x.ndim)
     dim = x.shape[axis]
     if opset >= 13:
-        sizes = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+        sizes = ints(inputs[1], "split", max(n_outputs, 1)) \
+            if len(inputs) > 1 and inputs[1] is not None else None
     else:
         sizes = tuple(attrs["split"]) if "split" in attrs else None
     if sizes is None:
@@ -151,9 +160,9 @@ def split(inputs, attrs, opset, n_outputs=1):
 def slice_(inputs, attrs, opset):
     x = inputs[0]
     if opset >= 10:
-        starts, ends = ints(inputs[1]), ints(inputs[2])
-        axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
-        steps = ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
+        starts, ends = ints(inputs[1], "starts"), ints(inputs[2], "ends")
+        axes = ints(inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None else None
+        steps = ints(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else None
     else:
         starts, ends = tuple(attrs["starts"]), tuple(attrs["ends"])
         axes, steps = attrs.get("axes"), None
@@ -187,10 +196,11 @@ def slice_(inputs, attrs, opset):
 @register("Expand", since=8)
 def expand(inputs, attrs, opset):
     x, shape = inputs
+    shape = ints(shape, "shape")
     try:
-        out = np.broadcast_shapes(x.shape, ints(shape))
+        out = np.broadcast_shapes(x.shape, shape)
     except ValueError:
-        raise ValueError(f"shape: {ints(shape)} does not broadcast with the input's shape "
+        raise ValueError(f"shape: {shape} does not broadcast with the input's shape "
                          f"{x.shape}") from None
     reserve("Expand", out, x.data.dtype)  # the shape comes from data: check before allocating
     if is_float(x):
@@ -200,7 +210,7 @@ def expand(inputs, attrs, opset):
 
 @register("ConstantOfShape", since=9)
 def constant_of_shape(inputs, attrs, opset):
-    shape = ints(inputs[0])
+    shape = ints(inputs[0], "input")
     if any(d < 0 for d in shape):
         raise ValueError(f"input: a shape cannot have negative dimensions, got {shape}")
     value = attrs.get("value")
@@ -211,6 +221,31 @@ def constant_of_shape(inputs, attrs, opset):
     return [const(np.full(shape, value.reshape(()), dtype=value.dtype))]
 
 
+def _range_count(start, limit, delta):
+    """ONNX Range's ``max(ceil((limit - start) / delta), 0)``: exact (Python ints) for integer
+    inputs, whose difference may not fit their dtype; in the inputs' dtype for floats, as the
+    reference computes it, or exactly when that quotient overflows.  ValueError naming the
+    input for a zero delta or a value that is not finite."""
+    if start.dtype.kind in "bcOSU":
+        raise TypeError(f"start: expected a real number, got dtype {start.dtype}")
+    for name, v in (("start", start), ("limit", limit), ("delta", delta)):
+        if start.dtype.kind not in "iu" and not math.isfinite(float(v)):
+            raise ValueError(f"{name}: expected a finite number, got {v}")
+    if delta == 0:
+        raise ValueError("delta: cannot be 0")
+    if start.dtype.kind in "iu":
+        a, b, d = int(start), int(limit), int(delta)
+        return max(-((a - b) // d), 0)  # ceil((b - a) / d)
+    with np.errstate(over="ignore"):
+        q = (limit - start) / delta
+    if np.isfinite(q):
+        return max(int(np.ceil(q)), 0)
+    import fractions  # the count does not fit the dtype: far over any budget
+    q = (fractions.Fraction(float(limit)) - fractions.Fraction(float(start))) / \
+        fractions.Fraction(float(delta))
+    return max(math.ceil(q), 0)
+
+
 @register("Range", since=11)
 def range_(inputs, attrs, opset):
     start, limit, delta = (t.data for t in inputs)
@@ -218,10 +253,8 @@ def range_(inputs, attrs, opset):
         if v.size != 1:
             raise ValueError(f"{name}: expected a scalar, got shape {v.shape}")
     same_dtype("Range", *inputs)
-    if delta == 0:
-        raise ValueError("delta: cannot be 0")
     start, limit, delta = start.reshape(()), limit.reshape(()), delta.reshape(())
-    n = max(int(np.ceil((limit - start) / delta)), 0)
+    n = _range_count(start, limit, delta)
     reserve("Range", (n,), start.dtype)
     # ONNX: start + k * delta, k = 0 .. n-1 (computed in the input's dtype)
     return [const((start + np.arange(n, dtype=start.dtype) * delta).astype(start.dtype))]
@@ -234,6 +267,7 @@ def trilu(inputs, attrs, opset):
     if x.ndim < 2:
         raise ValueError(f"input: Trilu needs a tensor of rank >= 2, got shape {x.shape}")
     n, m = x.shape[-2:]
+    reserve("Trilu", (n, m), np.bool_, "mask")  # (an empty x of shape (0, n, m) has n*m of it)
     rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
     keep = (cols - rows >= k) if attrs.get("upper", 1) else (cols - rows <= k)
     if is_float(x):
@@ -251,6 +285,8 @@ def _compare(op_type, np_fun, since):
     def run(inputs, attrs, opset):
         a, b = inputs
         same_dtype(op_type, a, b)
+        if a.shape != b.shape:
+            reserve_broadcast(op_type, np.bool_, a.shape, b.shape)
         return [const(np_fun(a.data, b.data))]
     return run
 
@@ -266,6 +302,8 @@ def _logical(op_type, np_fun):
         for t in inputs:
             if t.data.dtype != np.bool_:
                 raise TypeError(f"{op_type}: expected bool tensors, got {t.data.dtype}")
+        if len(inputs) > 1:
+            reserve_broadcast(op_type, np.bool_, *[t.shape for t in inputs])
         return [const(np_fun(*[t.data for t in inputs]))]
     return run
 
@@ -275,13 +313,25 @@ _logical("And", np.logical_and)
 _logical("Or", np.logical_or)
 
 
+def _reserve_pairwise(op_type, inputs):
+    """``reserve`` what the pairwise loop of Sum, Max and Min allocates: one result per input
+    after the first, each the broadcast of the inputs so far (the nodes ``Add(Add(a, b), c)``
+    would reserve the same); nothing while the shapes are equal."""
+    shape, dtype = inputs[0].shape, inputs[0].data.dtype
+    broadcast_shape(op_type, *[t.shape for t in inputs])  # ValueError naming the shapes
+    for t in inputs[1:]:
+        if t.shape != shape:
+            shape = broadcast_shape(op_type, shape, t.shape)
+            reserve(op_type, shape, dtype)
+
+
 def _extremum(op_type, ad_fun, np_fun):
     @register(op_type, since=8)
     def run(inputs, attrs, opset):
         if not inputs:
             raise ValueError(f"{op_type}: needs at least one input")
         same_dtype(op_type, *inputs)
-        np.broadcast_shapes(*[t.shape for t in inputs])
+        _reserve_pairwise(op_type, inputs)
         out = inputs[0]
         for t in inputs[1:]:
             out = ad_fun(out, t) if is_float(out) else const(np_fun(out.data, t.data))
@@ -299,7 +349,7 @@ def sum_(inputs, attrs, opset):
     if not inputs:
         raise ValueError("Sum: needs at least one input")
     same_dtype("Sum", *inputs)
-    np.broadcast_shapes(*[t.shape for t in inputs])
+    _reserve_pairwise("Sum", inputs)
     out = inputs[0]
     for t in inputs[1:]:
         out = ad.add(out, t) if is_float(out) else const(np.add(out.data, t.data))
