@@ -106,6 +106,22 @@ def test_momentum_coefficient_that_turns_the_gradient_around_is_refused(mode, al
         fo.run(model, feeds)
 
 
+@pytest.mark.parametrize("op, n_states, attrs", [
+    ("Adam", 2, {}), ("Adagrad", 1, {}),
+    ("Momentum", 1, dict(alpha=0.9, beta=1.0, mode="standard"))])
+def test_negative_norm_coefficient_is_refused_as_weight_decay_is(op, n_states, attrs):
+    """The L2 coefficient follows fastadam's weight_decay rule (>= 0 in every entry point),
+    named by its ONNX attribute; a zero one still runs as the reference does."""
+    model = _optimizer_model(op, n_states, norm_coefficient=-0.5, **attrs)
+    feeds = _feeds(0.1, 1, n_states)
+    with pytest.raises(ValueError, match=rf"^node 'opt' \({op}\): norm_coefficient: expected a "
+                                         rf"coefficient >= 0, got -0.5"):
+        fo.run(model, feeds)
+    model = _optimizer_model(op, n_states, norm_coefficient=0.25, **attrs)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    np.testing.assert_allclose(fo.run(model, feeds)["X_new"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_no_legal_input_steps_uphill_from_zero_states():
     """Random legal hyper-parameters (R, T >= 0, decays and coefficients in their ranges), zero
     states: every operator moves X against the gradient, as onnx.reference does."""

@@ -50,6 +50,17 @@ def _rate(op, R):
     return lr
 
 
+def _norm(op, norm_coefficient):
+    """``norm_coefficient`` >= 0: the L2 term ``0.5 * norm_coefficient * ||X||^2`` with a
+    negative coefficient pushes every parameter away from 0 without bound (fastadam's
+    ``weight_decay`` rule, the same in every entry point)."""
+    if not norm_coefficient >= 0.0:
+        raise ValueError(f"{op}: norm_coefficient: expected a coefficient >= 0, got "
+                         f"{norm_coefficient} (a negative L2 coefficient pushes the parameters "
+                         f"away from 0)")
+    return norm_coefficient
+
+
 def _groups(op, inputs, per_group):
     """Split the variadic inputs into ``per_group`` lists (X, G, states...) and check them."""
     if len(inputs) == 0 or len(inputs) % per_group:
@@ -154,7 +165,7 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
     lr, t = _rate("Adam", R), _scalar(T, "T", "int")
     _apply("adam", t, lists, dict(lr=lr, beta1=alpha, beta2=beta, eps=epsilon, convention="onnx",
-                                  weight_decay=norm_coefficient,
+                                  weight_decay=_norm("Adam", norm_coefficient),
                                   post_decay=norm_coefficient_post), cache)
 
 
@@ -198,7 +209,8 @@ def apply_adagrad(R, T, lists, *, decay_factor, epsilon, norm_coefficient, cache
                          f"already applied (0 or 1 at the first), expected T > "
                          f"{-1.0 / decay_factor:g}")
     _apply("adagrad", t, lists, dict(lr=lr, lr_decay=decay_factor, eps=epsilon,
-                                     weight_decay=norm_coefficient, convention="onnx"), cache)
+                                     weight_decay=_norm("Adagrad", norm_coefficient),
+                                     convention="onnx"), cache)
 
 
 def adagrad(R, T, *inputs, decay_factor=0.0, epsilon=ADAGRAD_DEFAULTS["epsilon"],
@@ -241,6 +253,7 @@ def _check_momentum_attrs(alpha, beta, mode, norm_coefficient):
                              f"negative one can step uphill)")
     if mode not in ("standard", "nesterov"):
         raise ValueError(f"Momentum: mode: expected 'standard' or 'nesterov', got {mode!r}")
+    _norm("Momentum", norm_coefficient)
 
 
 def apply_momentum(R, T, lists, *, alpha, beta, mode, norm_coefficient, cache=None):
