@@ -279,8 +279,9 @@ def ort_training_check(python, folder, epochs=10, batch=64):
     for side, losses, params in (("fastadam.onnx", losses_fa, params_fa),
                                  ("onnxruntime-training", losses_ort, params_ort)):
         print(f"{side:22s} {np.mean(losses[last]):16.6f} {_accuracy(params, Xte, yte):14.4f}")
-    print(f"largest |loss difference| over the steps {np.max(np.abs(np.subtract(losses_fa, losses_ort))):.3g}; "
-          f"largest |parameter difference| after training {diff:.3g}")
+    loss_diff = float(np.max(np.abs(np.subtract(losses_fa, losses_ort))))
+    print(f"largest |loss difference| over the steps {loss_diff:.3g}; largest |parameter "
+          f"difference| after training {diff:.3g}")
 
 
 def ort_report(repeats, min_time):
