@@ -24,10 +24,30 @@ the same step hand-written with ``fastadam.autodiff`` + ``fastadam.Adam``, and P
 both sides at one thread (threadpoolctl and ``torch.set_num_threads``)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/onnx_report.py --gpt
+
+``--ort`` (issue 42) times ``TrainingSession.step`` against onnxruntime-training on the MLPs
+both train (``bench_onnx.WORKLOADS``: same weights, batch, loss and Adam), side by side:
+onnxruntime-training runs in its own environment (``bash asv_bench/ort_training_env.sh``
+builds it; ``FASTADAM_ORT_TRAINING_PYTHON`` names another interpreter), as a subprocess
+(``ort_training_worker.py``) whose rounds interleave with the session's.  Per step: the
+session's ``step(feeds)`` against ``loss = module(X, labels); optimizer.step();
+module.lazy_reset_grad()``.  At 1 thread (fastadam: threadpoolctl limits of 1;
+onnxruntime: ``intra_op_num_threads=1``, ``OMP_NUM_THREADS=1``) in CPU time of the stepping
+thread and in wall time, and at all threads (the defaults of both) in wall time; medians of
+interleaved rounds, ``ORT / fastadam`` (>= 1: fastadam is at least as fast).  Then both train
+the 64-64-10 MLP on scikit-learn's digits (when installed) for a few epochs from the same
+weights on the same batches; the report prints their last-epoch losses, test accuracies and
+the largest parameter difference::
+
+    bash asv_bench/ort_training_env.sh
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_bench/onnx_report.py --ort
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,12 +124,214 @@ def gpt_report(repeats, min_time):
           f"   (CPU time of this thread, time.thread_time)")
 
 
+ORT_PYTHON = os.path.join(os.path.dirname(HERE), ".venv-ort-training", "bin", "python")
+
+
+def ort_python():
+    """The interpreter of onnxruntime-training's environment, or None (with why on stdout)."""
+    python = os.environ.get("FASTADAM_ORT_TRAINING_PYTHON", ORT_PYTHON)
+    if not os.path.exists(python):
+        print(f"onnxruntime-training: no environment ({python} does not exist); build it with "
+              f"`bash asv_bench/ort_training_env.sh` or name an interpreter that has "
+              f"onnxruntime-training in FASTADAM_ORT_TRAINING_PYTHON")
+        return None
+    return python
+
+
+class OrtWorker:
+    """onnxruntime-training's side, in its own environment (``ort_training_worker.py``)."""
+
+    def __init__(self, python, threads):
+        env = dict(os.environ)
+        if threads == 1:
+            env["OMP_NUM_THREADS"] = "1"
+        # its stderr goes to a file: onnxruntime logs every graph transformer at set-up
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([python, os.path.join(HERE, "ort_training_worker.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=env)
+        self.threads = threads
+
+    def ask(self, **request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            self.log.seek(0)
+            errors = [x for x in self.log.read().splitlines() if " [I:onnxruntime" not in x]
+            raise RuntimeError(f"onnxruntime-training's worker stopped (exit code {code}) on "
+                               f"{request['op']}:\n" + "\n".join(errors[-20:]))
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"onnxruntime-training's worker: {reply['error']}")
+        return reply
+
+    def close(self):
+        try:
+            self.ask(op="quit")
+        except (RuntimeError, BrokenPipeError, ValueError):
+            pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def _save_inputs(path, sizes, batch):
+    weights, X, y = B._data(sizes, batch)
+    arrays = {f"{'Wb'[j % 2]}{j // 2}": w for j, w in enumerate(weights)}
+    np.savez(path, X=X, labels=y, **arrays)
+
+
+def ort_interleaved(step, worker, repeats, min_time):
+    """Medians per step of ``step()`` (this process) and of the worker's step, over
+    ``repeats`` interleaved rounds of about ``min_time`` each: ``{side: {clock: seconds}}``
+    with clocks ``thread`` (CPU time of the stepping thread) and ``wall``."""
+    for _ in range(20):
+        step()
+    worker.ask(op="time", n=20)
+    start = time.perf_counter()
+    for _ in range(5):
+        step()
+    n_fa = max(5, int(min_time / max((time.perf_counter() - start) / 5, 1e-7)))
+    probe = worker.ask(op="time", n=5)
+    n_ort = max(5, int(min_time / max(probe["wall"] / 5, 1e-7)))
+    samples = {"fastadam": {"thread": [], "wall": []}, "ort": {"thread": [], "wall": []}}
+    for r in range(repeats):
+        for side in (("fastadam", "ort") if r % 2 == 0 else ("ort", "fastadam")):
+            if side == "fastadam":
+                t0, w0 = time.thread_time(), time.perf_counter()
+                for _ in range(n_fa):
+                    step()
+                got = {"thread": time.thread_time() - t0, "wall": time.perf_counter() - w0}
+                n = n_fa
+            else:
+                got, n = worker.ask(op="time", n=n_ort), n_ort
+            for clock in ("thread", "wall"):
+                samples[side][clock].append(got[clock] / n)
+    return {side: {clock: float(np.median(v)) for clock, v in clocks.items()}
+            for side, clocks in samples.items()}
+
+
+def _digits():
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        return None
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16).astype(np.float32)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(X))
+    train, test = perm[:1437], perm[1437:]
+    return X[train], y[train].astype(np.int64), X[test], y[test].astype(np.int64)
+
+
+def _accuracy(params, X, y):
+    n = len(params) // 2
+    h = X.astype(np.float64)
+    for k in range(n):
+        h = h @ params[2 * k].astype(np.float64).T + params[2 * k + 1]
+        if k < n - 1:
+            h = np.maximum(h, 0)
+    return float(np.mean(h.argmax(1) == y))
+
+
+def ort_training_check(python, folder, epochs=10, batch=64):
+    """fastadam and onnxruntime-training train the digits MLP alike (same weights, batches)."""
+    data = _digits()
+    if data is None:
+        print("training check skipped: scikit-learn (its digits data) is not installed")
+        return
+    Xtr, ytr, Xte, yte = data
+    sizes = (64, 64, 10)
+    rng = np.random.default_rng(1)
+    per_epoch = len(Xtr) // batch
+    order = np.stack([rng.permutation(len(Xtr))[:per_epoch * batch].reshape(per_epoch, batch)
+                      for _ in range(epochs)]).reshape(-1, batch)
+    inputs = os.path.join(folder, "train_in.npz")
+    _save_inputs(inputs, sizes, batch)
+    np.savez(os.path.join(folder, "train_data.npz"), X=Xtr, labels=ytr, order=order)
+    # fastadam
+    import fastadam.onnx as fo
+    weights = B._data(sizes, batch)[0]
+    session = fo.TrainingSession(fo.make_training_model(
+        B.mlp_model(weights, sizes[0]), lr=B.LR, alpha=B.BETA1, beta=B.BETA2, epsilon=B.EPS))
+    losses_fa = [float(session.step({"X": Xtr[i], "labels": ytr[i]})["fastadam.loss"])
+                 for i in order]
+    names = [f"{p}{k}" for k in range(len(sizes) - 1) for p in "Wb"]
+    params_fa = [np.array(session.initializers[n]) for n in names]
+    # onnxruntime-training
+    worker = OrtWorker(python, 1)
+    try:
+        worker.ask(op="setup", npz=inputs, dir=os.path.join(folder, "train_artifacts"),
+                   threads=1)
+        out = os.path.join(folder, "train_out.npz")
+        losses_ort = worker.ask(op="train", npz=os.path.join(folder, "train_data.npz"),
+                                out=out)["losses"]
+        trained = np.load(out)
+        params_ort = [trained[n] for n in names]
+    finally:
+        worker.close()
+    last = slice(-per_epoch, None)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(params_fa, params_ort))
+    print(f"training check: digits, MLP 64-64-10, batch {batch}, {epochs} epochs "
+          f"({len(order)} steps) from the same weights on the same batches")
+    print(f"{'':22s} {'last-epoch loss':>16s} {'test accuracy':>14s}")
+    for side, losses, params in (("fastadam.onnx", losses_fa, params_fa),
+                                 ("onnxruntime-training", losses_ort, params_ort)):
+        print(f"{side:22s} {np.mean(losses[last]):16.6f} {_accuracy(params, Xte, yte):14.4f}")
+    loss_diff = float(np.max(np.abs(np.subtract(losses_fa, losses_ort))))
+    print(f"largest |loss difference| over the steps {loss_diff:.3g}; largest |parameter "
+          f"difference| after training {diff:.3g}")
+
+
+def ort_report(repeats, min_time):
+    python = ort_python()
+    if python is None:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        for threads in (1, 0):
+            print(f"one training step, fastadam.onnx.TrainingSession.step against "
+                  f"onnxruntime-training, float32, "
+                  f"{'1 thread' if threads == 1 else 'all threads (each default)'}; medians "
+                  f"of {repeats} interleaved rounds")
+            clocks = ("thread", "wall") if threads == 1 else ("wall",)
+            print(f"{'model':28s} {'clock':>7s} {'fastadam':>11s} {'ORT-training':>13s} "
+                  f"{'ORT/fastadam':>13s}")
+            undo = B.limit_threads() if threads == 1 else (lambda: None)
+            try:
+                for k, (label, sizes, batch) in enumerate(B.WORKLOADS):
+                    inputs = os.path.join(folder, f"in{k}.npz")
+                    _save_inputs(inputs, sizes, batch)
+                    worker = OrtWorker(python, threads)
+                    try:
+                        info = worker.ask(op="setup", npz=inputs,
+                                          dir=os.path.join(folder, f"artifacts{k}_{threads}"),
+                                          threads=threads)
+                        t = ort_interleaved(B.make_step("session", sizes, batch), worker,
+                                            repeats, min_time)
+                    finally:
+                        worker.close()
+                    for clock in clocks:
+                        fa, ort = t["fastadam"][clock], t["ort"][clock]
+                        print(f"{label:28s} {clock:>7s} {fmt(fa):>11s} {fmt(ort):>13s} "
+                              f"{ort / fa:12.2f}x")
+            finally:
+                undo()
+        print("onnxruntime-training: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+        ort_training_check(python, folder)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
     parser.add_argument("--gpt", action="store_true", help="the GPT of issue 22 instead")
+    parser.add_argument("--ort", action="store_true",
+                        help="against onnxruntime-training (issue 42) instead")
     args = parser.parse_args()
     repeats, min_time = (5, 0.05) if args.quick else (21, 0.1)
+    if args.ort:
+        ort_report(repeats, min_time)
+        return
     if args.gpt:
         undo = GPT.limit_threads()
         try:

@@ -49,6 +49,9 @@ CASES = {
     # trans_b alone is one primitive (matmul_nt), the layout of ONNX Gemm(transB=1)
     "gemm_trans_b": (lambda a, b, c: ad.gemm(a, b, c, beta=0.5, trans_b=True),
                      [r(3, 4), r(2, 4), r(2)]),
+    # ... and with a bias (n,) at alpha = beta = 1 (a torch.nn.Linear), one op: matmul_nt_add
+    "gemm_trans_b_bias": (lambda a, b, c: ad.gemm(a, b, c, trans_b=True),
+                          [r(3, 4), r(2, 4), r(2)]),
     "conv2d": (lambda x, w, b: ad.conv2d(x, w, b), [r(2, 3, 5, 6), r(4, 3, 3, 3), r(4)]),
     "conv2d_stride_pad_dil": (lambda x, w: ad.conv2d(x, w, stride=(2, 1), padding=(1, 2),
                                                      dilation=(1, 2)),

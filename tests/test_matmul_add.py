@@ -191,3 +191,43 @@ def test_a_bias_of_the_wrong_length_is_the_add_nodes_error(rng):
     x = rng.standard_normal((3, 2, 4)).astype(np.float32)
     with pytest.raises(ValueError, match=r"node #1 \(Add\)"):
         session.step({"x": x})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m,k,n", [(9, 6, 7), (1, 1, 1), (64, 64, 10)])
+def test_gemm_trans_b_with_a_bias_is_one_op_with_the_bits_of_two(rng, dtype, m, k, n):
+    """``gemm(a, b, c, trans_b=True)`` with a bias (n,) (ONNX Gemm(transB=1), a Linear layer)
+    records one op, ``_matmul_nt_add``: its values and gradients are the float64 formulas' and,
+    bit for bit, those of the product then the addition as two recorded ops."""
+    from fastadam.autodiff import _ops
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((n, k)).astype(dtype)
+    c = rng.standard_normal(n).astype(dtype)
+    g = rng.standard_normal((m, n)).astype(dtype)
+    fused = _grads(lambda x, w, bias: ad.gemm(x, w, bias, trans_b=True), a, b, c, g)
+    a64, b64, g64 = a.astype(np.float64), b.astype(np.float64), g.astype(np.float64)
+    want = [a64 @ b64.T + c, g64 @ b64, g64.T @ a64, g64.sum(0)]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for name, got, ref in zip(("y", "da", "db", "dc"), fused, want):
+        assert got.dtype == dtype and got.shape == ref.shape, name
+        np.testing.assert_allclose(got, ref, err_msg=name, **tol)
+    two = _grads(lambda x, w, bias: ad.add(_ops.matmul_nt(x, w), bias), a, b, c, g)
+    for name, got, ref in zip(("y", "da", "db", "dc"), fused, two):
+        np.testing.assert_array_equal(got, ref, err_msg=name)
+    ts = [ad.Tensor(x, requires_grad=True) for x in (a, b, c)]
+    assert ad.gemm(*ts, trans_b=True)._node.prim is _ops._matmul_nt_add
+
+
+@pytest.mark.parametrize("case", ["alpha", "beta", "bias 2-D", "bias row", "mixed dtypes"])
+def test_gemm_trans_b_other_biases_run_as_two_ops(rng, case):
+    from fastadam.autodiff import _ops
+    a, b = rng.standard_normal((4, 3)), rng.standard_normal((2, 3))
+    c = {"bias 2-D": rng.standard_normal((4, 2)), "bias row": rng.standard_normal((1, 2)),
+         "mixed dtypes": rng.standard_normal(2).astype(np.float32)}.get(
+        case, rng.standard_normal(2))
+    kw = {"alpha": dict(alpha=0.5), "beta": dict(beta=2.0)}.get(case, {})
+    ts = [ad.Tensor(x, requires_grad=True) for x in (a, b, c)]
+    y = ad.gemm(*ts, trans_b=True, **kw)
+    assert y._node.prim is not _ops._matmul_nt_add
+    ref = kw.get("alpha", 1.0) * (a @ b.T) + kw.get("beta", 1.0) * c.astype(np.float64)
+    np.testing.assert_allclose(y.data, ref, rtol=1e-6)

@@ -153,6 +153,21 @@ def _matmul_nt_vjp_b(g, ans, a, b):
 defvjp(matmul_nt, _matmul_nt_vjp_a, _matmul_nt_vjp_b)
 
 
+@primitive
+def _matmul_nt_add(a, b, c):
+    y = np.matmul(a, b.T)
+    np.add(y, c, out=y)  # the product is this op's own: the bias is added in place
+    return y
+
+
+# ``a @ b.T + c`` (Gemm with transB=1 and a bias (n,): a torch.nn.Linear) as one recorded op:
+# the values and gradients of ``add(matmul_nt(a, b), c)`` bit for bit, one tape node and one
+# allocation less
+defvjp(_matmul_nt_add, lambda g, ans, a, b, c: _matmul_nt_vjp_a(g, ans, a, b),
+       lambda g, ans, a, b, c: _matmul_nt_vjp_b(g, ans, a, b),
+       lambda g, ans, a, b, c: unbroadcast(g, c.shape))
+
+
 def _rows2(x):
     """``x`` (..., n) as a 2-D (rows, n) array (a view when its layout allows)."""
     return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
@@ -203,6 +218,12 @@ def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: expected 2-D a and b, got shapes {a.shape} and {b.shape}")
     if trans_b and not trans_a:
+        if c is not None and alpha == 1 and beta == 1:
+            c = as_tensor(c)
+            ad, bd, cd = a.data, b.data, c.data
+            if cd.ndim == 1 and cd.shape[0] == bd.shape[0] and ad.shape[1] == bd.shape[1] \
+                    and ad.dtype == bd.dtype == cd.dtype and ad.dtype.kind == "f":
+                return _matmul_nt_add(a, b, c)
         y = matmul_nt(a, b)
     else:
         y = matmul(transpose(a) if trans_a else a, transpose(b) if trans_b else b)
