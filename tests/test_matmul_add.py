@@ -48,6 +48,22 @@ def test_values_and_gradients_equal_the_formulas_and_the_two_ops_bit_for_bit(rng
         np.testing.assert_array_equal(got, ref, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)])
+def test_an_empty_batch_gives_zero_parameter_gradients(rng, dtype, lead):
+    """No rows: the bias gradient is a sum over nothing (zeros of the bias's shape), as the
+    weight's is (sum_to could not reshape zero rows before)."""
+    k, n = 4, 3
+    a = np.zeros(lead + (k,), dtype)
+    b, c = rng.standard_normal((k, n)).astype(dtype), rng.standard_normal(n).astype(dtype)
+    for f in (ad.matmul_add, _unfused):
+        y, da, db, dc = _grads(f, a, b, c, np.ones(lead + (n,), dtype))
+        assert y.shape == lead + (n,) and da.shape == a.shape
+        np.testing.assert_array_equal(db, np.zeros((k, n), dtype))
+        np.testing.assert_array_equal(dc, np.zeros(n, dtype))
+        assert dc.dtype == dtype
+
+
 def test_a_strided_operand_gives_the_bits_of_its_copy(rng):
     a = rng.standard_normal((8, 5)).astype(np.float32).T  # (5, 8), not C-contiguous
     b = rng.standard_normal((8, 3)).astype(np.float32)

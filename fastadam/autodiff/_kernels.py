@@ -110,6 +110,15 @@ def _out(x):
     return empty(x.shape, x.dtype)
 
 
+def _size(shape):
+    """The element count of ``shape`` (a row's length: ``reshape(rows, -1)`` cannot infer it
+    when there are no rows)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def sum_to(x, shape):
     """Sum ``x`` over the axes NumPy broadcasting added or stretched to reach ``x.shape``."""
     xs = x.shape
@@ -119,12 +128,12 @@ def sum_to(x, shape):
     if lead == 1 and xs[1:] == shape:
         if not _fast(x):
             return np.add.reduce(x, axis=0)
-        return _C.sum_rows(x.reshape(xs[0], -1)).reshape(shape)
+        return _C.sum_rows(x.reshape(xs[0], _size(shape))).reshape(shape)
     if lead >= 1 and xs[lead:] == shape and _fast(x):
         rows = 1
         for d in xs[:lead]:
             rows *= d
-        return _C.sum_rows(x.reshape(rows, -1)).reshape(shape)
+        return _C.sum_rows(x.reshape(rows, _size(shape))).reshape(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
     return np.sum(x, axis=axes).reshape(shape)
