@@ -1,7 +1,8 @@
 """Every ```python block of the documentation (docs/**/*.md) runs as written.
 
 The same runner as the README's blocks (tests/code_blocks.py): one fresh interpreter per block,
-in a temporary folder.  A block marked ``<!-- skip-test: REASON -->`` right above its fence is
+in an empty temporary folder, which must still be empty afterwards (an example that writes files
+writes them in a temporary folder of its own, or removes them).  A block marked ``<!-- skip-test: REASON -->`` right above its fence is
 skipped with that reason (pytest counts it); ``test_skipped_blocks_are_few`` keeps them rare.
 The docs are not in the sdist or the wheel: outside a checkout these tests skip.
 """
@@ -55,6 +56,9 @@ def test_skip_marker_is_read(tmp_path):
 @pytest.mark.parametrize("code, skip_reason", docs_params())
 def test_docs_block_runs(code, skip_reason, tmp_path):
     check_block(code, skip_reason, tmp_path, "docs")
+    # a reader pastes the block in a folder of their own: it must leave nothing behind there
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [], f"the block left {left} in its working folder"
 
 
 def test_api_reference_lists_every_public_name():
