@@ -100,3 +100,34 @@ def test_speedup_plot_data_comes_from_the_performance_tables():
             assert figure in page, f"{label}: {figure} is not on the performance page"
         assert (ROOT / script).is_file(), f"{label}: {script} does not exist"
         assert f"python {script}" in page, f"{label}: the page does not name {script}"
+
+
+def test_api_coverage_check_reads_the_inventory_and_finds_what_is_missing(tmp_path):
+    """docs/check_api_coverage.py, which CI runs on the built site: an entry documents its own
+    name and the same object under another module's name; anything else is missing."""
+    _need_docs()
+    import importlib.util
+    import types
+    import zlib
+
+    import fastadam.optim
+    spec = importlib.util.spec_from_file_location("check_api_coverage",
+                                                  DOCS / "check_api_coverage.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    body = ("fastadam.Adam py:class 1 api/fastadam.html#$ -\n"
+            "fastadam.optim.prepare_step py:function 1 api/optim.html#$ -\n"
+            "installing std:label -1 install.html#installing Installing\n"
+            "fastadam.optim.SGD std:doc -1 nowhere.html -\n")
+    (tmp_path / "objects.inv").write_bytes(
+        b"# Sphinx inventory version 2\n# Project: fastadam\n# Version: 0\n"
+        b"# The remainder of this file is compressed using zlib.\n" + zlib.compress(body.encode()))
+    inventory = check.read_inventory(tmp_path / "objects.inv")
+    assert inventory == {"fastadam.Adam": "class", "fastadam.optim.prepare_step": "function"}
+    missing = check.undocumented([fastadam.optim], inventory)
+    assert ("fastadam.optim", "Adam") not in missing            # as fastadam.Adam, same object
+    assert ("fastadam.optim", "prepare_step") not in missing
+    assert ("fastadam.optim", "AdamW") in missing and ("fastadam.optim", "SGD") in missing
+    assert len(missing) == len(fastadam.optim.__all__) - 2
+    assert check.undocumented([types.ModuleType("fastadam.nameless")], inventory) == [
+        ("fastadam.nameless", None)]
