@@ -7,7 +7,8 @@ there; no file-name convention decides what is built.
 
 Flags: ``-O3 -fno-math-errno`` (so gcc vectorizes sqrt), ``-ffp-contract=off`` (no FMA contraction:
 the SIMD body, the scalar tail and every dispatch target round identically, so results do not depend
-on the CPU or the thread count), OpenMP when the compiler has it (``-fopenmp``; Apple clang with
+on the CPU or the thread count), ``-Werror=implicit-function-declaration`` (an API the headers hide
+is a build error, not a missing symbol at import), OpenMP when the compiler has it (``-fopenmp``; Apple clang with
 libomp), ``-g0`` unless ``FASTADAM_DEBUG=1``; ``FASTADAM_SANITIZE=1`` adds ASAN and UBSAN (the CI
 sanitizer job, tests/sanitize.sh).  Never ``-march=native``:
 kernels pick their instruction set at run time (see include/fastadam/common.h).
@@ -75,7 +76,10 @@ if not OPENMP:
     print(f"fastadam: the compiler has no OpenMP{hint}; building a serial extension: every step "
           f"runs on one thread", file=sys.stderr)
 
-compile_args = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11"]
+# -Werror=implicit-function-declaration: a function the headers hide (NumPy's C-API above the
+# target version) is a build error, not an extension that fails to load (undefined symbol)
+compile_args = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11",
+                "-Werror=implicit-function-declaration"]
 link_args = []
 # NPY_TARGET_VERSION: the oldest NumPy the extensions run with (pyproject's numpy floor), whatever
 # NumPy builds them: NumPy 2.0's headers otherwise target 1.19 and hide the 1.22 memory-handler API
