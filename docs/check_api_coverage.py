@@ -18,6 +18,9 @@ import sys
 import zlib
 from pathlib import Path
 
+# the fastadam the site was built from: the checkout this file sits in, as docs/conf.py does
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def read_inventory(path):
     """{full name: role} of the Python objects of a Sphinx ``objects.inv`` (format version 2)."""
@@ -95,6 +98,7 @@ def main(argv=None):
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
+    sys.path.insert(0, str(ROOT))
     inventory = read_inventory(Path(args[0]) / "objects.inv")
     modules = public_modules()
     missing = undocumented(modules, inventory)
