@@ -122,7 +122,8 @@ EXTENSIONS = {
     "fastadam._core._mempool": ["fastadam/_core/_mempool.pyx", "include/fastadam/mempool.c"],
     # each package's own compiled module
     "fastadam.autodiff._tape": ["fastadam/autodiff/_tape.pyx"],
-    "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx"],
+    "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx",
+                                               "include/fastadam/transformer_kernels.c"],
     "fastadam.sparse._csr": ["fastadam/sparse/_csr.pyx"],
     "fastadam.optim._step_path": ["fastadam/optim/_step_path.pyx"],
     "fastadam.sklearn._kernels": ["fastadam/sklearn/_kernels.pyx"],

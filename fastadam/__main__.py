@@ -73,7 +73,7 @@ def demo(epochs=30, batch=256, lr=0.05, num_threads=None):
 
 
 def build_parser():
-    from .bench import _report
+    from . import bench
 
     parser = argparse.ArgumentParser(
         prog="python -m fastadam",
@@ -88,12 +88,12 @@ def build_parser():
                         help="num_threads of the optimizer (default: fastadam's choice)")
     bench_p = sub.add_parser("bench", help="time the dense Adam step against NumPy and PyTorch; "
                                            "table and plot")
-    _report.add_arguments(bench_p)
+    bench.add_report_arguments(bench_p)
     config_p = sub.add_parser("config", help="build and runtime facts")
     config_p.add_argument("--out", metavar="JSON", default=None,
                           help="also write the facts to this JSON file")
     # Without a command: the demo, then the quick benchmark, with the benchmark's options.
-    _report.add_arguments(parser)
+    bench.add_report_arguments(parser)
     return parser
 
 
@@ -109,9 +109,9 @@ def main(argv=None):
             print(f"written to {args.out}")
         return 0
     if args.command == "bench":
-        from .bench import _report
+        from . import bench
 
-        return _report.run(args)
+        return bench.run_report(args)
     fastadam.show_config()
     print()
     start = time.perf_counter()
@@ -121,10 +121,10 @@ def main(argv=None):
         return 0
     demo(epochs=10 if args.quick else 30)
     print(f"  ({time.perf_counter() - start:.2f} s)\n")
-    from .bench import _report
+    from . import bench
 
     args.quick = True  # the self-benchmark after the demo is always the quick one
-    return _report.run(args)
+    return bench.run_report(args)
 
 
 if __name__ == "__main__":

@@ -466,11 +466,6 @@ def test_results_do_not_depend_on_thread_count():
                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(fastadam.__file__))))
 
 
-def test_kernels_were_built_with_openmp():
-    from fastadam._core import _autodiff_kernels
-    assert _autodiff_kernels.openmp_enabled() == fastadam.config()["openmp"]
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numpy_fallback_matches_compiled_kernels(monkeypatch, dtype):
     """The NumPy paths (used for other dtypes and strided arrays) agree with the kernels."""

@@ -19,6 +19,30 @@ def test_openmp_was_not_lost():
     assert runtime.rsplit("/", 1)[-1].startswith(("libgomp", "libomp", "libiomp")), runtime
 
 
+# the extensions that open parallel regions: each must have kept OpenMP (a module that
+# compiled without it would run every step on one thread and still pass every other test)
+PARALLEL_EXTENSIONS = ("fastadam._core._config", "fastadam._core._dense", "fastadam._core._sparse",
+                       "fastadam._core._lowp", "fastadam._core._autodiff_kernels",
+                       "fastadam.autodiff._transformer_kernels")
+
+
+@pytest.mark.parametrize("module", PARALLEL_EXTENSIONS)
+def test_each_parallel_extension_links_the_openmp_runtime(module):
+    import importlib
+    import shutil
+    import subprocess
+    import sys
+
+    if os.environ.get("FASTADAM_ALLOW_SERIAL") == "1":
+        pytest.skip("serial build explicitly allowed")
+    if not sys.platform.startswith("linux") or shutil.which("readelf") is None:
+        pytest.skip("reads the ELF dynamic section (Linux, binutils)")
+    path = importlib.import_module(module).__file__
+    needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True,
+                            check=True).stdout
+    assert "libgomp" in needed or "libomp" in needed, f"{module} was built without OpenMP"
+
+
 def test_runtime_dispatch_picked_a_path():
     level = fastadam.config()["simd_level"]
     assert level in {"x86-64-v4", "x86-64-v3", "baseline", "portable"}

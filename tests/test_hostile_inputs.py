@@ -28,7 +28,7 @@ from reference import softmax_cross_entropy_grad_ref, sparse_adam_reference
 
 sp = pytest.importorskip("scipy.sparse")
 from fastadam.sparse import csr_transpose_dot  # noqa: E402
-from fastadam.sparse._segments import check_csr_structure  # noqa: E402
+from fastadam._core._sparse_host import check_csr_structure  # noqa: E402
 
 
 def _matrix(rng, n=30, n_cols=50, density=0.2, dtype=np.float64):

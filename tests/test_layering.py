@@ -1,14 +1,20 @@
-"""The package's layering, read from the source: no front-end uses a private name of the core,
-no two packages import each other, and setup.py builds exactly the compiled modules there are.
+"""The package's layering, read from the source: no package uses another's private names (the
+front-ends not even the core's), no two packages import each other, and setup.py builds exactly
+the compiled modules there are.
 
 Every module of ``fastadam/`` is read without importing it: Python files with ``ast`` (every
 import statement, at module level or inside a function: a lazy import is still a dependency),
 Cython files (``.pyx``, ``.pxd``) line by line for ``import`` and ``cimport`` statements.
 
-- **Front-ends** (``onnx``, ``sklearn``, ``distributed``, ``gpu``, and a future ``torch``) may
-  import only public names of the rest of the package: no module whose dotted path has a part
-  starting with ``_`` (``fastadam._core._coeffs``, ``fastadam.optim._functional``) and no name
-  starting with ``_``, outside their own package.
+- **No package imports another package's private modules or names**: no module whose dotted
+  path has a part starting with ``_`` inside the other package (``fastadam.gpu._validation``,
+  ``fastadam.optim._functional``) and no name starting with ``_``.  The one exception is the
+  compiled core, ``fastadam._core``, whose private modules the layers of the package itself
+  (``optim``, ``sparse``, ``autodiff``, the top-level modules) are built on.
+- **Front-ends** (``onnx``, ``sklearn``, ``distributed``, ``gpu``, ``torch``) have no exception:
+  not even ``fastadam._core``.
+- ``optim`` imports nothing of ``autodiff``: it recognises a tensor parameter by its ``.data``
+  and ``.grad`` (fastadam/optim/_params.py), so the optimizers do not depend on the engine.
 - **No import cycles between packages**.  A node is a subpackage of ``fastadam`` (``optim``,
   ``sparse``, ``_core``, ...), a top-level module (``fastadam._omp_wait``), or the facade
   ``fastadam/__init__.py``.  One exemption: a package ``__init__``'s module-level
@@ -157,20 +163,28 @@ def _package_of(module, top):
 
 
 def private_imports(package_dir, front_ends=FRONT_ENDS):
-    """Messages for every front-end import of a private name outside its own package."""
+    """Messages for every import of a private name of another package (for a front-end, the
+    core's too)."""
     top = package_dir.name
     problems = []
     for module, path, line, target, name in read_imports(package_dir):
-        own = _package_of(module, top)
-        if own not in front_ends or _package_of(target, top) == own:
+        own, theirs = _package_of(module, top), _package_of(target, top)
+        if theirs is None or theirs == own:
             continue
-        private_parts = [p for p in target.split(".")[1:] if p.startswith("_")
+        if own in front_ends:
+            first = 1  # the whole path: not even fastadam._core or fastadam._stacklevel
+        elif theirs == "_core":
+            continue  # the compiled core is open to the package's own layers
+        else:
+            first = 2  # inside the other package (a top-level module's own name is the top's)
+        private_parts = [p for p in target.split(".")[first:] if p.startswith("_")
                          and not (p.startswith("__") and p.endswith("__"))]
         private_name = name is not None and name.startswith("_") and not name.startswith("__")
         if private_parts or private_name:
             what = f"{target}.{name}" if name else target
             where = path.relative_to(package_dir.parent)
-            problems.append(f"{where}:{line}: front-end {own!r} imports the private {what}")
+            who = f"front-end {own!r}" if own in front_ends else f"{own or top!r}"
+            problems.append(f"{where}:{line}: {who} imports the private {what}")
     return problems
 
 
@@ -267,9 +281,17 @@ def test_the_reader_sees_every_kind_of_import():
                for m, t, _ in found)
 
 
-def test_front_ends_use_only_public_names_of_the_core():
+def test_no_package_uses_another_packages_private_names():
     problems = private_imports(PACKAGE)
     assert not problems, "\n".join(problems)
+
+
+def test_optim_does_not_import_autodiff():
+    edges = sorted(f"{path.relative_to(PACKAGE.parent)}:{line}"
+                   for m, path, line, t, _ in read_imports(PACKAGE)
+                   if _package_of(m, "fastadam") == "optim"
+                   and _package_of(t, "fastadam") == "autodiff")
+    assert not edges, edges
 
 
 def test_no_import_cycle_between_packages():
@@ -368,8 +390,16 @@ def test_a_clean_synthetic_tree_passes(tmp_path):
                               "    return fastadam.optim._functional.step(x)\n",
      "fastadam.optim._functional.step"),
     ("fastadam/sklearn/_x.py", "import fastadam\nN = fastadam._core\n", "fastadam._core"),
+    # the layers below the front-ends, as they were before issue 38
+    ("fastadam/optim/_params.py", "from ..gpu._validation import address\n",
+     "fastadam.gpu._validation"),
+    ("fastadam/optim/_sparse_functional.py", "from ..sparse._segments import _threaded\n",
+     "fastadam.sparse._segments"),
+    ("fastadam/__main__.py", "def f():\n    from .bench import _report\n",
+     "fastadam.bench._report"),
+    ("fastadam/_core/_x.py", "from ..optim import _base\n", "fastadam.optim._base"),
 ])
-def test_a_private_import_of_a_front_end_fails(tmp_path, name, text, expected):
+def test_a_private_import_of_another_package_fails(tmp_path, name, text, expected):
     root = _tree(tmp_path, {**BASE, name: text})
     problems = private_imports(root)
     assert problems and expected in problems[0], problems

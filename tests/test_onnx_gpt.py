@@ -6,6 +6,7 @@ asv_bench/benchmarks/bench_onnx_gpt.py, at a toy size (vocabulary 32, sequence 1
 import functools
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -70,23 +71,25 @@ def torch_gradients(model, f):
     return loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
 
-def session_gradients(proto, model):
+def session_gradients(proto, model, **kw):
     """The training model's gradients of the first step, summed per torch parameter."""
     mapping = param_map(proto, model)
-    trained = fo.make_training_model(proto, loss="loss", params=list(mapping))
+    trained = fo.make_training_model(proto, loss="loss", params=list(mapping), **kw)
     session = fo.TrainingSession(trained)
     f = feeds()
-    out = session.step(f, ["loss"] + [f"fastadam.grad.{n}" for n in mapping])
+    names = trained_names(trained)
+    out = session.step(f, ["loss"] + [f"fastadam.grad.{n}" for n in names])
     grads = {}
-    for init, (name, transposed) in mapping.items():
+    for init in names:
+        name, transposed = mapping[init]
         g = out[f"fastadam.grad.{init}"]
         g = g.T if transposed else g
         grads[name] = grads[name] + g if name in grads else g
     return float(out["loss"]), grads, f
 
 
-def assert_gradients_match(proto, model, rtol, atol):
-    loss, grads, f = session_gradients(proto, model)
+def assert_gradients_match(proto, model, rtol, atol, **kw):
+    loss, grads, f = session_gradients(proto, model, **kw)
     ref_loss, ref = torch_gradients(model, f)
     assert set(grads) == set(ref), "every torch parameter is trained through some initializer"
     np.testing.assert_allclose(loss, ref_loss, rtol=rtol)
@@ -113,15 +116,23 @@ def test_float64_gradients_equal_torch(exporter):
     assert_gradients_match(proto, model, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:make_training_model:UserWarning")  # checked below
+@pytest.mark.parametrize("tied_initializers", ["restore", "keep"])
 @pytest.mark.parametrize("exporter,opset", [
     ("torchscript", 17),
     pytest.param("dynamo", 20, marks=pytest.mark.slow),  # a dynamo export: seconds
 ])
-def test_tied_head_gradients_equal_torch(exporter, opset):
+def test_tied_head_gradients_equal_torch(exporter, opset, tied_initializers):
     """With constant folding the exporters write the tied head's transposed weight as a second
-    initializer: the two gradients add up to torch's gradient of the one parameter."""
+    initializer: by default it is tied back (``Transpose`` of the embedding: one trained tensor
+    whose gradient is torch's); kept, the two gradients add up to torch's gradient of the one
+    parameter."""
     model, proto = exported(exporter, opset, tied=True)
-    assert_gradients_match(proto, model, rtol=1e-4, atol=1e-6)
+    trained = fo.make_training_model(proto, loss="loss", params=list(param_map(proto, model)),
+                                     tied_initializers=tied_initializers)
+    assert len(trained_names(trained)) == 28 + (tied_initializers == "keep")
+    assert_gradients_match(proto, model, rtol=1e-4, atol=1e-6,
+                           tied_initializers=tied_initializers)
 
 
 def test_explicit_tril_mask_attention_gradients_equal_torch():
@@ -281,3 +292,165 @@ def test_a_loss_output_is_computed_before_the_gradient_node(monkeypatch):
     for name in mapping:
         np.testing.assert_allclose(fast.initializers[name], slow.initializers[name],
                                    rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# fresh LayerNorms (issue 42): the exporters merge parameters of equal values into one
+# initializer; make_training_model gives each layer its copy back, as torch trains them
+# ---------------------------------------------------------------------------------------------
+
+
+def fresh_layer_norms(model, shared=False):
+    """``model`` with torch's initial LayerNorm values (ones, zeros) in every LayerNorm; with
+    ``shared``, every LayerNorm uses the first one's Parameters (one tensor each, as the merged
+    initializer trains when it is kept tied)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    with torch.no_grad():
+        for m in norms:
+            m.weight.fill_(1.0)
+            m.bias.zero_()
+    if shared:
+        for m in norms[1:]:
+            m.weight, m.bias = norms[0].weight, norms[0].bias
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def exported_fresh(exporter, opset, tied=False, dtype="float32", folding=True):
+    if exporter == "dynamo":
+        _need_dynamo()
+    model = fresh_layer_norms(G.torch_model(CFG, tied, np.dtype(dtype)))
+    kw = {}
+    if not folding:
+        kw = {"optimize": False} if exporter == "dynamo" else {"do_constant_folding": False}
+    return model, G.export(model, exporter, opset, **kw)
+
+
+# torch's LayerNorm modules in the order the forward pass (and so the exported graph) runs them
+NORMS = [f"blocks.{i}.ln{j}" for i in range(CFG["layers"]) for j in (1, 2)] + ["lnf"]
+
+
+def trained_names(trained):
+    """The initializers the training model trains (the Gradient node's ``xs``)."""
+    gradient = next(n for n in trained.training_info[0].algorithm.node
+                    if n.op_type == "Gradient")
+    return [s.decode() for s in next(a for a in gradient.attribute if a.name == "xs").strings]
+
+
+def untied_param_map(trained, model):
+    """``{initializer: (torch name, transposed)}`` for a training model whose LayerNorms read
+    initializers of their own: the LayerNorm nodes, in graph order, are ``NORMS``; every other
+    parameter is found by value (``param_map``)."""
+    mapping = param_map(trained, model)
+    norms = [n for n in trained.graph.node if n.op_type == "LayerNormalization"]
+    assert len(norms) == len(NORMS)
+    for node, module in zip(norms, NORMS):
+        mapping[node.input[1]] = (module + ".weight", False)
+        mapping[node.input[2]] = (module + ".bias", False)
+    return mapping
+
+
+def _fresh_trajectory(exporter, opset, dtype, tied=False, folding=True, steps=12, **kw):
+    """Train the export of a GPT with fresh LayerNorms for ``steps`` Adam steps; returns the
+    training model, the session, the losses and the feeds."""
+    _, proto = exported_fresh(exporter, opset, tied, dtype, folding)
+    trained = fo.make_training_model(proto, loss="loss", lr=G.LR, alpha=G.BETA1, beta=G.BETA2,
+                                     epsilon=G.EPS, **kw)
+    session = fo.TrainingSession(trained)
+    f = feeds()
+    losses = [float(session.step(f, ["loss"])["loss"]) for _ in range(steps)]
+    return trained, session, losses, f
+
+
+@pytest.mark.parametrize("exporter,opset,dtype,rtol,atol", [
+    ("torchscript", 17, "float64", 1e-6, 1e-9),
+    ("torchscript", 17, "float32", 2e-4, 2e-5),
+    ("dynamo", 18, "float64", 1e-6, 1e-9),
+    pytest.param("dynamo", 18, "float32", 2e-4, 2e-5, marks=pytest.mark.slow),  # seconds
+])
+def test_merged_layer_norms_train_apart_as_torch_trains_them(exporter, opset, dtype, rtol,
+                                                             atol):
+    """Both exporters write the five fresh LayerNorms' weights (ones) as one initializer and
+    their biases (zeros) as another; by default each LayerNorm trains a copy of its own, with
+    one warning naming them: as many trained tensors as torch has, and the loss curve and the
+    parameters of ``torch.optim.Adam``."""
+    model, proto = exported_fresh(exporter, opset, dtype=dtype)
+    floats = [t for t in proto.graph.initializer if t.data_type in (1, 11) and len(t.dims)
+              and np.prod(t.dims) > 1]
+    assert len(floats) == 21, "the export merged the LayerNorms' ten parameters into two"
+    with pytest.warns(UserWarning, match=r"2 initializer\(s\) feed several layers.*"
+                                         r"5 uses: LayerNormalization bias.*tensors instead of 2"):
+        trained, session, losses, f = _fresh_trajectory(exporter, opset, dtype)
+    names = trained_names(trained)
+    reference = fresh_layer_norms(G.torch_model(CFG, dtype=np.dtype(dtype)))
+    assert len(names) == len(list(reference.parameters())) == 29
+    ref_losses = _train_torch(reference, len(losses), f)
+    np.testing.assert_allclose(losses, ref_losses, rtol=rtol, atol=atol)
+    mapping = untied_param_map(trained, model)
+    assert sorted(mapping[n][0] for n in names) == sorted(n for n, _ in
+                                                          reference.named_parameters())
+    ref = {n: p.detach().numpy() for n, p in reference.named_parameters()}
+    for init in names:
+        name, transposed = mapping[init]
+        value = session.initializers[init]
+        np.testing.assert_allclose(value.T if transposed else value, ref[name], rtol=rtol,
+                                   atol=atol, err_msg=name)
+
+
+def test_keep_tied_trains_the_merged_initializers_as_one_parameter():
+    """``tied_initializers="keep"``: no warning, 21 trained tensors, and the loss curve of a
+    torch model whose five LayerNorms share one weight and one bias (the old behaviour); that
+    curve is not torch's curve for the source model (the default's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        trained, _, losses, f = _fresh_trajectory("torchscript", 17, "float64",
+                                                  tied_initializers="keep")
+    assert len(trained_names(trained)) == 21
+    shared = fresh_layer_norms(G.torch_model(CFG, dtype=np.float64), shared=True)
+    assert len(list(shared.parameters())) == 21
+    ref_shared = _train_torch(shared, len(losses), f)
+    np.testing.assert_allclose(losses, ref_shared, rtol=1e-6, atol=1e-9)
+    ref_apart = _train_torch(fresh_layer_norms(G.torch_model(CFG, dtype=np.float64)),
+                             len(losses), f)
+    assert abs(ref_apart[-1] - ref_shared[-1]) > 1e-4  # the two models are told apart
+
+
+def test_tied_embedding_and_head_stay_one_tensor():
+    """The TorchScript export without constant folding keeps the tied head as
+    ``Transpose(tok.weight)`` (a Gather reads it too): that tie is torch's own and stays (one
+    tensor, gradients of both uses summed) while the merged LayerNorms are untied: 28 trained
+    tensors, torch's 28, and torch's loss curve and parameters in float64."""
+    model, proto = exported_fresh("torchscript", 17, tied=True, dtype="float64", folding=False)
+    readers = [n.op_type for n in proto.graph.node if "tok.weight" in n.input]
+    assert sorted(readers) == ["Gather", "Transpose"]
+    with pytest.warns(UserWarning, match="2 initializer"):
+        trained, session, losses, f = _fresh_trajectory("torchscript", 17, "float64", tied=True,
+                                                        folding=False)
+    names = trained_names(trained)
+    reference = fresh_layer_norms(G.torch_model(CFG, True, np.float64))
+    assert len(names) == len(list(reference.parameters())) == 28
+    assert "tok.weight" in names and not any("tok" in n for n in names if n != "tok.weight")
+    np.testing.assert_allclose(losses, _train_torch(reference, len(losses), f), rtol=1e-6,
+                               atol=1e-9)
+    np.testing.assert_allclose(session.initializers["tok.weight"],
+                               reference.tok.weight.detach().numpy(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("exporter,opset", [
+    ("torchscript", 17),
+    pytest.param("dynamo", 18, marks=pytest.mark.slow),  # a dynamo export: seconds
+])
+def test_a_folded_tied_head_is_tied_back(exporter, opset):
+    """With constant folding (the exporters' default) the tied head is an initializer of its
+    own holding the embedding's transpose: it is tied back (``Transpose`` of the embedding)
+    and the merged LayerNorms untied, in one warning: 28 tensors, torch's loss curve."""
+    _, proto = exported_fresh(exporter, opset, tied=True, dtype="float64")
+    assert not any(n.op_type == "Transpose" and n.input[0].endswith("weight")
+                   for n in proto.graph.node)
+    with pytest.warns(UserWarning, match=r"2 initializer\(s\) feed several layers.*"
+                                         r"1 output head\(s\) equal an embedding's transpose"):
+        trained, session, losses, f = _fresh_trajectory(exporter, opset, "float64", tied=True)
+    reference = fresh_layer_norms(G.torch_model(CFG, True, np.float64))
+    assert len(trained_names(trained)) == len(list(reference.parameters())) == 28
+    np.testing.assert_allclose(losses, _train_torch(reference, len(losses), f), rtol=1e-6,
+                               atol=1e-9)

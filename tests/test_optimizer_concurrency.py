@@ -55,7 +55,7 @@ def state_of(opt, params):
     return [p.copy() for p in params], {n: list(opt._slots[n]) for n in opt.slot_names}
 
 
-def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch):
+def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch, python_sigint):
     """SIGINT raised right after the first compiled call: without deferral KeyboardInterrupt
     left the step half applied with t not advanced."""
     opt, params, grads = two_group_adam(1000)
@@ -83,7 +83,7 @@ def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_a_user_sigint_handler_is_called_after_the_step(monkeypatch):
+def test_a_user_sigint_handler_is_called_after_the_step(monkeypatch, python_sigint):
     opt, params, grads = two_group_adam(1000)
     seen = []
 
@@ -107,7 +107,7 @@ def test_a_user_sigint_handler_is_called_after_the_step(monkeypatch):
         signal.signal(signal.SIGINT, old)
 
 
-def test_random_ctrl_c_never_splits_a_step():
+def test_random_ctrl_c_never_splits_a_step(python_sigint):
     """SIGINT sent at random times by another thread while the main thread steps: after each
     KeyboardInterrupt, the arrays hold exactly ``t`` whole steps (before the deferral, 6 of
     13 such interrupts left a two-group step half applied)."""
@@ -141,7 +141,7 @@ def test_random_ctrl_c_never_splits_a_step():
     assert opt.t > 0
 
 
-def test_steps_in_another_thread_are_not_deferred():
+def test_steps_in_another_thread_are_not_deferred(python_sigint):
     opt, params, grads = two_group_adam(100)
     errors = []
     thread = threading.Thread(target=lambda: [opt.step(grads) for _ in range(3)])

@@ -248,7 +248,7 @@ def test_an_array_made_read_only_after_prepare_is_refused():
     assert opt.t == 1
 
 
-def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch):
+def test_a_sigint_between_prepared_calls_comes_after_the_whole_step(monkeypatch, python_sigint):
     """Two dtypes: two prepared calls of the driver; a SIGINT raised after the first is
     delivered after the second, with t advanced."""
     from fastadam.optim import PreparedStep

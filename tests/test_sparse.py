@@ -632,13 +632,6 @@ def test_onnx_convention_without_bias_correction():
     np.testing.assert_allclose(x, ref[0], **TOL[np.float64])
 
 
-def test_sparse_extension_kept_openmp():
-    from fastadam._core import _config, _sparse
-    assert _sparse.openmp_enabled() == _config.openmp_enabled()
-    if fastadam.config()["max_threads"] > 1:
-        assert _sparse.openmp_enabled()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("row", [1, 7, 8, 9, 15, 16, 17, 33])
 @pytest.mark.parametrize("mode", MODES)

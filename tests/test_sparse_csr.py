@@ -310,7 +310,7 @@ def test_batch_walk_product_equals_scipy_bit_for_bit(rng, dtype, k, lookup, monk
     against np.unique, with either slot lookup (the direct column map is left all -1)."""
     from fastadam.sparse import _csr as csr_kernels
     monkeypatch.setattr(csr_kernels, "DIRECT_MAP_RATIO", 10**6 if lookup == "column map" else 0)
-    from fastadam.sparse._segments import check_csr_structure
+    from fastadam._core._sparse_host import check_csr_structure
     X = _csr(rng, n=60, n_cols=500, density=0.05, dtype=dtype, canonical=False)
     W = rng.standard_normal((500, k)).astype(dtype)
     rows = rng.permutation(60)[:45].astype(np.int64)

@@ -477,22 +477,6 @@ def col2im(cnp.ndarray cols, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_
     return x
 
 
-def openmp_enabled():
-    """True when this extension was compiled with OpenMP."""
-    return bool(FASTADAM_OPENMP_FLAG)
-
-
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #define FASTADAM_OPENMP_FLAG 1
-    #else
-    #define FASTADAM_OPENMP_FLAG 0
-    #endif
-    """
-    int FASTADAM_OPENMP_FLAG
-
-
 def check_labels(cnp.ndarray labels, Py_ssize_t c, str name="labels"):
     """Raise IndexError unless every value of the contiguous intp array lies in [0, c)."""
     if cnp.PyArray_TYPE(labels) != cnp.NPY_INTP or not cnp.PyArray_IS_C_CONTIGUOUS(labels):

@@ -1,6 +1,6 @@
 # Cython declarations of the optimizers' coefficient structs (include/fastadam/adam.h,
 # adagrad.h, momentum.h) and of the one object that carries them from Python to the kernels.
-# fastadam/_coeffs.pyx defines the classes; the drivers (_dense.pyx, _sparse.pyx) cimport them
+# fastadam/_core/_coeffs.pyx defines the classes; the drivers (_dense.pyx, _sparse.pyx) cimport them
 # and pass `coeffs.kind` and `coeffs.data` straight to C.
 cdef extern from "fastadam/formula.h":
     enum:

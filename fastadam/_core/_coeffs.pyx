@@ -8,7 +8,7 @@ include/fastadam/adam.h, adagrad.h, momentum.h) and are fixed at construction.
 ``StructCoefficients`` holds the struct of any optimizer of the registration list
 (include/fastadam/optimizers.def) given field by field, as every struct is laid out: float64
 fields in declaration order, then the int ``flags``.  A new optimizer needs no class here: its
-Python spec (fastadam/optim/_spec.py) names the fields, and the spec checks at import that their
+Python spec (fastadam/_core/_registry.py) names the fields, and the spec checks at import that their
 count matches the size of the C struct.
 """
 

@@ -5,7 +5,7 @@ dtype), the chunk list is split statically over the threads, and each chunk is o
 call.  The kernel is picked once per call from the C table by the coefficient object's kind
 (Adam, Adagrad, Momentum) and the dtype; this module knows no optimizer.  Because every element
 is updated independently, the result is the same for any thread count.  Arguments arrive
-validated (fastadam/_validation.pyx); this module only reads their pointers.
+validated (fastadam/_core/_validation.pyx); this module only reads their pointers.
 """
 cimport numpy as cnp
 from cython.parallel cimport prange
@@ -50,10 +50,10 @@ cdef enum:
     _PARALLEL_MIN = 131072
     MAX_SLOTS = 3
 
-PARALLEL_MIN = _PARALLEL_MIN  # for fastadam/_threads.py's adaptive choice
+PARALLEL_MIN = _PARALLEL_MIN  # for fastadam/_core/_threads.py's adaptive choice
 
 # num_threads=0 (the user's None): steps per size class (bit length of the element count) that
-# the measured choice (fastadam/_threads.py) lets run on one thread, untimed, before it wants
+# the measured choice (fastadam/_core/_threads.py) lets run on one thread, untimed, before it wants
 # to look again; at zero dense_step returns None without writing and the chooser runs it.
 cdef int _serial_left[65]
 
@@ -104,11 +104,6 @@ def sparse_supported(int kind, int flags):
     return bool(fa_sparse_supported(kind, flags))
 
 
-def has_kernel(Coefficients coeffs, int typenum):
-    """True if this build has the kernel (float16 kernels need the compiler's _Float16)."""
-    return fa_dense_kernel(coeffs.kind, storage_type(typenum)) != NULL
-
-
 cpdef object dense_step(Coefficients coeffs, list xs, list gs, list slots, int typenum,
                         bint skip_nonfinite, int num_threads):
     """One step of the optimizer `coeffs` describes over validated tensors.
@@ -149,7 +144,7 @@ cpdef object dense_step(Coefficients coeffs, list xs, list gs, list slots, int t
                 key += 1
                 size >>= 1
             if _serial_left[key] <= 0:
-                return None  # nothing written: fastadam/_threads.py measures this step
+                return None  # nothing written: fastadam/_core/_threads.py measures this step
             _serial_left[key] -= 1
         num_threads = 1
     cdef Chunk *chunks = <Chunk *>malloc(nchunks * sizeof(Chunk))

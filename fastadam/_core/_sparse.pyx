@@ -5,7 +5,7 @@ the work statically over the threads of one parallel region: segments for the se
 the lazy / catchup modes (cut so that each thread gets about the same number of gradient rows),
 table rows for the dense mode (chunks of about CHUNK elements).  A segment is always summed by
 one thread in its original order, so results are bit-identical for any thread count.
-Arguments arrive validated (fastadam/sparse/_api.py); this module only reads their pointers.
+Arguments arrive validated (fastadam/optim/_sparse_functional.py, fastadam/sparse/_segments.py); this module only reads their pointers.
 """
 import threading
 
@@ -28,9 +28,6 @@ def simd_level_in_use():
     """The CPU level this module's kernels run (fastadam/_core/_cpu_level.py)."""
     return fa_level_name(fa_level_in_use()).decode()
 
-
-cdef extern from "fastadam/common.h":
-    int fa_openmp_enabled() nogil
 
 cdef extern from "fastadam/sparse.h":
     int FA_RADIX_BITS
@@ -75,7 +72,7 @@ cdef enum:
     PARALLEL_MIN = 131072
     PAD = 16  # scratch rows are padded to 64 bytes of float32 so threads share no cache line
 
-PARALLEL_MIN_WORK = PARALLEL_MIN  # for the measured thread choice (fastadam/_threads.py)
+PARALLEL_MIN_WORK = PARALLEL_MIN  # for the measured thread choice (fastadam/_core/_threads.py)
 MODES = {"lazy": 0, "dense": 1, "catchup": 2}
 # The packed sort holds an index and a position in 32 bits each.
 PACKED_LIMIT = 1 << 32
@@ -99,11 +96,6 @@ cdef cnp.ndarray scratch(str name, Py_ssize_t n, object dtype):
         buf = np.empty(max(n, 4096), dtype=dtype)
         setattr(_workspace, name, buf)
     return buf[:n]
-
-
-def openmp_enabled():
-    """True when this extension was compiled with OpenMP (checked by the build test)."""
-    return bool(fa_openmp_enabled())
 
 
 def sort_segments(cnp.ndarray indices, n_rows):

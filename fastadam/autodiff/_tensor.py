@@ -296,6 +296,12 @@ class Tensor:
     def zero_grad(self):
         self.grad = None
 
+    def mark_dirty(self):
+        """Record that ``self.data`` was changed in place outside the engine (an optimizer
+        step): a recorded operation that saved this tensor then refuses to differentiate
+        through its old values, as after ``t -= ...``."""
+        bump_version(self)
+
 
 # The compiled recording path (``_tape``, built from _tape.pyx) writes Tensor and Node slots
 # directly; without a build the Python code of this module and of ``_registry`` runs instead.

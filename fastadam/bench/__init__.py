@@ -14,7 +14,9 @@ The asv suite (asv_bench/) and the report scripts import their timers and baseli
 """
 import numpy as _np
 
+from ._report import add_arguments as add_report_arguments
 from ._report import flag_implausible, main, measure_dense
+from ._report import run as run_report
 from ._timing import (BYTES_PER_ELEMENT_F32, median_seconds, median_seconds_interleaved,
                       numpy_adam_step, sample_seconds_interleaved, step_bytes_per_element,
                       torch_fused_adam)
@@ -41,7 +43,8 @@ def format_stream(param_bytes, state_bytes, size, block=256, num_threads=1):
                                   num_threads=num_threads)
 
 
-__all__ = ["BYTES_PER_ELEMENT_F32", "flag_implausible", "format_stream", "main", "measure_dense",
+__all__ = ["BYTES_PER_ELEMENT_F32", "add_report_arguments", "flag_implausible", "format_stream",
+           "main", "measure_dense", "run_report",
            "median_seconds", "median_seconds_interleaved", "numpy_adam_step",
            "sample_seconds_interleaved", "step_bytes_per_element", "stream_rw_bits",
            "stream_rw_f32", "torch_fused_adam"]

@@ -33,9 +33,10 @@ naming the argument, raised before anything is written).
 ``import fastadam`` never imports CuPy: this package's ``__init__`` only tells device arrays
 apart by their type; the modules that use CuPy are imported when a CuPy array is passed.
 """
-from ._validation import explain_mix, import_cupy, is_device_array  # NumPy only: no CuPy
+from ._validation import address, explain_mix, import_cupy, is_device_array  # no CuPy
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
+           "address", "check_parameter", "check_gradient",
            "dense_step", "sparse_step", "segment_sum", "lowp_dense_step", "lowp_rows_step"]
 
 
@@ -81,6 +82,22 @@ def available():
 # The entry points the public functions call (fastadam/optim/_functional.py,
 # fastadam/optim/_sparse_functional.py, fastadam/sparse/_segments.py): CuPy is imported here,
 # with a clear error if it is missing.
+
+def check_parameter(a, name):
+    """An optimizer's parameter on the GPU: a C-contiguous float ``cupy.ndarray``, returned as
+    it is; TypeError/ValueError naming ``name`` otherwise (the optimizer objects' check of a
+    device parameter)."""
+    from ._validation import check_device_parameter
+    return check_device_parameter(a, name)
+
+
+def check_gradient(g, x, name, pname):
+    """A dense gradient ``g`` (named ``name``) of the parameter ``x`` (named ``pname``) when
+    either is on the GPU: both ``cupy.ndarray`` on one device, ``g`` of ``x``'s dtype and shape;
+    returns ``g`` C-contiguous (a copy if needed: it is only read)."""
+    from ._validation import check_device_gradient
+    return check_device_gradient(g, x, name, pname)
+
 
 def dense_step(coeffs, x, g, slots, skip_nonfinite):
     """One dense step of the optimizer ``coeffs`` on device arrays (see _dense.py)."""

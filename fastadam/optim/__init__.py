@@ -21,7 +21,7 @@
   - ``_checkpoint.py``: state dicts and atomic, untrusting checkpoint files;
   - ``schedules.py`` (public): learning-rate schedules; ``_torch.py``: import from torch.optim.
 
-A new optimizer adds its element formula and coefficient struct (``include/fastadam/NAME.h``),
+A new optimizer adds its element formula and coefficient struct (``include/fastadam/<name>.h``),
 one row in the registration list ``include/fastadam/optimizers.def`` (which generates the kernel
 tables, the sparse switch and the CUDA dispatch), and one module here holding its fold, its
 spec (``fastadam/_core/_registry.py``), its functional steps and its class on ``Optimizer``

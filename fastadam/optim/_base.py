@@ -39,7 +39,8 @@ from ._guard import guarded_step, locked, new_lock
 from ._step_path import keep_common_step, optimizer_step
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
-from ._params import (check_no_shared_memory, gather_gradients, param_array, tensor_type)
+from ._params import (check_no_shared_memory, gather_gradients, mark_dirty, param_array,
+                      tensor_data)
 from ._functional import check_compute_dtype
 from ._prepared import prepare_step
 from .._core._registry import spec as registry_spec
@@ -338,7 +339,7 @@ class Optimizer:
                                for name, arrays in self._slots.items()}
                               for _, idx in self._buckets]
         self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
-        self._tensor_params = any(isinstance(p, tensor_type()) for p in self._params)
+        self._tensor_params = any(tensor_data(p) is not None for p in self._params)
         self._prepared = [None] * len(self._buckets)  # built at a bucket's first step
         self._step_hypers = [None] * len(self._groups)
         self._step_kept = None
@@ -643,17 +644,13 @@ class Optimizer:
         if applied:
             self.t += 1
             if self._tensor_params:
-                Tensor = tensor_type()
-                for i in stepped:
-                    if isinstance(self._params[i], Tensor):
-                        self._params[i]._version += 1  # changed in place, as autodiff's -= marks
+                mark_dirty(self._params, stepped)  # changed in place, as autodiff's -= marks
         return applied
 
     def zero_grad(self) -> None:
         """Clear the ``.grad`` of every ``fastadam.autodiff.Tensor`` parameter (set to None)."""
-        Tensor = tensor_type()
         for p in self._params:
-            if isinstance(p, Tensor):
+            if tensor_data(p) is not None:
                 p.grad = None
 
     @locked
@@ -738,7 +735,7 @@ class Optimizer:
 def _as_list(params: Any) -> Any:
     """A list of parameters from a list, tuple or other iterable (a generator, as torch's
     ``model.parameters()``); a single array or Tensor is returned as it is."""
-    if isinstance(params, (np.ndarray, tensor_type(), dict, str, bytes)):
+    if isinstance(params, (np.ndarray, dict, str, bytes)) or tensor_data(params) is not None:
         return params
     if isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
         return list(params)

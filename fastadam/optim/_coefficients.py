@@ -2,7 +2,7 @@
 
 Each ``*_coefficients`` function validates its optimizer's scalars (a clear error naming the
 argument), folds them with the step number into the coefficient object its kernels read
-(fastadam/_coeffs.pyx; the formulas are in include/fastadam/adam.h, adagrad.h, momentum.h), and
+(fastadam/_core/_coeffs.pyx; the formulas are in include/fastadam/adam.h, adagrad.h, momentum.h), and
 returns it.  :func:`check_in_dtype` then checks the folded values in the precision the kernel
 computes in, once the arrays' dtype is known.  The functional steps (``_functional.py``), the
 sparse steps and the optimizer objects all fold through here, so a rule is written once.
@@ -288,7 +288,7 @@ def retime_from_one(coeffs, t, hyper):
     return coeffs
 
 
-# ---- the specs of the optimizers folded here (fastadam/_registry.py) -----------------------
+# ---- the specs of the optimizers folded here (fastadam/_core/_registry.py) -----------------------
 # RMSprop and Lion register theirs beside their folds (_rmsprop.py, _lion.py).
 register(OptimizerSpec(
     name="adam", fold=adam_coefficients, retime=adam_retime,

@@ -1,8 +1,8 @@
 """The functional optimizer steps on dense arrays: one compiled call per step, in place.
 
 Each function folds its optimizer's hyper-parameters into a coefficient object
-(``_coefficients.py``), validates the arrays (fastadam/_validation.pyx: all checks before any
-write), and makes one call into the multi-tensor driver (fastadam/_dense.pyx), which picks the
+(``_coefficients.py``), validates the arrays (fastadam/_core/_validation.pyx: all checks before any
+write), and makes one call into the multi-tensor driver (fastadam/_core/_dense.pyx), which picks the
 optimizer's kernel from the C table.  The optimizer objects are built on these functions and
 the sparse ones in ``_sparse_functional.py``.
 """

@@ -1,7 +1,9 @@
 """Parameters and gradients of the optimizer objects: checked once, before any array changes.
 
-Design: a parameter is an ndarray or a ``fastadam.autodiff.Tensor`` (whose ``.data`` array is
-updated in place).  Parameters are checked when they enter an optimizer (float dtype, writable,
+Design: a parameter is an ndarray or a tensor: an object with a ``.data`` ndarray (updated in
+place) and a ``.grad`` (``fastadam.autodiff.Tensor`` is one; this package imports nothing of
+autodiff: it reads that protocol).  After a step changes a tensor's ``.data``, its
+``mark_dirty()`` is called when it has one (autodiff's version counter).  Parameters are checked when they enter an optimizer (float dtype, writable,
 C-contiguous, native and aligned, no two sharing memory).  Gradients are checked at every step,
 all of them before the first compiled call, so a bad gradient never leaves a step half applied:
 dense arrays (or Tensors) of the parameter's dtype and shape, ``IndexedSlices`` with indices in
@@ -13,8 +15,8 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ..gpu import is_device_array
-from ..gpu._validation import address
+from .. import gpu
+from ..gpu import address, is_device_array
 from .._core._lowp_state import is_bfloat16
 from ..sparse import IndexedSlices
 from ._clip import is_scipy_sparse
@@ -22,23 +24,32 @@ from ._clip import is_scipy_sparse
 SPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-_TENSOR = []
+def tensor_data(p: Any) -> Any:
+    """``p.data`` when ``p`` is a tensor (not an array itself, with a ``.grad`` and a ``.data``
+    that is a NumPy or device array), else None.  A SciPy sparse matrix, whose ``.data`` is an
+    ndarray too, has no ``.grad``."""
+    if isinstance(p, np.ndarray) or not hasattr(p, "grad"):
+        return None
+    d = getattr(p, "data", None)
+    return d if isinstance(d, np.ndarray) or is_device_array(d) else None
 
 
-def tensor_type():
-    """fastadam.autodiff.Tensor, imported on first use (autodiff imports the sparse package)."""
-    if not _TENSOR:
-        from ..autodiff import Tensor
-        _TENSOR.append(Tensor)
-    return _TENSOR[0]
+def mark_dirty(params: List[Any], stepped: Any) -> None:
+    """Tell the tensors among ``params[i]`` (i in ``stepped``) that their ``.data`` changed in
+    place (autodiff's version counter: a recorded operation that saved one refuses to
+    differentiate through the old values)."""
+    for i in stepped:
+        mark = getattr(params[i], "mark_dirty", None)
+        if mark is not None and tensor_data(params[i]) is not None:
+            mark()
 
 
 def param_array(p: Any, name: str) -> np.ndarray:
-    """The ndarray a parameter updates in place (a Tensor's ``.data``), checked."""
-    a = p.data if isinstance(p, tensor_type()) else p
+    """The ndarray a parameter updates in place (a tensor's ``.data``), checked."""
+    d = tensor_data(p)
+    a = p if d is None else d
     if type(a) is not np.ndarray and is_device_array(a):  # CuPy: fastadam/gpu
-        from ..gpu._validation import check_device_parameter
-        return check_device_parameter(a, name)
+        return gpu.check_parameter(a, name)
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray or a fastadam.autodiff.Tensor, "
                         f"got {type(p).__name__}")
@@ -69,18 +80,19 @@ def check_no_shared_memory(arrays: List[np.ndarray], labels: List[str]) -> None:
 def gradient_of_tensor(p: Any) -> Any:
     """A Tensor parameter's ``.grad`` as an array or IndexedSlices (None if it has none)."""
     g = p.grad
-    return g.data if isinstance(g, tensor_type()) else g
+    d = tensor_data(g)
+    return g if d is None else d
 
 
 def check_gradient(g: Any, x: np.ndarray, name: str, pname: str) -> Tuple[str, Any]:
     """Classify and check one gradient of parameter ``x``: returns (kind, gradient) with kind
     "dense" (a C-contiguous array; a non-contiguous one is copied, it is only read) or
     "sparse" (IndexedSlices or CSR)."""
-    if isinstance(g, tensor_type()):
-        g = g.data
+    d = tensor_data(g)
+    if d is not None:
+        g = d
     if is_device_array(g) or (type(x) is not np.ndarray and is_device_array(x)):  # CuPy
-        from ..gpu._validation import check_device_gradient
-        return "dense", check_device_gradient(g, x, name, pname)
+        return "dense", gpu.check_gradient(g, x, name, pname)
     if isinstance(g, np.ndarray):
         if g.dtype != x.dtype and not (g.dtype == np.float32 and is_bfloat16(x.dtype)):
             also = " or float32" if is_bfloat16(x.dtype) else ""
@@ -147,16 +159,15 @@ def gather_gradients(grads: Any, params: List[Any], arrays: List[np.ndarray],
     """Every gradient of a step, checked: a list with one (kind, gradient) or None (no gradient:
     the parameter and its state are left alone this step) per parameter."""
     n = len(params)
-    Tensor = tensor_type()
     if grads is None:
         for i, p in enumerate(params):
-            if not isinstance(p, Tensor):
+            if tensor_data(p) is None:
                 raise TypeError(f"grads: required when a parameter is a plain ndarray "
                                 f"({labels[i]}); step() without grads reads the .grad of "
                                 f"fastadam.autodiff.Tensor parameters")
         grads = [gradient_of_tensor(p) for p in params]
-    elif (isinstance(grads, (np.ndarray, IndexedSlices, Tensor)) or is_scipy_sparse(grads)
-          or is_device_array(grads)):
+    elif (isinstance(grads, (np.ndarray, IndexedSlices)) or is_scipy_sparse(grads)
+          or is_device_array(grads) or tensor_data(grads) is not None):
         if n != 1:
             raise TypeError(f"grads: expected a list of {n} gradients (one per parameter), "
                             f"got a single {type(grads).__name__}")

@@ -18,7 +18,7 @@ from .._core import _sparse
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint, check_indices, check_rows
 from ..sparse import IndexedSlices
-from ..sparse._segments import _threaded, check_csr_structure
+from .._core._sparse_host import check_csr_structure, run_threaded
 from ._coefficients import (adagrad_coefficients, adam_coefficients,
                             momentum_coefficients, step_number)
 from ._functional import check_compute_dtype
@@ -316,7 +316,7 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
             values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)
     work = (n_rows if mode == "dense" else values.shape[0]) * row_size
-    _threaded(_sparse.sparse_step, args, work, nt, KIND_SPARSE_STEP[mode])
+    run_threaded(_sparse.sparse_step, args, work, nt, KIND_SPARSE_STEP[mode])
 
 
 def _check_table(a, name, typenum, shape):

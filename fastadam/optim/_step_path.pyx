@@ -59,7 +59,7 @@ def dense_step(coeffs, x, g, slots, skip_nonfinite, num_threads):
     (name, array or list) pairs in slot order."""
     if type(x) is not cnp.ndarray and _gpu.holds_device_array(x):  # CuPy: fastadam/gpu
         return _gpu.dense_step(coeffs, x, g, slots, skip_nonfinite)
-    # None: the measured choice of fastadam/_threads.py (0 here); a bad count raises first
+    # None: the measured choice of fastadam/_core/_threads.py (0 here); a bad count raises first
     nt = 0 if num_threads is None else resolve_num_threads(num_threads)
     try:
         xs, gs, slot_lists, typenum = check_step_arrays(x, g, slots)

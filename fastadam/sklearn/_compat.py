@@ -6,8 +6,6 @@ never imports scikit-learn).
   floor): 1.7, the first whose MLP takes ``sample_weight`` in its private mini-batch methods and
   has the ``exp`` output / ``poisson`` loss entries ``accelerate_mlp()`` reproduces;
 - ``SKLEARN_NEWEST_TESTED``: the newest release CI tests ``accelerate_mlp()`` on;
-- ``sklearn_check_version(version)``: is the installed release at least ``version`` ("1.8")
-  (scikit-learn-intelex's helper of the same name does the same);
 - ``mlp_version_known()``: whether ``accelerate_mlp()``, which replaces scikit-learn's private
   mini-batch loop, knows the installed release; on any other it runs scikit-learn's own loop
   with one warning.
@@ -44,11 +42,6 @@ def parse_version(version):
 
 
 SKLEARN_VERSION = parse_version(sklearn.__version__)
-
-
-def sklearn_check_version(version):
-    """True if the installed scikit-learn is at least ``version`` (major.minor)."""
-    return SKLEARN_VERSION >= parse_version(version)
 
 
 def mlp_version_known():

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _csr
 from ._indexed_slices import IndexedSlices
-from ._segments import check_csr_structure
+from .._core._sparse_host import check_csr_structure
 
 
 class CSRBatch:

@@ -88,7 +88,7 @@ cdef int _table_bits(Py_ssize_t total):
 
 cdef int64_t _batch_entries(const index_t[::1] indptr, const int64_t[::1] batch_rows) except -1:
     """The stored entries of the rows batch_rows; IndexError for a row outside the matrix.
-    indptr is a checked private copy (fastadam.sparse._api.check_csr_structure: from 0,
+    indptr is a checked private copy (fastadam/_core/_sparse_host.py check_csr_structure: from 0,
     non-decreasing); this re-checks the one precondition the walks add, rows in range."""
     cdef Py_ssize_t i, n_rows = indptr.shape[0] - 1
     cdef int64_t r, total = 0

@@ -2,7 +2,7 @@
  *
  * Design: each kernel is the math of one primitive (or of its VJP) over [0, n) of contiguous
  * arrays, written once as a macro body and instantiated with _f32 / _f64 suffixes.  The Cython
- * driver (fastadam/_autodiff_kernels.pyx) allocates outputs, validates shapes/dtypes before
+ * driver (fastadam/_core/_autodiff_kernels.pyx) allocates outputs, validates shapes/dtypes before
  * releasing the GIL, and splits large arrays into static chunks over OpenMP threads; every
  * element (row, column, plane) is computed by exactly one call, so results are identical for any
  * thread count.  Compute type = the storage type (float32 math stays float32, as NumPy does).

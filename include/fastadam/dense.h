@@ -5,7 +5,7 @@
  * gradient).  The formulas are not here: each optimizer's element update lives in its own
  * header (listed in optimizers.def) and this file's loops only load, call it, and store.
  * The Python layer validates everything and folds the hyper-parameters into the optimizer's
- * coefficient struct in float64; the Cython driver (fastadam/_dense.pyx) cuts the tensors into
+ * coefficient struct in float64; the Cython driver (fastadam/_core/_dense.pyx) cuts the tensors into
  * chunks and calls one kernel per chunk from an OpenMP parallel region.
  *
  * Every kernel has one signature, so the driver picks it once per call from a table

@@ -2,8 +2,9 @@
  * sum, and the lazy / dense / catchup row walks that apply any optimizer's row update.
  *
  * Design: a sparse gradient is k rows `values[j]` (row_size elements each) aimed at rows
- * `indices[j]` of a table x of n_rows rows.  The Python layer (fastadam/sparse/_api.py) checks
- * every input; the Cython layer (fastadam/_sparse.pyx) then
+ * `indices[j]` of a table x of n_rows rows.  The Python layer
+ * (fastadam/optim/_sparse_functional.py) checks every input; the Cython layer
+ * (fastadam/_core/_sparse.pyx) then
  *   1. sorts the indices with fa_sort_segments (LSD radix sort, stable), giving
  *      perm[k]      the original positions in sorted order (equal indices keep their order),
  *      rows[nseg]   the distinct indices, increasing,

@@ -48,7 +48,7 @@
 
 typedef long long fa_i64;
 
-/* One tensor of a multi-tensor table (64 bytes; fastadam/gpu/_launch.py writes the same layout). */
+/* One tensor of a multi-tensor table (64 bytes; fastadam/gpu/_layout.py writes the same layout). */
 typedef struct {
     fa_i64 x, g, s0, s1, s2; /* device addresses (s1, s2 may be 0 when the optimizer has none) */
     fa_i64 n;                /* elements, >= 1 */
