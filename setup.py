@@ -7,7 +7,8 @@ there; no file-name convention decides what is built.
 
 Flags: ``-O3 -fno-math-errno`` (so gcc vectorizes sqrt), ``-ffp-contract=off`` (no FMA contraction:
 the SIMD body, the scalar tail and every dispatch target round identically, so results do not depend
-on the CPU or the thread count), OpenMP when the compiler has it (``-fopenmp``; Apple clang with
+on the CPU or the thread count), ``-Werror=implicit-function-declaration`` (an API the headers hide
+is a build error, not a missing symbol at import), OpenMP when the compiler has it (``-fopenmp``; Apple clang with
 libomp), ``-g0`` unless ``FASTADAM_DEBUG=1``; ``FASTADAM_SANITIZE=1`` adds ASAN and UBSAN (the CI
 sanitizer job, tests/sanitize.sh).  Never ``-march=native``:
 kernels pick their instruction set at run time (see include/fastadam/common.h).
@@ -75,9 +76,16 @@ if not OPENMP:
     print(f"fastadam: the compiler has no OpenMP{hint}; building a serial extension: every step "
           f"runs on one thread", file=sys.stderr)
 
-compile_args = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11"]
+# -Werror=implicit-function-declaration: a function the headers hide (NumPy's C-API above the
+# target version) is a build error, not an extension that fails to load (undefined symbol)
+compile_args = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11",
+                "-Werror=implicit-function-declaration"]
 link_args = []
-macros = [("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"), ("FASTADAM_OPENMP", int(OPENMP))]
+# NPY_TARGET_VERSION: the oldest NumPy the extensions run with (pyproject's numpy floor), whatever
+# NumPy builds them: NumPy 2.0's headers otherwise target 1.19 and hide the 1.22 memory-handler API
+# that fastadam/_core/_mempool.pyx calls (the extension then fails to load: undefined symbol).
+macros = [("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"),
+          ("NPY_TARGET_VERSION", "NPY_1_23_API_VERSION"), ("FASTADAM_OPENMP", int(OPENMP))]
 if OPENMP:
     compile_args += OPENMP_FLAGS[0]
     link_args += OPENMP_FLAGS[1]
@@ -228,8 +236,10 @@ class build_ext_cached(build_ext):
     temporary folder, so setuptools alone recompiles all of the C each time.  Here each object
     file is stored in ``build/object-cache/`` of the source tree (``FASTADAM_OBJECT_CACHE``
     overrides the folder; ``0`` turns the cache off) under a hash of everything that can change
-    it: the source file, every header of ``include/``, NumPy's headers' version, the compiler
-    command, its flags and the Python version.  A hit copies the object instead of compiling.
+    it: the source file, every header of ``include/``, NumPy's version, the compiler command, its
+    flags and the Python ABI (``compile_key``).  The folders that only name an environment (the
+    venv's, pip's temporary NumPy) are replaced by stand-ins first, so every virtual environment
+    of a checkout shares the objects.  A hit copies the object instead of compiling.
     Parallel jobs: ``FASTADAM_BUILD_JOBS`` (default: the CPU count)."""
 
     def initialize_options(self):
@@ -245,25 +255,13 @@ class build_ext_cached(build_ext):
         compiler = self.compiler
         if getattr(compiler, "_fastadam_cached", False) or not hasattr(compiler, "_compile"):
             return
-        headers = hashlib.sha256()
-        for h in sorted((HERE / "include").rglob("*")):
-            if h.is_file():
-                headers.update(str(h.relative_to(HERE)).encode() + h.read_bytes())
-        common = [headers.hexdigest(), np.__version__, sys.version,
-                  " ".join(getattr(compiler, "compiler_so", []) or [])]
+        common = compile_key_common(" ".join(getattr(compiler, "compiler_so", []) or []))
+        stand_ins = environment_stand_ins()
         original = compiler._compile
-        # pip's isolated build puts NumPy in a fresh temporary folder each time: its include
-        # path would change every key, and NumPy's version above already stands for its headers
-        numpy_include = np.get_include()
-
-        def stable(args):
-            return repr([str(a).replace(numpy_include, "<numpy>") for a in args])
 
         def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            key = hashlib.sha256("\0".join(common + [ext, stable(cc_args), stable(extra_postargs),
-                                                     stable(pp_opts)]).encode()
-                                 + without_cython_metadata(Path(src).read_bytes())
-                                 ).hexdigest()
+            key = compile_key(common, Path(src).read_bytes(), ext,
+                              [cc_args, extra_postargs, pp_opts], stand_ins)
             cached = cache / (key + ".o")
             if cached.exists():
                 os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
@@ -279,5 +277,50 @@ class build_ext_cached(build_ext):
         compiler._fastadam_cached = True
 
 
-setup(ext_modules=make_extensions(),
-      cmdclass={"build_py": build_py_with_cuda_source, "build_ext": build_ext_cached})
+def compile_key_common(compiler_command):
+    """The part of every object's key that is the same for the whole build: every header of
+    ``include/``, NumPy's version (its headers and C-API), the Python ABI (version and SOABI) and
+    the compiler command with the flags Python was built with."""
+    headers = hashlib.sha256()
+    for h in sorted((HERE / "include").rglob("*")):
+        if h.is_file():
+            headers.update(str(h.relative_to(HERE)).encode() + h.read_bytes())
+    return [headers.hexdigest(), np.__version__, sys.version,
+            str(sysconfig.get_config_var("SOABI")), compiler_command]
+
+
+def environment_stand_ins():
+    """{folder: stand-in} for the folders that name an environment rather than what it holds.
+
+    pip's isolated build unpacks NumPy into a fresh temporary folder for every install, and
+    setuptools adds the virtual environment's own ``include/`` folder to the include path; both
+    would change every key, so that a second virtual environment of the same checkout (or a
+    second ``pip install``) recompiled everything.  What they stand for is in the key already:
+    NumPy's version for its headers, and the sources include nothing from the venv's folder."""
+    stand_ins = {os.path.realpath(np.get_include()): "<numpy>", np.get_include(): "<numpy>"}
+    for prefix in {sys.prefix, sys.exec_prefix}:
+        if prefix != sys.base_prefix and prefix != sys.base_exec_prefix:  # inside a venv
+            stand_ins[prefix] = stand_ins[os.path.realpath(prefix)] = "<venv>"
+    return stand_ins
+
+
+def compile_key(common, source, ext, args, stand_ins):
+    """The object cache's key of one compiled file: a hash of ``common``
+    (``compile_key_common``), the source's bytes (without Cython's metadata comment), its
+    extension and the compile arguments (lists of strings), where every folder of ``stand_ins``
+    is replaced by its stand-in (``environment_stand_ins``), longest first."""
+    folders = sorted(stand_ins, key=len, reverse=True)
+
+    def stable(arg):
+        arg = str(arg)
+        for folder in folders:
+            arg = arg.replace(folder, stand_ins[folder])
+        return arg
+
+    text = "\0".join(common + [ext] + [repr([stable(a) for a in group]) for group in args])
+    return hashlib.sha256(text.encode() + without_cython_metadata(source)).hexdigest()
+
+
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__ too
+    setup(ext_modules=make_extensions(),
+          cmdclass={"build_py": build_py_with_cuda_source, "build_ext": build_ext_cached})

@@ -46,7 +46,10 @@ def _importable(name):
     return True
 
 
-# optional libraries the front-ends subclass or import: mocked only where they do not import
+# optional libraries the front-ends import: mocked only where they do not import.  torch is not
+# mocked: the fastadam.torch classes subclass torch.optim.Optimizer, and against a mock every
+# signature on that page reads (*args, **kwargs); without torch the build warns (fails with -W).
+HAVE_TORCH = _importable("torch")
 autodoc_mock_imports = [name for name in ("torch", "mpi4py", "cupy") if not _importable(name)]
 
 myst_heading_anchors = 3
@@ -101,6 +104,15 @@ def _draw_speedups(app):
     plt.close(fig)
 
 
+def _need_torch(app):
+    if not HAVE_TORCH:
+        from sphinx.util import logging
+        logging.getLogger(__name__).warning(
+            "torch is not installed: the fastadam.torch API page would show (*args, **kwargs) "
+            "for every class; install torch (its CPU build: see docs/install.md) to build the docs")
+
+
 def setup(app):
+    app.connect("builder-inited", _need_torch)
     app.connect("autodoc-skip-member", _skip_member)
     app.connect("builder-inited", _draw_speedups)

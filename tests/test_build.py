@@ -147,3 +147,79 @@ def test_keep_freed_memory_checks_its_argument():
     import platform
     applied = fastadam.keep_freed_memory(64 * 1024 * 1024)
     assert applied is (platform.libc_ver()[0] == "glibc")
+
+
+def _setup_module(monkeypatch):
+    """setup.py imported as a module (its ``setup()`` call runs only as ``__main__``), or a skip
+    where it is not beside the tests (an installed wheel)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
+    if not os.path.isfile(path) or not os.path.isdir(os.path.join(os.path.dirname(path),
+                                                                   "include")):
+        pytest.skip("setup.py is not beside the tests (installed wheel)")
+    pytest.importorskip("setuptools")
+    monkeypatch.setenv("FASTADAM_DISABLE_OPENMP", "1")  # no compiler probe on import
+    spec = importlib.util.spec_from_file_location("fastadam_setup_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _key(setup, venv, numpy_include, source=b"int f(void) { return 1; }\n",
+         flags=("-O3", "-fopenmp"), include="include"):
+    """The object key of one compile as setuptools issues it in a venv at ``venv`` (whose
+    ``include/`` it adds to the include path) with NumPy's headers at ``numpy_include``."""
+    pp_opts = [f"-I{include}", f"-I{numpy_include}", f"-I{venv}/include",
+               "-I/opt/python/include/python3.11", "-DNPY_TARGET_VERSION=NPY_1_23_API_VERSION"]
+    stand_ins = {numpy_include: "<numpy>", venv: "<venv>"}
+    common = ["headers-digest", "2.3.0", "3.11.7 (main)", "cpython-311-x86_64-linux-gnu", "gcc"]
+    return setup.compile_key(common, source, ".c", [list(flags), [], pp_opts], stand_ins)
+
+
+def test_object_cache_key_does_not_depend_on_the_venvs_paths(monkeypatch):
+    setup = _setup_module(monkeypatch)
+    numpy_a = "/tmp/pip-build-env-a1/overlay/lib/python3.11/site-packages/numpy/_core/include"
+    numpy_b = "/tmp/pip-build-env-b2/overlay/lib/python3.11/site-packages/numpy/_core/include"
+    key = _key(setup, "/home/u/venv-one", numpy_a)
+    # a second venv of the same checkout, NumPy unpacked elsewhere by pip's isolated build
+    assert _key(setup, "/home/u/other-env", numpy_b) == key
+    # ... but what determines the object still changes the key
+    assert _key(setup, "/home/u/venv-one", numpy_a, source=b"int f(void) { return 2; }\n") != key
+    assert _key(setup, "/home/u/venv-one", numpy_a, flags=("-O2", "-fopenmp")) != key
+    assert _key(setup, "/home/u/venv-one", numpy_a, include="/elsewhere/include") != key
+    common = ["headers-digest", "2.3.0", "3.12.1 (main)", "cpython-312-x86_64-linux-gnu", "gcc"]
+    assert setup.compile_key(common, b"int f(void) { return 1; }\n", ".c", [[], [], []], {}) != \
+        setup.compile_key(common[:2] + ["3.11.7 (main)"] + common[3:],
+                          b"int f(void) { return 1; }\n", ".c", [[], [], []], {})
+    # Cython's metadata comment records the build's paths; it compiles to nothing
+    meta = b"/* BEGIN: Cython Metadata\n{\"include_dirs\": [\"/tmp/x\"]}\nEND: Cython Metadata */\n"
+    assert _key(setup, "/home/u/venv-one", numpy_a, source=meta.replace(b"/tmp/x", b"/tmp/y")
+                + b"int f(void) { return 1; }\n") == \
+        _key(setup, "/home/u/other-env", numpy_b, source=meta + b"int f(void) { return 1; }\n")
+
+
+def test_this_interpreters_include_folders_get_stand_ins(monkeypatch):
+    """The include folders setuptools really passes here (in a venv, the venv's own include/
+    among them) and NumPy's: moving them elsewhere, with the stand-ins that interpreter would
+    compute, keeps the key."""
+    import sys
+    setup = _setup_module(monkeypatch)
+    from setuptools import Distribution
+    from setuptools.command.build_ext import build_ext
+    cmd = build_ext(Distribution({"ext_modules": []}))
+    cmd.finalize_options()
+    dirs = list(cmd.include_dirs) + [np.get_include()]
+    stand_ins = setup.environment_stand_ins()
+    moves = [(np.get_include(), "/tmp/pip-build-env-x/site-packages/numpy/_core/include")]
+    if sys.prefix != sys.base_prefix:  # in a venv: its include/ is on setuptools' path
+        assert any(d.startswith(sys.prefix + os.sep) for d in cmd.include_dirs), cmd.include_dirs
+        moves.append((sys.prefix, "/home/someone/another-venv"))
+
+    def moved(path):
+        for old, new in moves:
+            path = path.replace(old, new)
+        return path
+
+    key = setup.compile_key(["c"], b"", ".c", [[f"-I{d}" for d in dirs]], stand_ins)
+    assert setup.compile_key(["c"], b"", ".c", [[f"-I{moved(d)}" for d in dirs]],
+                             {moved(k): v for k, v in stand_ins.items()}) == key

@@ -1,7 +1,8 @@
 """Every ```python block of the documentation (docs/**/*.md) runs as written.
 
 The same runner as the README's blocks (tests/code_blocks.py): one fresh interpreter per block,
-in a temporary folder.  A block marked ``<!-- skip-test: REASON -->`` right above its fence is
+in an empty temporary folder, which must still be empty afterwards (an example that writes files
+writes them in a temporary folder of its own, or removes them).  A block marked ``<!-- skip-test: REASON -->`` right above its fence is
 skipped with that reason (pytest counts it); ``test_skipped_blocks_are_few`` keeps them rare.
 The docs are not in the sdist or the wheel: outside a checkout these tests skip.
 """
@@ -55,6 +56,9 @@ def test_skip_marker_is_read(tmp_path):
 @pytest.mark.parametrize("code, skip_reason", docs_params())
 def test_docs_block_runs(code, skip_reason, tmp_path):
     check_block(code, skip_reason, tmp_path, "docs")
+    # a reader pastes the block in a folder of their own: it must leave nothing behind there
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [], f"the block left {left} in its working folder"
 
 
 def test_api_reference_lists_every_public_name():
@@ -96,3 +100,34 @@ def test_speedup_plot_data_comes_from_the_performance_tables():
             assert figure in page, f"{label}: {figure} is not on the performance page"
         assert (ROOT / script).is_file(), f"{label}: {script} does not exist"
         assert f"python {script}" in page, f"{label}: the page does not name {script}"
+
+
+def test_api_coverage_check_reads_the_inventory_and_finds_what_is_missing(tmp_path):
+    """docs/check_api_coverage.py, which CI runs on the built site: an entry documents its own
+    name and the same object under another module's name; anything else is missing."""
+    _need_docs()
+    import importlib.util
+    import types
+    import zlib
+
+    import fastadam.optim
+    spec = importlib.util.spec_from_file_location("check_api_coverage",
+                                                  DOCS / "check_api_coverage.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    body = ("fastadam.Adam py:class 1 api/fastadam.html#$ -\n"
+            "fastadam.optim.prepare_step py:function 1 api/optim.html#$ -\n"
+            "installing std:label -1 install.html#installing Installing\n"
+            "fastadam.optim.SGD std:doc -1 nowhere.html -\n")
+    (tmp_path / "objects.inv").write_bytes(
+        b"# Sphinx inventory version 2\n# Project: fastadam\n# Version: 0\n"
+        b"# The remainder of this file is compressed using zlib.\n" + zlib.compress(body.encode()))
+    inventory = check.read_inventory(tmp_path / "objects.inv")
+    assert inventory == {"fastadam.Adam": "class", "fastadam.optim.prepare_step": "function"}
+    missing = check.undocumented([fastadam.optim], inventory)
+    assert ("fastadam.optim", "Adam") not in missing            # as fastadam.Adam, same object
+    assert ("fastadam.optim", "prepare_step") not in missing
+    assert ("fastadam.optim", "AdamW") in missing and ("fastadam.optim", "SGD") in missing
+    assert len(missing) == len(fastadam.optim.__all__) - 2
+    assert check.undocumented([types.ModuleType("fastadam.nameless")], inventory) == [
+        ("fastadam.nameless", None)]

@@ -194,7 +194,7 @@ def test_without_ml_dtypes_only_bfloat16_users_are_told(monkeypatch):
     from fastadam._core._lowp_state import bfloat16
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
     with pytest.raises(ImportError, match=r"install ml_dtypes \(pip install "
-                                          r"'fastadam\[bfloat16\]'"):
+                                          r"'ml_dtypes>=0.3'"):
         bfloat16()
     with pytest.raises(ImportError, match=r"ml_dtypes"):
         Adam([np.ones(8, np.float32)], state_dtype="bfloat16")

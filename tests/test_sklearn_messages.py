@@ -14,8 +14,30 @@ from fastadam.sklearn import MLPClassifier, MLPRegressor, SparseLinearClassifier
 @pytest.mark.parametrize("cls", [MLPClassifier, MLPRegressor])
 def test_unknown_keyword_names_the_public_class(cls):
     with pytest.raises(TypeError, match=rf"^{cls.__name__}\.__init__\(\) got an unexpected "
-                                        r"keyword argument 'solver'"):
-        cls(solver="adam")
+                                        r"keyword argument 'momentum'"):
+        cls(momentum=0.9)  # scikit-learn's, for solver="sgd"
+
+
+@pytest.mark.parametrize("cls", [MLPClassifier, MLPRegressor])
+def test_solver_adam_is_accepted_and_others_refused_as_sklearn_does(cls):
+    from sklearn import neural_network
+    rng = np.random.default_rng(0)
+    X, y = rng.random((20, 3)), np.arange(20) % 2
+    est = cls(solver="adam", hidden_layer_sizes=(3,), max_iter=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+        ref = cls(hidden_layer_sizes=(3,), max_iter=2, random_state=0).fit(X, y)
+    assert est.get_params()["solver"] == "adam" and cls().get_params()["solver"] == "adam"
+    assert all(np.array_equal(a, b) for a, b in zip(est.coefs_, ref.coefs_))
+    # scikit-learn's own refusal of an unknown solver, with this estimator's single option
+    with pytest.raises(ValueError) as theirs:
+        getattr(neural_network, cls.__name__)(solver="newton").fit(X, y)
+    expected = str(theirs.value).split(" must be ")[0] + " must be a str among {'adam'}. Got 'sgd'"
+    with pytest.raises(ValueError) as ours:
+        cls(solver="sgd").fit(X, y)
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value).startswith(expected), (str(ours.value), expected)
 
 
 @pytest.mark.parametrize("cls", [MLPClassifier, MLPRegressor])

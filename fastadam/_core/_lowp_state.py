@@ -2,7 +2,7 @@
 states (issue 24; the formats are defined once, in the driver's design note, _lowp.pyx).
 
 - bfloat16 arrays are ``ml_dtypes.bfloat16`` NumPy arrays (itemsize 2, the top half of a
-  float32).  ``ml_dtypes`` is an optional dependency (``pip install fastadam[bfloat16]``):
+  float32).  ``ml_dtypes`` is an optional dependency (the ``bfloat16`` extra):
   :func:`is_bfloat16` never imports it (no bfloat16 array can exist without it), and
   :func:`bfloat16` imports it only when a caller asks for the dtype, with an install hint.
 - :class:`QuantizedState` holds one 8-bit state slot: ``codes`` (uint8, the parameter's shape,
@@ -41,8 +41,8 @@ def bfloat16() -> np.dtype:
         import ml_dtypes
     except ImportError:
         raise ImportError("bfloat16 arrays are ml_dtypes.bfloat16 NumPy arrays: install "
-                          "ml_dtypes (pip install 'fastadam[bfloat16]' or pip install "
-                          "ml_dtypes)") from None
+                          "ml_dtypes (pip install 'ml_dtypes>=0.3', fastadam's bfloat16 "
+                          "extra)") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 

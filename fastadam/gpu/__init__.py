@@ -53,7 +53,7 @@ def describe():
     import importlib.util
 
     if importlib.util.find_spec("cupy") is None:
-        return "not available (CuPy not installed: pip install 'fastadam[gpu]')"
+        return "not available (CuPy not installed: pip install cupy-cuda13x or cupy-cuda12x)"
     try:
         import cupy
         runtime = cupy.cuda.runtime

@@ -25,7 +25,7 @@ def import_cupy(name):
         import cupy
     except ImportError:
         raise TypeError(f"{name}: a CUDA array was passed but CuPy is not installed "
-                        f"(pip install 'fastadam[gpu]'), so fastadam cannot update it") from None
+                        f"(pip install cupy-cuda13x or cupy-cuda12x), so fastadam cannot update it") from None
     return cupy
 
 

@@ -25,7 +25,7 @@ Capabilities, one module each:
 ``supported_operators()`` lists the operators.  Anything outside this (another domain, operator,
 opset or operator form) raises
 ``UnsupportedOperatorError`` (a ``NotImplementedError``) naming the node, operator, domain and
-opset; nothing is approximated.  Needs the ``onnx`` package (``pip install fastadam[onnx]``).
+opset; nothing is approximated.  Needs the ``onnx`` package (>= 1.21; the ``onnx`` extra).
 """
 from ._budget import MemoryBudgetError, memory_budget, set_memory_budget
 from ._builder import make_training_model

@@ -20,8 +20,9 @@ import re
 try:
     import sklearn
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
-    raise ImportError("fastadam.sklearn needs scikit-learn (>= 1.7): "
-                      "pip install 'fastadam[sklearn]'") from exc
+    raise ImportError("fastadam.sklearn needs scikit-learn (>= 1.7): pip install "
+                      "'scikit-learn>=1.7' (or, in a fastadam checkout, pip install "
+                      "'.[sklearn]')") from exc
 
 # the estimators' private scikit-learn utilities (all present from 1.6 to the newest tested)
 from sklearn.utils._available_if import available_if  # noqa: F401,E402

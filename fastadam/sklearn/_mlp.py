@@ -65,6 +65,10 @@ class _BaseMLP(BaseEstimator):
     _parameter_constraints = {
         "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None, closed="left")],
         "activation": [StrOptions(set(ACTIVATIONS))],
+        # scikit-learn's spelling of what these estimators do; its other solvers (lbfgs, sgd with
+        # momentum and learning-rate schedules) are not reproduced, and are refused with
+        # scikit-learn's own InvalidParameterError at fit
+        "solver": [StrOptions({"adam"})],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
         "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
@@ -84,13 +88,14 @@ class _BaseMLP(BaseEstimator):
         "num_threads": [None, numbers.Integral],
     }
 
-    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *, alpha=1e-4,
-                 batch_size="auto", learning_rate_init=1e-3, max_iter=200, tol=1e-4,
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *, solver="adam",
+                 alpha=1e-4, batch_size="auto", learning_rate_init=1e-3, max_iter=200, tol=1e-4,
                  n_iter_no_change=10, early_stopping=False, validation_fraction=0.1,
                  shuffle=True, random_state=None, warm_start=False, verbose=False, beta_1=0.9,
                  beta_2=0.999, epsilon=1e-8, dtype=None, num_threads=None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
+        self.solver = solver
         self.alpha = alpha
         self.batch_size = batch_size
         self.learning_rate_init = learning_rate_init
@@ -347,7 +352,9 @@ class MLPClassifier(ClassifierMixin, _BaseMLP):
     """Multi-layer perceptron classifier (log-loss) trained with fastadam.
 
     Parameters and attributes are those of ``sklearn.neural_network.MLPClassifier(solver=
-    "adam")``: ``hidden_layer_sizes``, ``activation``, ``alpha`` (L2 on the weights),
+    "adam")``: ``hidden_layer_sizes``, ``activation``, ``solver`` ("adam", the only one: another
+    solver is refused at ``fit`` with scikit-learn's ``InvalidParameterError``), ``alpha`` (L2
+    on the weights),
     ``batch_size``, ``learning_rate_init``, ``max_iter`` (epochs), ``tol``, ``n_iter_no_change``,
     ``early_stopping``, ``validation_fraction``, ``shuffle``, ``random_state``, ``warm_start``,
     ``verbose`` (a tqdm progress bar with the loss when tqdm is installed, else one line per
