@@ -465,6 +465,7 @@ cdef extern from "numpy/arrayobject.h":
     cnp.npy_intp *raw_dims "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
     int raw_type "PyArray_TYPE"(cnp.PyArrayObject *a) nogil
     bint raw_notswapped "PyArray_ISNOTSWAPPED"(cnp.PyArrayObject *a) nogil
+    void *raw_descr "PyArray_DESCR"(cnp.PyArrayObject *a) nogil
 
 cdef extern from "Python.h":
     PyObject *PyList_GET_ITEM(PyObject *lst, Py_ssize_t i) nogil
@@ -517,7 +518,9 @@ cdef class PreparedArrays:
     cdef Py_ssize_t *dim_start
     cdef uintptr_t *data     # of each written array as prepared
     cdef uintptr_t *nbytes
-    cdef int *types          # of each written array as prepared: its type number
+    cdef void **descrs       # of each written array as prepared: its dtype (kept alive by
+                             # `dtypes`), its type number and its element count
+    cdef int *types
     cdef cnp.npy_intp *sizes # and its element count
     cdef uintptr_t *lo       # the written buffers (non-empty), sorted by start
     cdef uintptr_t *hi
@@ -548,12 +551,14 @@ cdef class PreparedArrays:
         self.data = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         self.nbytes = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         self.types = <int *>malloc((self.nflat + 1) * sizeof(int))
+        self.descrs = <void **>malloc((self.nflat + 1) * sizeof(void *))
         self.sizes = <cnp.npy_intp *>malloc((self.nflat + 1) * sizeof(cnp.npy_intp))
         self.lo = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         self.hi = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         if (self.ndim == NULL or self.dim_start == NULL or self.dims == NULL
                 or self.data == NULL or self.nbytes == NULL or self.lo == NULL
-                or self.hi == NULL or self.types == NULL or self.sizes == NULL):
+                or self.hi == NULL or self.types == NULL or self.sizes == NULL
+                or self.descrs == NULL):
             raise MemoryError()
         k = 0
         for i in range(self.n):
@@ -572,6 +577,7 @@ cdef class PreparedArrays:
             self.data[i] = <uintptr_t>cnp.PyArray_DATA(a)
             self.nbytes[i] = <uintptr_t>cnp.PyArray_NBYTES(a)
             self.types[i] = cnp.PyArray_TYPE(a)
+            self.descrs[i] = raw_descr(<cnp.PyArrayObject *>a)
             self.sizes[i] = cnp.PyArray_SIZE(a)
             if self.nbytes[i] == 0:
                 continue
@@ -592,6 +598,7 @@ cdef class PreparedArrays:
         free(self.data)
         free(self.nbytes)
         free(self.types)
+        free(self.descrs)
         free(self.sizes)
         free(self.lo)
         free(self.hi)
@@ -625,15 +632,19 @@ cdef class PreparedArrays:
 
     cdef inline bint written_unchanged(self) noexcept:
         # every written array has the header it was prepared with: C-contiguous, aligned,
-        # writable, native byte order, its type number, element count and data pointer (so
-        # its bytes are the ones checked then: the pins keep its buffer's size)
+        # writable, its dtype (the same descriptor, or one of its type number in native byte
+        # order), element count and data pointer (so its bytes are the ones checked then: the
+        # pins keep its buffer's size)
         cdef Py_ssize_t i
         cdef cnp.PyArrayObject *a
         for i in range(self.nflat):
             a = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
             if ((raw_flags(a) & PLAIN_WRITTEN) != PLAIN_WRITTEN
-                    or <uintptr_t>raw_data(a) != self.data[i] or raw_type(a) != self.types[i]
-                    or not raw_notswapped(a) or raw_size(a) != self.sizes[i]):
+                    or <uintptr_t>raw_data(a) != self.data[i]
+                    or raw_size(a) != self.sizes[i]):
+                return False
+            if raw_descr(a) != self.descrs[i] and (raw_type(a) != self.types[i]
+                                                   or not raw_notswapped(a)):
                 return False
         return True
 
