@@ -279,8 +279,9 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, list scales, l
     map; rounding: of bfloat16 x without masters (stochastic: seeded by seed, t and the tensor's
     position); num_threads <= 0 runs one thread.
     Unsupported flags, wrong slot counts, arrays of the wrong size and read-only arrays that
-    the step writes raise ValueError before anything is written.  Returns False (nothing written) if skip_nonfinite found a non-finite
-    gradient (divided by the coefficients' grad_scale), else True.
+    the step writes raise ValueError before anything is written.  Returns False (nothing
+    written) if skip_nonfinite found a non-finite gradient (divided by the coefficients'
+    grad_scale), else True.
     """
     cdef fa_lowp_plan plan
     cdef bint has_master = len(masters) > 0

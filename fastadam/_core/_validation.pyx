@@ -519,9 +519,8 @@ cdef class PreparedArrays:
     cdef uintptr_t *data     # of each written array as prepared
     cdef uintptr_t *nbytes
     cdef void **descrs       # of each written array as prepared: its dtype (kept alive by
-                             # `dtypes`), its type number and its element count
-    cdef int *types
-    cdef cnp.npy_intp *sizes # and its element count
+    cdef int *types          # `dtypes`), type number and element count
+    cdef cnp.npy_intp *sizes
     cdef uintptr_t *lo       # the written buffers (non-empty), sorted by start
     cdef uintptr_t *hi
 
@@ -716,7 +715,8 @@ cdef class PreparedArrays:
         """The gradients of one step as a list: like the parameters (one array or a list of
         as many), each of the step's dtype, the parameter's shape, C-contiguous, aligned, in
         native byte order, and overlapping no written array; and every written array unchanged
-        since the step was prepared (``check_written``).  TypeError/ValueError naming the argument, before any write."""
+        since the step was prepared (``check_written``).  TypeError/ValueError naming the
+        argument, before any write."""
         cdef list gs
         cdef bint single
         cdef Py_ssize_t i, d, nd
