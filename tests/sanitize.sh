@@ -2,9 +2,11 @@
 # The sanitizer job (issue 25): every compiled extension built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (-fsanitize=address,undefined, FASTADAM_SANITIZE=1 in setup.py),
 # Python run with the ASAN runtime preloaded, over the bad-input, concurrency, fork, CSR and
-# memory-pool tests, a bounded property-based fuzz of every compiled entry point
-# (tests/test_fuzz_entry_points.py), and the ONNX front-end's hostile models (memory budget,
-# external data, the training operators' ranges, the single-byte corruption sample).
+# memory-pool tests, the format axis's memory-safety findings (tests/test_format_safety.py: arrays
+# narrowed or made read-only under a prepared step, fork, corrupted 8-bit states), a bounded
+# property-based fuzz of every compiled entry point (tests/test_fuzz_entry_points.py), and the
+# ONNX front-end's hostile models (memory budget, external data, the training operators' ranges,
+# the single-byte corruption sample).
 #
 # Zero reports passes; any ASAN or UBSAN report fails the job (the reports go to files, so one
 # raised in a forked child or a subprocess counts too).  Before the tests, a self-check makes a
@@ -84,7 +86,7 @@ status=0
     tests/test_dense_errors.py tests/test_optimizer_errors.py tests/test_reliability.py \
     tests/test_sparse.py tests/test_sparse_csr.py tests/test_sparse_strided.py \
     tests/test_autodiff_safety.py tests/test_threads_policy.py tests/test_mempool.py \
-    tests/test_kept_step.py \
+    tests/test_kept_step.py tests/test_format_safety.py \
     tests/test_onnx_budget_ops.py tests/test_onnx_external_data.py tests/test_onnx_limits.py \
     tests/test_onnx_uphill.py) \
     || status=$?

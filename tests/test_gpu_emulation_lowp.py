@@ -149,6 +149,18 @@ def test_int8_block_with_a_huge_value_and_a_zero_block(emu, rng):
     assert scales[0][0][0] == 0.0
 
 
+def test_int8_block_whose_v_overflows_saturates_as_the_cpu_driver(emu, rng):
+    """g = 3e38: Adam's v = (1 - beta2) * g*g overflows float32; the block's scale saturates at
+    FLT_MAX (lowp.h, fa_lowp_scale_of) on the GPU as in the CPU driver, bit for bit."""
+    st = State(rng, "adam", CASES[0][1], [(192,)], F32, F32, Q8, block=64)
+    st.gs[0][70] = 3e38
+    arrays = st.arrays()
+    run_dense(emu, st, arrays)
+    check(arrays, cpu_driver_dense(st))
+    assert arrays[3][1][0][1] == np.finfo(np.float32).max  # v's scale of block 1
+    assert all(np.isfinite(a).all() for lst in arrays[3] for a in lst)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2 ** 64 - 1])
 def test_stochastic_rounding_same_seed_same_bits(emu, rng, seed):
     st = State(rng, "adam", CASES[0][1], SHAPES, BF16, F32, Q8)

@@ -70,18 +70,20 @@ def test_states_in_two_formats():
 
 
 def test_a_scale_array_of_the_wrong_length():
-    x = np.ones((4, 300), np.float32)
-    slots = q8_slots(x.shape)
-    slots["m"].scales = np.zeros(4, np.float32)  # ceil(1200 / 256) = 5
-    with pytest.raises(ValueError, match=r"^m.scales: expected shape \(5,\) \(ceil\(1200 / "
-                                         r"block_size 256\)\), got \(4,\)"):
-        prepare_step("adam", x, slots)
+    # a QuantizedState's arrays are fixed when it is built, and built consistent
+    with pytest.raises(ValueError, match=r"^scales: expected 5 scales \(ceil\(1200 / "
+                                         r"block_size 256\)\), got 4"):
+        QuantizedState(np.zeros((4, 300), np.uint8), np.zeros(4, np.float32))
+    slots = q8_slots((4, 300))
+    with pytest.raises(AttributeError, match=r"^scales: a QuantizedState's arrays and options "
+                                             r"are fixed"):
+        slots["m"].scales = np.zeros(4, np.float32)
 
 
 def test_codes_of_the_wrong_dtype_or_shape():
     x = np.ones((4, 256), np.float32)
     slots = q8_slots(x.shape)
-    slots["v"].codes = slots["v"].codes.view(np.int8)
+    slots["v"].codes.dtype = np.int8  # in place: the state still holds this array
     with pytest.raises(TypeError, match=r"^v.codes: expected a uint8 numpy.ndarray, got int8"):
         prepare_step("adam", x, slots)
     slots = q8_slots((256, 4))

@@ -7,9 +7,17 @@ step: one chunk per row), the chunk list is split statically over the threads, a
 is one call of fa_lowp_chunk_step.  Every element and every block is computed the same way
 whatever the chunk, so results are bit-identical for any thread count.  Arguments arrive
 validated by the Python layer; this module checks only what it must to stay memory safe (the
-array sizes and item sizes each format implies) and whether the kernels take the optimizer's
-flags, all before anything is written.
+array sizes and item sizes each format implies, and that every array it writes is writable)
+and whether the kernels take the optimizer's flags, all before anything is written.
+
+Fork: libgomp's thread pool does not survive ``fork``, and a child that enters a parallel
+region after its parent ran one hangs.  A thread count resolved before the fork (a prepared
+step's or an optimizer's explicit ``num_threads``) is resolved again in a forked child by
+fastadam/_core/_threads.py (one thread, one RuntimeWarning), here in the driver, so that no
+caller of it can enter a parallel region there.
 """
+import os
+
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
@@ -20,6 +28,7 @@ from fastadam._core._coeffs cimport Coefficients
 from fastadam._core._levels cimport fa_level_in_use, fa_level_name, fa_use_level
 
 from fastadam._core._cpu_level import LEVEL_IN_USE
+from fastadam._core._threads import resolve_num_threads
 
 cnp.import_array()
 
@@ -80,6 +89,18 @@ cdef enum:
 
 cdef int _ITEMSIZE[3]
 _ITEMSIZE[:] = [4, 2, 1]
+
+# set in a child created by fork(): every thread count is resolved again (see the top)
+cdef bint _forked = False
+
+
+def _mark_forked():
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
 
 
 def simd_level_in_use():
@@ -181,11 +202,13 @@ def _check_codes(int qmap, bint signed, uint32_t u_begin, uint64_t u_end, uint32
     return bad
 
 
-cdef object _need(cnp.ndarray a, Py_ssize_t size, int fmt, str what):
+cdef object _need(cnp.ndarray a, Py_ssize_t size, int fmt, str what, bint written=False):
     if (cnp.PyArray_SIZE(a) != size or cnp.PyArray_ITEMSIZE(a) != _ITEMSIZE[fmt]
             or not cnp.PyArray_IS_C_CONTIGUOUS(a)):
         raise ValueError(f"{what}: expected a C-contiguous array of {size} elements of "
                          f"{_ITEMSIZE[fmt]} bytes, got {a.size} of {a.itemsize} bytes")
+    if written and not cnp.PyArray_ISWRITEABLE(a):
+        raise ValueError(f"{what}: is read-only, but the step writes it")
 
 
 cdef int prepare(fa_lowp_plan *plan, Coefficients coeffs, int param_fmt, int grad_fmt,
@@ -228,6 +251,8 @@ cdef int run_chunks(const fa_lowp_plan *plan, fa_lowp_chunk *chunks, Py_ssize_t 
     cdef int nt = num_threads
     if nt <= 0:
         nt = 1
+    if _forked and nt > 1 and total >= _PARALLEL_MIN:
+        nt = resolve_num_threads(nt)  # one thread (and the warning) in a forked child
     if total < _PARALLEL_MIN or nt > nchunks:
         nt = 1 if total < _PARALLEL_MIN else <int>nchunks
     with nogil:
@@ -253,9 +278,10 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, list scales, l
     is updated, x written as its nearest bfloat16); signed_slots: per slot, True for the signed
     map; rounding: of bfloat16 x without masters (stochastic: seeded by seed, t and the tensor's
     position); num_threads <= 0 runs one thread.
-    Unsupported flags, wrong slot counts and arrays of the wrong size raise ValueError before
-    anything is written.  Returns False (nothing written) if skip_nonfinite found a non-finite
-    gradient (divided by the coefficients' grad_scale), else True.
+    Unsupported flags, wrong slot counts, arrays of the wrong size and read-only arrays that
+    the step writes raise ValueError before anything is written.  Returns False (nothing
+    written) if skip_nonfinite found a non-finite gradient (divided by the coefficients'
+    grad_scale), else True.
     """
     cdef fa_lowp_plan plan
     cdef bint has_master = len(masters) > 0
@@ -274,15 +300,15 @@ def dense_step(Coefficients coeffs, list xs, list gs, list slots, list scales, l
         raise ValueError(f"xs, gs, slots, scales, masters: expected {ntensors} tensors in each")
     for i in range(ntensors):
         size = cnp.PyArray_SIZE(<cnp.ndarray>xs[i])
-        _need(xs[i], size, param_fmt, f"xs[{i}]")
+        _need(xs[i], size, param_fmt, f"xs[{i}]", True)
         _need(gs[i], size, grad_fmt, f"gs[{i}]")
         for q in range(plan.nslots):
-            _need((<list>slots[q])[i], size, state_fmt, f"slots[{q}][{i}]")
+            _need((<list>slots[q])[i], size, state_fmt, f"slots[{q}][{i}]", True)
             if q8:
                 _need((<list>scales[q])[i], (size + block - 1) // block, FA_FMT_F32_,
-                      f"scales[{q}][{i}]")
+                      f"scales[{q}][{i}]", True)
         if has_master:
-            _need(masters[i], size, FA_FMT_F32_, f"masters[{i}]")
+            _need(masters[i], size, FA_FMT_F32_, f"masters[{i}]", True)
         total += size
         nchunks += (size + chunk - 1) // chunk
     if skip_nonfinite:
@@ -364,7 +390,7 @@ def rows_step(Coefficients coeffs, cnp.ndarray x, cnp.ndarray rows, cnp.ndarray 
             or not cnp.PyArray_IS_C_CONTIGUOUS(rows)):
         raise TypeError("rows: expected a C-contiguous int64 1-D array")
     nrows = rows.shape[0]
-    _need(x, R * D, param_fmt, "x")
+    _need(x, R * D, param_fmt, "x", True)
     if (cnp.PyArray_TYPE(values) != cnp.NPY_FLOAT or values.ndim != 2
             or values.shape[0] != nrows or values.shape[1] != D):
         raise ValueError(f"values: expected float32 ({nrows}, {D})")
@@ -372,11 +398,11 @@ def rows_step(Coefficients coeffs, cnp.ndarray x, cnp.ndarray rows, cnp.ndarray 
     if q8 and len(scales) != plan.nslots:
         raise ValueError(f"scales: expected {plan.nslots} scale arrays, got {len(scales)}")
     for q in range(plan.nslots):
-        _need(slots[q], R * D, state_fmt, f"slots[{q}]")
+        _need(slots[q], R * D, state_fmt, f"slots[{q}]", True)
         if q8:
-            _need(scales[q], R * D // block, FA_FMT_F32_, f"scales[{q}]")
+            _need(scales[q], R * D // block, FA_FMT_F32_, f"scales[{q}]", True)
     if has_master:
-        _need(master, R * D, FA_FMT_F32_, "master")
+        _need(master, R * D, FA_FMT_F32_, "master", True)
     cdef const int64_t *pr = <const int64_t *>cnp.PyArray_DATA(rows)
     for i in range(nrows):
         r = pr[i]

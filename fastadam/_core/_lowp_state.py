@@ -9,6 +9,9 @@ states (issue 24; the formats are defined once, in the driver's design note, _lo
   C-contiguous) indexing a 256-entry quantization map, and ``scales`` (float32, one per block of
   ``block_size`` flat elements); value = ``map[code] * scales[block]``.  Its quantize and
   dequantize are the driver's (``_lowp.quantize`` / ``_lowp.dequantize``): one implementation.
+  Its arrays and options are fixed when it is built (a prepared step and an optimizer keep
+  the arrays they checked; the step writes into them in place), and its scales are finite and
+  non-negative (a NaN, infinite or negative scale makes its whole block NaN or wrong).
 
 The checks of the arrays a low-precision step writes live in ``_lowp_validation.py``.
 """
@@ -81,6 +84,16 @@ def _on_device(a: Any) -> bool:
     return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
 
 
+def check_scales(scales: np.ndarray, name: str) -> None:
+    """8-bit scales are finite and >= 0 (each is its block's largest magnitude): ValueError
+    naming ``name`` and the first bad block otherwise."""
+    bad = ~(scales >= 0) | (scales == np.inf)  # NaN fails >= 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected finite scales >= 0 (each block's largest "
+                         f"magnitude), got {scales.flat[i]} at block {i}")
+
+
 def n_blocks(size: int, block_size: int) -> int:
     return -(-size // block_size)
 
@@ -103,7 +116,9 @@ class QuantizedState:
     Element ``j`` (flat, C order) has the value ``map[codes.flat[j]] * scales[j // block_size]``,
     with ``map`` the 256 float32 values of ``quant_map`` (``"dynamic"``: the dynamic tree map of
     Dettmers et al. 2021, ``"linear"``: evenly spaced), signed or unsigned.  A step updates
-    ``codes`` and ``scales`` in place.  Build one with :meth:`zeros` or :meth:`from_array`;
+    ``codes`` and ``scales`` in place; the attributes themselves cannot be replaced (a
+    prepared step or an optimizer holding the state keeps the arrays it checked): write into
+    them in place, or build a new state.  Build one with :meth:`zeros` or :meth:`from_array`;
     read it with :meth:`to_array`.  For the GPU path, ``codes`` and ``scales`` may be CuPy
     arrays (``QuantizedState(cupy.asarray(q.codes), cupy.asarray(q.scales), ...)``).
 
@@ -112,7 +127,8 @@ class QuantizedState:
     codes : ndarray of uint8
         C-contiguous, writable; its shape is the parameter's.
     scales : ndarray of float32
-        1-D, C-contiguous, writable, of length ``ceil(codes.size / block_size)``.
+        1-D, C-contiguous, writable, of length ``ceil(codes.size / block_size)``; finite and
+        >= 0 (a block's scale is its largest magnitude).
     block_size : int
         Elements per scale, in [8, 4096] (default 256).
     quant_map : {"dynamic", "linear"}
@@ -121,7 +137,7 @@ class QuantizedState:
         (Adam's ``v``): the unsigned map spends every code on values >= 0.
     """
 
-    __slots__ = ("codes", "scales", "block_size", "quant_map", "signed")
+    __slots__ = ("_codes", "_scales", "_block_size", "_quant_map", "_signed")
 
     def __init__(self, codes: np.ndarray, scales: np.ndarray, block_size: int = DEFAULT_BLOCK,
                  quant_map: str = "dynamic", signed: bool = True):
@@ -152,11 +168,37 @@ class QuantizedState:
         if scales.shape[0] != expected:
             raise ValueError(f"scales: expected {expected} scales (ceil({codes.size} / "
                              f"block_size {block_size})), got {scales.shape[0]}")
-        self.codes = codes
-        self.scales = scales
-        self.block_size = block_size
-        self.quant_map = quant_map
-        self.signed = bool(signed)
+        if isinstance(scales, np.ndarray):
+            check_scales(scales, "scales")
+        self._set(codes, scales, block_size, quant_map, bool(signed))
+
+    def _set(self, codes, scales, block_size, quant_map, signed):
+        for name, value in (("_codes", codes), ("_scales", scales), ("_block_size", block_size),
+                            ("_quant_map", quant_map), ("_signed", signed)):
+            object.__setattr__(self, name, value)
+
+    codes = property(lambda self: self._codes,
+                     doc="The uint8 codes (the parameter's shape), updated in place.")
+    scales = property(lambda self: self._scales,
+                      doc="The float32 scales, one per block, updated in place.")
+    block_size = property(lambda self: self._block_size, doc="Elements per scale.")
+    quant_map = property(lambda self: self._quant_map, doc='"dynamic" or "linear".')
+    signed = property(lambda self: self._signed, doc="The signed map (True) or not.")
+
+    def __setattr__(self, name, value):
+        if name in ("codes", "scales", "block_size", "quant_map", "signed"):
+            raise AttributeError(f"{name}: a QuantizedState's arrays and options are fixed when "
+                                 f"it is built (a prepared step or optimizer holding it keeps "
+                                 f"the arrays it checked); write into codes and scales in place "
+                                 f"(state.{'scales' if name == 'scales' else 'codes'}[...] = "
+                                 f"...) or build a new QuantizedState")
+        raise AttributeError(f"'QuantizedState' object has no attribute {name!r}")
+
+    def __getstate__(self):
+        return (self._codes, self._scales, self._block_size, self._quant_map, self._signed)
+
+    def __setstate__(self, state):
+        self._set(*state)
 
     # ---- construction and reading ------------------------------------------------------------
     @classmethod
@@ -183,6 +225,10 @@ class QuantizedState:
         a = np.asarray(a)
         if a.dtype.kind not in "fiu" and not is_bfloat16(a.dtype):
             raise TypeError(f"a: expected a real array, got {a.dtype}")
+        if a.dtype.kind == "f" or is_bfloat16(a.dtype):
+            if a.size and not np.isfinite(a.astype(np.float32)).all():
+                raise ValueError("a: expected finite values (a NaN or an infinity has no "
+                                 "8-bit code)")
         if not signed and a.size and np.nanmin(a.astype(np.float32)) < 0:
             raise ValueError("a: an unsigned (signed=False) state holds values >= 0 only")
         flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
@@ -231,8 +277,10 @@ class QuantizedState:
         self.scales[...] = np.float32(abs(value))
 
     def copy(self) -> "QuantizedState":
-        return QuantizedState(self.codes.copy(), self.scales.copy(), self.block_size,
-                              self.quant_map, self.signed)
+        state = QuantizedState.__new__(QuantizedState)  # as it is, checked or not
+        state._set(self._codes.copy(), self._scales.copy(), self._block_size, self._quant_map,
+                   self._signed)
+        return state
 
     # ---- facts --------------------------------------------------------------------------------
     @property

@@ -135,12 +135,15 @@ class LowpPlan:
     rounding: int
     seed: int
     written: List[Tuple[str, List[np.ndarray], bool]] = field(default_factory=list)
+    # 8-bit slots: name -> (codes, scales), the arrays checked here (what every step writes)
+    q8_arrays: Dict[str, Tuple[List[np.ndarray], List[np.ndarray]]] = field(default_factory=dict)
 
     def driver_lists(self, names: Sequence[str]):
-        """(slots, scales, signed) of the driver call for the slots ``names`` in kernel order."""
+        """(slots, scales, signed) of the driver call for the slots ``names`` in kernel order:
+        the arrays checked when the step was prepared."""
         if self.state_fmt == FMT_Q8:
-            slots = [[q.codes for q in self.slot_lists[n]] for n in names]
-            scales = [[q.scales for q in self.slot_lists[n]] for n in names]
+            slots = [self.q8_arrays[n][0] for n in names]
+            scales = [self.q8_arrays[n][1] for n in names]
         else:
             slots = [self.slot_lists[n] for n in names]
             scales = []
@@ -228,10 +231,12 @@ def check_lowp_step(spec: Any, params: Any, slots: Dict[str, Any], *, master: An
         raise ValueError("param_rounding: stochastic rounding is for bfloat16 params; params "
                          "are float32")
     written = [("params", xs, True)]
+    q8_arrays = {}
     for name, lst in slot_lists.items():
         if state_fmt == FMT_Q8:
-            written.append((name, [q.codes for q in lst], True))
-            written.append((f"{name}.scales", [q.scales for q in lst], True))
+            q8_arrays[name] = ([q.codes for q in lst], [q.scales for q in lst])
+            written.append((name, q8_arrays[name][0], True))
+            written.append((f"{name}.scales", q8_arrays[name][1], True))
         else:
             written.append((name, lst, True))
     if masters:
@@ -240,7 +245,8 @@ def check_lowp_step(spec: Any, params: Any, slots: Dict[str, Any], *, master: An
     return LowpPlan(xs=xs, single=single, param_fmt=param_fmt, state_fmt=state_fmt,
                     slot_names=tuple(slot_lists), slot_lists=slot_lists, masters=masters,
                     signed=signed, block=block, qmap=MAP_CODES[quant_map],
-                    rounding=ROUND_CODES[rounding], seed=seed, written=written)
+                    rounding=ROUND_CODES[rounding], seed=seed, written=written,
+                    q8_arrays=q8_arrays)
 
 
 def _first(obj: Any) -> Any:

@@ -465,6 +465,7 @@ cdef extern from "numpy/arrayobject.h":
     cnp.npy_intp *raw_dims "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
     int raw_type "PyArray_TYPE"(cnp.PyArrayObject *a) nogil
     bint raw_notswapped "PyArray_ISNOTSWAPPED"(cnp.PyArrayObject *a) nogil
+    void *raw_descr "PyArray_DESCR"(cnp.PyArrayObject *a) nogil
 
 cdef extern from "Python.h":
     PyObject *PyList_GET_ITEM(PyObject *lst, Py_ssize_t i) nogil
@@ -472,6 +473,20 @@ cdef extern from "Python.h":
 
 cdef void *NDARRAY_TYPE = <void *>cnp.ndarray
 cdef int PLAIN_GRAD = (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED)
+# what a written array keeps from its preparation to every step (with its dtype, element count
+# and data pointer)
+cdef int PLAIN_WRITTEN = (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
+                          | cnp.NPY_ARRAY_WRITEABLE)
+
+
+cdef inline cnp.npy_intp raw_size(cnp.PyArrayObject *a) noexcept:
+    # the element count from the header (PyArray_SIZE without the call through NumPy's table)
+    cdef int d, nd = raw_ndim(a)
+    cdef cnp.npy_intp *dims = raw_dims(a)
+    cdef cnp.npy_intp size = 1
+    for d in range(nd):
+        size *= dims[d]
+    return size
 
 
 cdef class PreparedArrays:
@@ -479,10 +494,14 @@ cdef class PreparedArrays:
     the caller (types, dtype, shapes, contiguity, writability, no two written buffers
     overlapping), and what every step still checks in one pass: the gradients (exact dtype,
     shape and layout; none overlapping a written array, by a binary search in the written
-    buffers sorted once) and that each written array is still writable and still holds the
-    buffer it was prepared with.  It keeps a weak reference to each written array, so NumPy
-    refuses to resize one while the step lives (``ndarray.resize`` refuses an array with weak
-    references, ``refcheck`` or not): the buffer's size cannot change under the step."""
+    buffers sorted once) and that each written array still has the header it was prepared
+    with: dtype, element count, data pointer, C-contiguous, aligned, native byte order and
+    writable (an in-place ``x.dtype = np.float16`` on a float32 array doubles its element count
+    over the same bytes; ``x.flags.writeable = False`` or a read-only view swapped in is
+    refused).  Each written array may have its own dtype (a low-precision step's uint8 codes,
+    float32 scales, bfloat16 states).  It keeps a weak reference to each written array, so
+    NumPy refuses to resize one while the step lives (``ndarray.resize`` refuses an array with
+    weak references, ``refcheck`` or not): the buffer's size cannot change under the step."""
 
     cdef list written        # [(name, list of arrays, True), ...]: the labels of messages
     cdef list flat           # every written array
@@ -490,6 +509,7 @@ cdef class PreparedArrays:
     cdef list pins           # a weak reference to each written array: NumPy then refuses
                              # to resize it (ndarray.resize, refcheck or not)
     cdef list shapes         # the shape of each parameter (for check_array's message)
+    cdef list dtypes         # the dtype of each written array as prepared (for messages)
     cdef bint single
     cdef int typenum
     cdef Py_ssize_t n, nflat, nsorted
@@ -498,6 +518,9 @@ cdef class PreparedArrays:
     cdef Py_ssize_t *dim_start
     cdef uintptr_t *data     # of each written array as prepared
     cdef uintptr_t *nbytes
+    cdef void **descrs       # of each written array as prepared: its dtype (kept alive by
+    cdef int *types          # `dtypes`), type number and element count
+    cdef cnp.npy_intp *sizes
     cdef uintptr_t *lo       # the written buffers (non-empty), sorted by start
     cdef uintptr_t *hi
 
@@ -518,6 +541,7 @@ cdef class PreparedArrays:
                 self.flat_labels.append((name, i))
         self.nflat = len(self.flat)
         self.pins = [weakref.ref(a) for a in self.flat]
+        self.dtypes = [a.dtype for a in self.flat]
         for i in range(self.n):
             total += cnp.PyArray_NDIM(<cnp.ndarray>xs[i])
         self.ndim = <Py_ssize_t *>malloc((self.n + 1) * sizeof(Py_ssize_t))
@@ -525,11 +549,15 @@ cdef class PreparedArrays:
         self.dims = <cnp.npy_intp *>malloc((total + 1) * sizeof(cnp.npy_intp))
         self.data = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         self.nbytes = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
+        self.types = <int *>malloc((self.nflat + 1) * sizeof(int))
+        self.descrs = <void **>malloc((self.nflat + 1) * sizeof(void *))
+        self.sizes = <cnp.npy_intp *>malloc((self.nflat + 1) * sizeof(cnp.npy_intp))
         self.lo = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         self.hi = <uintptr_t *>malloc((self.nflat + 1) * sizeof(uintptr_t))
         if (self.ndim == NULL or self.dim_start == NULL or self.dims == NULL
                 or self.data == NULL or self.nbytes == NULL or self.lo == NULL
-                or self.hi == NULL):
+                or self.hi == NULL or self.types == NULL or self.sizes == NULL
+                or self.descrs == NULL):
             raise MemoryError()
         k = 0
         for i in range(self.n):
@@ -547,6 +575,9 @@ cdef class PreparedArrays:
             a = <cnp.ndarray>self.flat[i]
             self.data[i] = <uintptr_t>cnp.PyArray_DATA(a)
             self.nbytes[i] = <uintptr_t>cnp.PyArray_NBYTES(a)
+            self.types[i] = cnp.PyArray_TYPE(a)
+            self.descrs[i] = raw_descr(<cnp.PyArrayObject *>a)
+            self.sizes[i] = cnp.PyArray_SIZE(a)
             if self.nbytes[i] == 0:
                 continue
             iv[k].lo = self.data[i]
@@ -565,6 +596,9 @@ cdef class PreparedArrays:
         free(self.dims)
         free(self.data)
         free(self.nbytes)
+        free(self.types)
+        free(self.descrs)
+        free(self.sizes)
         free(self.lo)
         free(self.hi)
 
@@ -595,12 +629,30 @@ cdef class PreparedArrays:
                 return False
         return True
 
+    cdef inline bint written_unchanged(self) noexcept:
+        # every written array has the header it was prepared with: C-contiguous, aligned,
+        # writable, its dtype (the same descriptor, or one of its type number in native byte
+        # order), element count and data pointer (so its bytes are the ones checked then: the
+        # pins keep its buffer's size)
+        cdef Py_ssize_t i
+        cdef cnp.PyArrayObject *a
+        for i in range(self.nflat):
+            a = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
+            if ((raw_flags(a) & PLAIN_WRITTEN) != PLAIN_WRITTEN
+                    or <uintptr_t>raw_data(a) != self.data[i]
+                    or raw_size(a) != self.sizes[i]):
+                return False
+            if raw_descr(a) != self.descrs[i] and (raw_type(a) != self.types[i]
+                                                   or not raw_notswapped(a)):
+                return False
+        return True
+
     cdef bint plain(self, list gs):
         # True when gs is the plain case: as many exact ndarrays as parameters, each of the
         # step's dtype and its parameter's shape, C-contiguous, aligned, in native byte order
-        # and overlapping no written array; and every written array still writable and at its
-        # data pointer (its size cannot change: the pins).  One pass over the headers, without
-        # a reference taken; nothing raised.
+        # and overlapping no written array; and every written array unchanged since it was
+        # prepared (written_unchanged).  One pass over the headers, without a reference
+        # taken; nothing raised.
         cdef Py_ssize_t i
         cdef PyObject *o
         cdef cnp.PyArrayObject *g
@@ -620,12 +672,38 @@ cdef class PreparedArrays:
                 glo = <uintptr_t>raw_data(g)
                 if self.overlaps_written(glo, glo + nb):
                     return False
+        return self.written_unchanged()
+
+    def check_written(self):
+        """Raise (ValueError naming the array) unless every written array still has the
+        header it was prepared with (see the class); before any write.  The per-step check
+        of a step whose gradients are not the plain case (a low-precision step's, say)."""
+        cdef Py_ssize_t i
+        cdef cnp.ndarray a
+        if self.written_unchanged():
+            return
         for i in range(self.nflat):
-            g = <cnp.PyArrayObject *>PyList_GET_ITEM(<PyObject *>self.flat, i)
-            if (not (raw_flags(g) & cnp.NPY_ARRAY_WRITEABLE)
-                    or <uintptr_t>raw_data(g) != self.data[i]):
-                return False
-        return True
+            a = <cnp.ndarray>self.flat[i]
+            name, k = self.flat_labels[i]
+            where = label(name, k, self.single)
+            if not cnp.PyArray_ISWRITEABLE(a):
+                raise ValueError(f"{where}: is read-only, but it is updated in place")
+            if cnp.PyArray_TYPE(a) != self.types[i] or not cnp.PyArray_ISNOTSWAPPED(a):
+                raise ValueError(f"{where}: its dtype changed from {self.dtypes[i]} to "
+                                 f"{a.dtype} since the step was prepared (setting .dtype in "
+                                 f"place reinterprets the same bytes); prepare the step again")
+            if <uintptr_t>cnp.PyArray_DATA(a) != self.data[i]:
+                # (its size cannot change while the pins live; its shape may be set in place,
+                # which moves no byte: the kernels read flat buffers, as plain() does)
+                raise ValueError(f"{where}: its buffer moved or changed size since the step "
+                                 f"was prepared (ndarray.resize); prepare the step again")
+            if cnp.PyArray_SIZE(a) != self.sizes[i]:
+                raise ValueError(f"{where}: holds {a.size} elements, the step was prepared "
+                                 f"for {self.sizes[i]}; prepare the step again")
+            if not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a):
+                raise ValueError(f"{where}: is no longer a C-contiguous, aligned array (its "
+                                 f"strides were set in place since the step was prepared); "
+                                 f"prepare the step again")
 
     def plain_grads(self, list grads):
         """``grads`` itself when it is the plain case (see ``check_grads``), else None:
@@ -636,8 +714,9 @@ cdef class PreparedArrays:
     def check_grads(self, grads):
         """The gradients of one step as a list: like the parameters (one array or a list of
         as many), each of the step's dtype, the parameter's shape, C-contiguous, aligned, in
-        native byte order, and overlapping no written array; and every written array still
-        writable and unmoved.  TypeError/ValueError naming the argument, before any write."""
+        native byte order, and overlapping no written array; and every written array unchanged
+        since the step was prepared (``check_written``).  TypeError/ValueError naming the
+        argument, before any write."""
         cdef list gs
         cdef bint single
         cdef Py_ssize_t i, d, nd
@@ -683,19 +762,7 @@ cdef class PreparedArrays:
                 glo = <uintptr_t>cnp.PyArray_DATA(g)
                 if self.overlaps_written(glo, glo + nb):
                     overlap = True
-        for i in range(self.nflat):
-            go = self.flat[i]
-            if not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>go):
-                name, k = self.flat_labels[i]
-                raise ValueError(f"{label(name, k, self.single)}: is read-only, but it is "
-                                 f"updated in place")
-            if <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>go) != self.data[i]:
-                # (its size cannot change while the pins live; its shape may be set in place,
-                # which moves no byte: the kernels read flat buffers, as plain() does)
-                name, k = self.flat_labels[i]
-                raise ValueError(f"{label(name, k, self.single)}: its buffer moved or changed "
-                                 f"size since the step was prepared (ndarray.resize); "
-                                 f"prepare the step again")
+        self.check_written()
         if overlap:  # the sweep names the pair
             check_disjoint(self.written + [("grads", gs, False)], self.single)
         return gs

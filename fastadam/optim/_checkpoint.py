@@ -18,7 +18,11 @@ format: with ``state_dtype="int8"`` a parameter below ``min_8bit_size`` keeps fl
 stored as they are under ``{slot}``, with an empty ``{slot}_scales``.  The per-parameter
 formats must equal the loading optimizer's (they decide the arrays; its ``min_8bit_size`` may
 differ as long as they agree).  A state written before ``min_8bit_size`` existed has neither
-key, and every parameter's states in ``state_dtype``: what those versions kept.
+key, and every parameter's states in ``state_dtype``: what those versions kept.  The values of
+a low-precision state are checked too, before anything is written: 8-bit scales finite and
+>= 0, bfloat16 and float32 states and masters finite, the non-negative slots (Adam's
+``exp_avg_sq``, ...) >= 0 (one NaN scale would make its whole block of parameters NaN at the
+next step).
 
 File format: a zip (stored, as ``np.savez`` writes) of ``.npy`` entries: ``meta.npy`` (the
 metadata as UTF-8 JSON in a uint8 array), ``param_{i}.npy`` and ``{slot}_{i}.npy``.  ``save``
@@ -41,7 +45,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .._core._lowp_state import QuantizedState, is_bfloat16
+from .._core._lowp_state import QuantizedState, check_scales, is_bfloat16
+from .._core._registry import spec as registry_spec
 from ..io import atomic_write
 from . import schedules
 from ._checks import check_bool, check_clip
@@ -270,6 +275,37 @@ def _check_arrays(arrays: Any, expected: List[np.ndarray], where: str) -> List[n
     return list(arrays)
 
 
+def _check_values(opt, slots: Dict[str, List[np.ndarray]], where) -> None:
+    """A low-precision optimizer's state values (see the top): ValueError naming the entry
+    (``where(name, i)``) otherwise.  Codes take every uint8 value; a float optimizer's
+    states are not read."""
+    if opt._lowp is None:
+        return
+    spec = registry_spec(opt.spec_name) if opt.spec_name else None
+    nonnegative = set() if spec is None else {
+        obj for obj, fn in zip(spec.object_slots, spec.slots) if fn in spec.nonnegative_slots}
+    for name, arrays in slots.items():
+        for i, a in enumerate(arrays):
+            if name.endswith("_scales") and name[:-len("_scales")] in opt._slots:
+                check_scales(a, where(name, i))
+                continue
+            if a.dtype == np.uint8:  # 8-bit codes
+                continue
+            if a.dtype == np.uint16 or is_bfloat16(a.dtype):  # bfloat16 (in a file: its bits)
+                values = (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            else:
+                values = a
+            bad = ~np.isfinite(values)
+            if name in nonnegative:
+                bad |= values < 0
+            if bad.any():
+                k = int(np.flatnonzero(bad.reshape(-1))[0])
+                need = "finite and >= 0" if name in nonnegative else "finite"
+                raise ValueError(f"{where(name, i)}: expected {need} values, got "
+                                 f"{values.reshape(-1)[k]} at flat index {k} (a corrupted "
+                                 f"state would make the parameters NaN)")
+
+
 def _commit(opt, t, clip, groups, slots: Dict[str, List[np.ndarray]],
             params: Optional[List[np.ndarray]] = None) -> None:
     """Write a fully checked state (no check may fail past this point)."""
@@ -290,6 +326,7 @@ def load_state_dict(opt, state: Dict[str, Any]) -> None:
     t, clip, groups = check_metadata(opt, state, "state", tuple(entries))
     slots = {name: _check_arrays(state[name], entries[name], f"state[{name!r}]")
              for name in entries}
+    _check_values(opt, slots, lambda name, i: f"state[{name!r}][{i}]")
     _commit(opt, t, clip, groups, slots)
 
 
@@ -398,4 +435,5 @@ def load(opt, path: Any, *, params: bool = True) -> None:
     slots = {slot: [read[f"{slot}_{i}"] for i in range(len(arrays))]
              for slot, arrays in entry_lists(opt).items()}
     saved_params = [read[f"param_{i}"] for i in range(n)] if params else None
+    _check_values(opt, slots, lambda name, i: f"{name}_{i}.npy")
     _commit(opt, t, clip, groups, slots, saved_params)

@@ -188,6 +188,31 @@ def _slot_order(opt, coeffs) -> Tuple[List[str], Tuple[bool, ...]]:
     return order
 
 
+def check_writable(opt, xs: List[np.ndarray], named: List[Tuple[str, List[np.ndarray]]],
+                   masters: List[np.ndarray]) -> None:
+    """Before the driver writes: each parameter of ``xs``, its arrays in ``named`` ((what,
+    one array per parameter) pairs: states, codes, scales) and its master are writable;
+    ValueError naming the parameter and the array otherwise (the driver refuses too, by
+    position only).  The steps that do not go through a prepared step (whose one-pass header
+    check covers this) call it."""
+    for k, x in enumerate(xs):
+        parts = [("", x)] + [(f" ({what})", lst[k]) for what, lst in named]
+        if masters:
+            parts.append((" (its float32 master)", masters[k]))
+        for what, a in parts:
+            if not a.flags.writeable:
+                label = next((lab for p, lab in zip(opt._arrays, opt._labels) if p is x),
+                             f"params[{k}]")
+                raise ValueError(f"{label}{what}: is read-only, but it is updated in place")
+
+
+def _named(names: List[str], codes: List[List[np.ndarray]], scales: List[List[np.ndarray]]):
+    """(what, arrays) of each written state list, for :func:`check_writable`."""
+    named = [(f"its {n} state" if not scales else f"its {n} codes", lst)
+             for n, lst in zip(names, codes)]
+    return named + [(f"its {n} scales", lst) for n, lst in zip(names, scales)]
+
+
 def _driver_lists(slots_of_names: List[List[Any]], state_fmt: int):
     if state_fmt == FMT_Q8:
         return ([[q.codes for q in lst] for lst in slots_of_names],
@@ -220,6 +245,7 @@ def dense_step(opt, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool
     if param_fmt == FMT_BF16 and opt._lowp.master_weights:
         masters = [opt._masters[id(x)] for x in xs]
     codes, scales = _driver_lists([slots[n] for n in names], state_fmt)
+    check_writable(opt, xs, _named(names, codes, scales), masters)
     o = opt._lowp
     return bool(_lowp.dense_step(coeffs, list(xs), list(gs), codes, scales, masters,
                                  param_fmt, grad_fmt, state_fmt, o.block_size,
@@ -313,6 +339,8 @@ def sparse_step(opt, x, grad, slots, t, h, lr) -> None:
     master = None
     if param_fmt == FMT_BF16 and opt._lowp.master_weights:
         master = opt._masters[id(x)].reshape(r, -1)
+    check_writable(opt, [x], _named(names, [[a] for a in codes], [[a] for a in scales]),
+                   [] if master is None else [master])
     o = opt._lowp
     _lowp.rows_step(coeffs, x2, rows, values, codes, scales, master, param_fmt, state_fmt,
                     o.block_size, MAP_CODES[o.quant_map], signed, ROUND_CODES[o.param_rounding],

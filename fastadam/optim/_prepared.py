@@ -205,6 +205,8 @@ class PreparedStep:
         if gs is not None:  # the parameters' dtype: float32 or bfloat16, as the parameters
             grad_fmt = plan.param_fmt
         else:
+            if self._arrays is not None:  # every written array as prepared, else an error
+                self._arrays.check_written()
             gs, grad_fmt = check_lowp_grads(plan, grads)
         coeffs.check_float32()
         lists = self._lists_by_flags.get(coeffs.flags)  # the arrays as prepared

@@ -113,12 +113,19 @@ def rmsprop_step_inplace(x: Arrays, g: Arrays, square_avg: Arrays, t: int, *,
         g' = (-1 if maximize else 1) * g / grad_scale
         g' = g' + weight_decay * x
         v  = alpha * v + (1 - alpha) * g'**2                 # v = square_avg
-        a  = alpha * a + (1 - alpha) * g'; w = v - a**2      # centered (a = grad_avg), else w = v
+        a  = alpha * a + (1 - alpha) * g'                    # centered (a = grad_avg)
+        w  = max(v - a**2, 0) if centered else v
         d  = g' / (sqrt(w) + eps)                            # "torch"
         d  = g' / sqrt(w + eps)                              # "keras"
         b  = momentum * b + d;       x = x - lr * b          # "torch", momentum > 0 (b = buffer)
         b  = momentum * b + lr * d;  x = x - b               # "keras", momentum > 0
         x  = x - lr * d                                      # momentum == 0
+
+    The clamp at 0 of the centered ``w``: ``v - a**2`` is a variance, never negative in exact
+    arithmetic, but rounding (and more so 8-bit states, which quantize ``v`` and ``a`` each on
+    its own block scale) can make it negative, and its square root NaN; a negative ``w`` reads
+    as 0, and the step is then ``g' / eps`` ("torch") or ``g' / sqrt(eps)`` ("keras"): large,
+    but finite.
 
     ``"torch"`` is ``torch.optim.RMSprop`` (defaults lr 1e-2, alpha 0.99, eps 1e-8);
     ``"keras"`` is Keras 3's ``RMSprop`` and TF1's ``ApplyRMSProp``/``ApplyCenteredRMSProp``

@@ -9,7 +9,8 @@
  *                NaN stays a quiet NaN in both.
  *   FA_FMT_Q8    8-bit block-wise quantized (Dettmers et al. 2021): uint8 codes into a map of
  *                256 float32 values, one float32 scale per block; value = map[code] * scale.
- *                A block of new values y is quantized with scale = max |y| and q = y * (1/scale)
+ *                A block of new values y is quantized with scale = max |y| (an infinite max
+ *                saturates to FLT_MAX: fa_lowp_scale_of) and q = y * (1/scale)
  *                (both float32): code = #{k : q > (map[k] + map[k+1]) / 2} (float64 midpoints;
  *                at an exact tie the lower code).  The header keeps per map 256 float32
  *                thresholds T[k] = the largest float32 <= that midpoint (T[255] = FLT_MAX):
@@ -687,6 +688,17 @@ FA_INLINE fa_u8 fa_lowp_quantize(float y, float inv, const float *thr)
 FA_INLINE float fa_lowp_dequantize(fa_u8 code, float scale, const float *map)
 {
     return map[code] * scale;
+}
+
+/* The scale of a block from the bits of its largest |y| (sign bit cleared): that float, except
+ * that an infinite one (a finite input whose square overflows float32, as Adam's v for a
+ * gradient above ~1.8e19) saturates to FLT_MAX, so that no block's scale is infinite: the
+ * infinite elements read back as +-FLT_MAX (q = inf * (1 / FLT_MAX) = inf: the end codes), the
+ * block's others as what their q = y / FLT_MAX gives (0 for every |y| below about 1e36), all
+ * finite.  A NaN stays NaN; every finite maximum is kept exactly (the same bits as before). */
+FA_INLINE float fa_lowp_scale_of(fa_u32 big)
+{
+    return fa_bits_f32(big == 0x7f800000u ? 0x7f7fffffu : big);
 }
 
 /* The block's 1 / scale, and the code every element of a zero block gets (scale 0: the code of

@@ -5,7 +5,8 @@
  *   g' = sign * (g / grad_scale)                  sign = -1 when maximizing; / only with FA_SCALE
  *   g' = g' + l2 * x                              only with FA_L2 (coupled weight decay)
  *   v  = alpha * v + (1 - alpha) * g'^2
- *   a  = alpha * a + (1 - alpha) * g'             only with FA_CENTERED; w = v - a^2, else w = v
+ *   a  = alpha * a + (1 - alpha) * g'             only with FA_CENTERED; w = max(v - a^2, 0),
+ *                                                 else w = v
  *   d  = g' / (sqrt(w + eps_in) + eps_out)
  *   b  = momentum * b + buf_in * d;  x = x - lr * b     with FA_RMS_MOMENTUM
  *   x  = x - lr * d                                     without
@@ -18,6 +19,11 @@
  * step (g = 0, no weight decay) decays v and a by alpha and b by momentum (idle rates below).
  * State slots: s0 = v (square average), then b (momentum buffer) with FA_RMS_MOMENTUM, then
  * a (gradient average) with FA_CENTERED: s1 = b or a, s2 = a when both.
+ * The clamp of the centered w: in exact arithmetic v - a^2 >= 0 (a weighted variance), but v
+ * and a are rounded separately -- by float32 now and then, by 8-bit states (a few percent of
+ * each, quantized on its own block scale) within a few hundred steps of a steady gradient --
+ * and sqrt of a negative w is NaN.  A negative w reads as 0 (the variance it estimates); a
+ * NaN w stays NaN (the comparison is false), and w >= 0 keeps its bits.
  */
 #ifndef FASTADAM_RMSPROP_H
 #define FASTADAM_RMSPROP_H
@@ -94,6 +100,7 @@ FA_INLINE void FA_FN(fa_rmsprop_math)(const FA_FN(fa_rmsprop_k) *k, const int fl
         const FA_C ai = k->alpha * *a + k->oma * gi;
         *a = ai;
         w = vi - ai * ai;
+        w = w < (FA_C)0 ? (FA_C)0 : w; /* rounding can make it negative: see the top */
     }
     const FA_C d = gi / (FA_SQRT(w + k->eps_in) + k->eps_out);
     if (flags & FA_RMS_MOMENTUM) {

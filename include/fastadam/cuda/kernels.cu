@@ -545,7 +545,7 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
     __syncthreads();
     float inv[FA_MAX_SLOTS];
     for (int s = 0; s < nslots; s++) {
-        scale[s] = fa_bits_f32(fa_lowp_warp_max(lane < nwarps ? warp_peak[s][lane] : 0u));
+        scale[s] = fa_lowp_scale_of(fa_lowp_warp_max(lane < nwarps ? warp_peak[s][lane] : 0u));
         inv[s] = fa_lowp_inverse(scale[s]);
     }
     __syncthreads(); /* warp_peak is rewritten by the next quantization block */
