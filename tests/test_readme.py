@@ -45,3 +45,6 @@ def test_readme_opens_with_the_commands_and_stays_one_page():
 @pytest.mark.parametrize("code, skip_reason", readme_params())
 def test_readme_block_runs(code, skip_reason, tmp_path):
     check_block(code, skip_reason, tmp_path, "README")
+    # pasted in a reader's own folder, a block leaves nothing behind there
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [], f"the block left {left} in its working folder"
