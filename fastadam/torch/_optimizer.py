@@ -157,19 +157,20 @@ def step_count(value: Any, name: str) -> float:
 
 
 class _Entry:
-    """One parameter as the kernels see it: its NumPy view and its state tensors' views, each
-    with the tensor object and the data pointer it was made from (an entry is valid while all
-    are unchanged: checked at every step)."""
+    """One parameter as the kernels see it: its NumPy view and its state tensors' views, with
+    the tensor objects (``step`` included) and the data pointers they were made from (an entry
+    is valid while all are unchanged: checked at every step)."""
 
-    __slots__ = ("p", "ptr", "x", "state", "keys", "slots", "views", "step", "step_ptr",
-                 "step_view", "fresh", "written")
+    __slots__ = ("p", "ptr", "x", "state", "keys", "slots", "views", "step_view",
+                 "number_step", "fresh", "written")
 
-    def __init__(self, p, x, state, keys, slots, views, step, step_view, fresh, written):
+    def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
+                 fresh, written):
         self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
-        self.slots = slots  # ((key, tensor, data_ptr), ...)
-        self.views = views
-        self.step, self.step_view = step, step_view
-        self.step_ptr = step.data_ptr() if step_view is not None else 0
+        self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
+        self.views = views  # of the state tensors of ``keys``, in the kernel's order
+        self.step_view = step_view  # None: no step tensor
+        self.number_step = number_step  # ``step`` is a Python number (torch's SparseAdam)
         self.fresh = fresh  # its state is new, not installed yet
         self.written = written  # ((data_ptr, nbytes, label), ...) of what a step writes
 
@@ -326,15 +327,13 @@ class FastadamOptimizer(torch.optim.Optimizer):
                     continue
                 e = entries.get(id(p))
                 state = state_of.get(p)
+                # the entry is valid while the parameter, its state dict, the tensors in it
+                # (``step`` included) and their memory are the ones it was built from
                 if (e is None or e.p is not p or e.state is not state or e.keys != keys
-                        or e.ptr != p.data_ptr() or not p.is_contiguous()):
+                        or e.ptr != p.data_ptr() or not p.is_contiguous()
+                        or (e.number_step and isinstance(state.get("step"), torch.Tensor))):
                     e = None
-                elif counts:
-                    st = state.get("step")
-                    if (st is not e.step or e.step.data_ptr() != e.step_ptr
-                            if e.step_view is not None else isinstance(st, torch.Tensor)):
-                        e = None
-                if e is not None:
+                else:
                     for k, tk, ptr in e.slots:
                         if state.get(k) is not tk or tk.data_ptr() != ptr:
                             e = None
@@ -503,7 +502,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
             for k in missing:
                 state[k] = self._new_slot(p, k)
             fresh = True
-        slots, views, written = [], [], [(p.data_ptr(), x.nbytes, name)]
+        tensors, views, written = [], [], [(p.data_ptr(), x.nbytes, name)]
         for k in keys:
             tk = state[k]
             label = f"state of {name}: {k!r}"
@@ -512,10 +511,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{label}: expected dtype {p.dtype} and shape "
                                  f"{tuple(p.shape)} (like the parameter), got {tk.dtype} and "
                                  f"{tuple(tk.shape)}")
-            slots.append((k, tk, tk.data_ptr()))
+            tensors.append(tk)
             views.append(view)
             written.append((tk.data_ptr(), view.nbytes, label))
-        step, step_view = None, None
+        tensor_keys, step_view, number_step = keys, None, False
         if self._counts_steps:
             step = state.get("step")
             label = f"state of {name}: 'step'"
@@ -523,15 +522,18 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{label}: missing")
             step_count(step, label)
             if isinstance(step, torch.Tensor):
-                if step.device.type != "cpu" or not step.is_floating_point() \
-                        and step.dtype not in (torch.int32, torch.int64):
+                if step.device.type != "cpu" or step.dtype not in (
+                        torch.float32, torch.float64, torch.int32, torch.int64):
                     raise ValueError(f"{label}: expected a CPU tensor of a real dtype, got "
                                      f"{step.dtype} on {step.device}")
-                step_view = step.detach().reshape(()).numpy() if step.dim() else \
-                    step.detach().numpy()
+                step_view = step.detach().numpy().reshape(())
+                tensor_keys = keys + ("step",)
+                tensors.append(step)
                 written.append((step.data_ptr(), step.element_size(), label))
-        e = _Entry(p, x, state, keys, tuple(slots), views, step, step_view, fresh,
-                   tuple(written))
+            else:
+                number_step = True
+        e = _Entry(p, x, state, keys, tensor_keys, tuple(tensors), views, step_view,
+                   number_step, fresh, tuple(written))
         self._entries[id(p)] = e
         return e
 
