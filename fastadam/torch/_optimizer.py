@@ -288,11 +288,15 @@ class FastadamOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        calls, fresh, rebuilt = self._plan()
+        try:
+            calls, fresh = self._plan()
+            if len(calls) > 1:
+                self._check_before_writes(calls)
+        except BaseException:
+            self._entries.clear()  # a refused step leaves no entry unchecked by a full plan
+            raise
         if not calls:
             return loss
-        if len(calls) > 1 or rebuilt:
-            self._check_before_writes(calls, rebuilt)
         if len(calls) == 1:
             self._apply(calls, fresh)
         else:
@@ -302,10 +306,11 @@ class FastadamOptimizer(torch.optim.Optimizer):
 
     # ---- phase 1: plan (nothing written) -----------------------------------------------------
     def _plan(self):
-        """``(calls, fresh entries, whether an entry was rebuilt)``; a call is
+        """``(calls, fresh entries)``; a call is
         ``("dense", prepared, gs, t, hyper, entries, grads, new_step)`` or
         ``("sparse", entry, IndexedSlices, t, h, new_step)``."""
         calls: list = []
+        dense: list = []
         fresh: list = []
         rebuilt = False
         entries, state_of, strided = self._entries, self.state, torch.strided
@@ -368,8 +373,22 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 grads.append(grad)
                 ts.append(tv)
             if ents:
-                self._dense_calls(calls, gi, h, ents, xs, gs, grads, ts)
-        return calls, fresh, rebuilt
+                dense.append((gi, h, ents, xs, gs, grads, ts))
+        if rebuilt:  # before the prepared steps are built: the error names torch's tensors
+            self._check_disjoint([e for c in calls if c[0] == "sparse" for e in (c[1],)]
+                                 + [e for d in dense for e in d[2]])
+        for gi, h, ents, xs, gs, grads, ts in dense:
+            self._dense_calls(calls, gi, h, ents, xs, gs, grads, ts)
+        return calls, fresh
+
+    @staticmethod
+    def _check_disjoint(ents: list) -> None:
+        """No two tensors a step writes (parameters, state, step counts) share memory."""
+        written = sorted(w for e in ents for w in e.written)
+        for (a, na, la), (b, nb, lb) in zip(written, written[1:]):
+            if na and nb and b < a + na:
+                raise ValueError(f"{lb}: shares memory with {la}; every parameter and state "
+                                 f"tensor a step writes needs its own memory")
 
     def _grad_view(self, grad: torch.Tensor, gi: int, i: int) -> np.ndarray:
         name = f"{param_name(gi, i)}.grad"
@@ -397,6 +416,9 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 parts.setdefault((tv, x.dtype), []).append(k)
         hyper = self._hyper(h)
         for (tv, dt), idx in parts.items():
+            if not 0.0 <= tv < MAX_STEP or tv != math.floor(tv):  # edited in place, NaN ...
+                e = ents[idx[0]]
+                step_count(tv, e.written[-1][2] if e.step_view is not None else "step")
             if len(idx) != len(ents):
                 sub = [ents[k] for k in idx]
                 bx, bg, bgr = [xs[k] for k in idx], [gs[k] for k in idx], [grads[k] for k in idx]
@@ -456,6 +478,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         if p.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name}: a sparse gradient steps float32 or float64 parameters "
                             f"(fastadam's sparse kernels), got {p.dtype}")
+        step_count(tv, f"state of {name}: 'step'")
         return ("sparse", e, self._indexed_slices(grad, p, name), int(tv) + 1, h, tv + 1.0)
 
     @staticmethod
@@ -540,19 +563,13 @@ class FastadamOptimizer(torch.optim.Optimizer):
     def _new_slot(self, p: torch.Tensor, key: str) -> torch.Tensor:
         return torch.zeros_like(p, memory_format=torch.contiguous_format)
 
-    def _check_before_writes(self, calls: list, rebuilt: bool) -> None:
-        """The checks a multi-call step (or one with new entries) needs before its first
-        write: each call's hyper-parameters for its dtype, no two written tensors of the step
-        overlapping, no gradient overlapping a written tensor."""
+    def _check_before_writes(self, calls: list) -> None:
+        """The checks a multi-call step needs before its first write: each call's
+        hyper-parameters for its dtype, no gradient overlapping a tensor any call writes."""
         written = [w for c in calls
                    for e in (c[5] if c[0] == "dense" else (c[1],) if c[0] == "sparse" else ())
                    for w in e.written]
         written.sort()
-        if rebuilt:
-            for (a, na, la), (b, _, lb) in zip(written, written[1:]):
-                if na and b < a + na:
-                    raise ValueError(f"{lb}: shares memory with {la}; every parameter and "
-                                     f"state tensor a step writes needs its own memory")
         if len(calls) == 1:
             return
         starts = np.array([w[0] for w in written], dtype=np.uint64)
