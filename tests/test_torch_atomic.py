@@ -491,6 +491,35 @@ def test_hostile_group_values_at_step_are_refused_before_any_write(key, value, e
     assert_same(before, opt)
 
 
+@pytest.mark.parametrize("edit,exc,match", [
+    (lambda s: s.__setitem__("step", "3"), TypeError, "'step'"),
+    (lambda s: s.__setitem__("step", torch.ones(2)), ValueError, "'step'"),
+    (lambda s: s.__setitem__("step", torch.tensor(float("inf"))), ValueError, "'step'"),
+    (lambda s: s.__setitem__("exp_avg", "x"), TypeError, "'exp_avg'"),
+    (lambda s: s.__setitem__("exp_avg", torch.zeros(5, 3, dtype=torch.int64)), TypeError,
+     "'exp_avg'"),
+], ids=["string step", "two-element step", "infinite step", "string state",
+        "integer state"])
+def test_hostile_state_is_refused_before_any_write(edit, exc, match):
+    opt, a, b = two_groups(ft.Adam, lr=0.1)
+    grads(a, b)
+    opt.step()
+    edit(opt.state[b])
+    before = snapshot(opt)
+    with pytest.raises(exc, match=match):
+        opt.step()
+    assert_same(before, opt)
+
+
+def test_a_state_that_is_not_a_dict_is_refused():
+    opt, a, b = two_groups(ft.Adam, lr=0.1)
+    grads(a, b)
+    opt.state[b] = 5
+    with pytest.raises(TypeError, match="expected a dict"):
+        opt.step()
+    assert len(opt.state) == 1 and torch.equal(a.detach(), two_groups(ft.Adam, lr=0.1)[1].detach())
+
+
 def test_pickled_optimizer_refuses_like_the_original():
     opt, a, b = _eps_float32()
     grads(a, b)

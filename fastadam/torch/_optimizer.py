@@ -514,6 +514,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
         name = param_name(gi, i)
         x = numpy_view(p, name)
         state = self.state.get(p)
+        if state is not None and not isinstance(state, dict):
+            raise TypeError(f"state of {name}: expected a dict, got {type(state).__name__}")
         fresh = not state
         if fresh:
             state = self._state_init(p, group)
