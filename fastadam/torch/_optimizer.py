@@ -205,6 +205,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
     def _reset_caches(self) -> None:
         self._entries: Dict[int, _Entry] = {}  # id(parameter): its entry
         self._prepared: Dict[Tuple[int, Any], list] = {}  # (group, dtype): [(entries, step)]
+        self._written_ranges = None  # see _check_before_writes
         self._sparse_seen: set = set()
         self._warned_dense_after_sparse = False
 
@@ -568,31 +569,36 @@ class FastadamOptimizer(torch.optim.Optimizer):
     def _check_before_writes(self, calls: list) -> None:
         """The checks a multi-call step needs before its first write: each call's
         hyper-parameters for its dtype, no gradient overlapping a tensor any call writes."""
-        written = [w for c in calls
-                   for e in (c[5] if c[0] == "dense" else (c[1],) if c[0] == "sparse" else ())
-                   for w in e.written]
-        written.sort()
-        if len(calls) == 1:
-            return
-        starts = np.array([w[0] for w in written], dtype=np.uint64)
-        ends = np.array([w[0] + w[1] for w in written], dtype=np.uint64)
+        # the written tensors' address ranges, sorted: kept while the calls' prepared steps
+        # (which hold their entries) and sparse entries are the same objects
+        key = tuple(c[1] for c in calls if c[0] != "plain")
+        kept = self._written_ranges
+        if kept is not None and kept[0] == key:
+            starts, ends = kept[1], kept[2]
+        else:
+            written = sorted(w for c in calls if c[0] != "plain"
+                             for e in (c[5] if c[0] == "dense" else (c[1],))
+                             for w in e.written)
+            starts = np.array([w[0] for w in written], dtype=np.uint64)
+            ends = np.array([w[0] + w[1] for w in written], dtype=np.uint64)
+            self._written_ranges = (key, starts, ends)
+        # no gradient overlaps a tensor any call of the step writes (each prepared step
+        # checks that for its own tensors only, when it runs): one vectorized search
+        dense = [c for c in calls if c[0] == "dense"]
+        gp = np.array([grad.data_ptr() for c in dense for grad in c[6]], dtype=np.uint64)
+        gn = np.array([g.nbytes for c in dense for g in c[2]], dtype=np.uint64)
+        k = np.searchsorted(starts, gp, side="right")
+        below, above = np.maximum(k, 1) - 1, np.minimum(k, len(starts) - 1)
+        hit = (gn > 0) & (((k > 0) & (gp < ends[below]))
+                          | ((k < len(starts)) & (starts[above] < gp + gn)))
+        if hit.any():
+            e = [e for c in dense for e in c[5]][int(np.argmax(hit))]
+            raise ValueError(f"the gradient of {e.written[0][2]} shares memory with a tensor "
+                             f"the step writes")
         for c in calls:
             if c[0] == "dense":
                 _, prepared, gs, t, hyper, ents, grads, _ = c
                 prepared.check(t, **hyper)
-                # no gradient overlaps a tensor any call of the step writes (each prepared
-                # step checks that for its own tensors only, when it runs)
-                gp = np.array([grad.data_ptr() for grad in grads], dtype=np.uint64)
-                gn = np.array([g.nbytes for g in gs], dtype=np.uint64)
-                k = np.searchsorted(starts, gp, side="right")
-                below = np.maximum(k, 1) - 1
-                above = np.minimum(k, len(starts) - 1)
-                hit = (gn > 0) & (((k > 0) & (gp < ends[below]))
-                                  | ((k < len(starts)) & (starts[above] < gp + gn)))
-                if hit.any():
-                    e = ents[int(np.argmax(hit))]
-                    raise ValueError(f"the gradient of {e.written[0][2]} shares memory with "
-                                     f"a tensor the step writes")
             elif c[0] == "sparse":
                 _, e, grad, t, h, _ = c
                 x = e.x
