@@ -214,8 +214,10 @@ class SparseAdam(FastadamOptimizer):
         _torch_min(lr, "lr", "learning rate", strict=True)
         _torch_min(eps, "eps", "epsilon value", strict=True)
         _torch_betas(betas)
-        params = list(params) if not isinstance(params, torch.Tensor) else params
-        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        # torch's checks of the parameters (a Tensor ``params`` is refused by torch's base)
+        params = params if isinstance(params, torch.Tensor) else list(params)
+        groups = ([] if isinstance(params, torch.Tensor) else params
+                  if params and isinstance(params[0], dict) else [{"params": params}])
         sparse = [[gi, i] for gi, g in enumerate(groups)
                   for i, q in enumerate(_as_list(g.get("params", [])))
                   if isinstance(q, torch.Tensor) and q.is_sparse]
