@@ -500,12 +500,14 @@ class FastadamOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: its sparse gradient has dtype {values.dtype}, expected "
                              f"{p.dtype}")
         idx = grad._indices()[0]
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= p.shape[0]):
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-            raise IndexError(f"{name}: its sparse gradient indexes row {bad}, outside "
-                             f"[0, {p.shape[0]})")
-        indices = idx.contiguous().numpy().copy()
-        return IndexedSlices(values.contiguous().numpy(), indices, tuple(p.shape))
+        if idx.numel():
+            low, high = (int(v) for v in idx.aminmax())
+            if low < 0 or high >= p.shape[0]:
+                raise IndexError(f"{name}: its sparse gradient indexes row "
+                                 f"{low if low < 0 else high}, outside [0, {p.shape[0]})")
+        # (the sparse step copies the indices before its own range check and its reads)
+        return IndexedSlices(values.contiguous().numpy(), idx.contiguous().numpy(),
+                             tuple(p.shape))
 
     def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
                gi: int, i: int) -> _Entry:
