@@ -201,6 +201,18 @@ def test_a_refused_first_step_creates_no_state_and_the_next_step_is_torch_s_firs
         assert opt.state[p]["step"].item() == 1.0
 
 
+@pytest.mark.parametrize("cls,kw", [(ft.Adam, dict(lr=0.1)), (ft.SGD, dict(lr=0.1, momentum=0.9)),
+                                    (ft.RMSprop, dict(lr=0.1, centered=True))])
+def test_a_single_call_refused_by_its_gradient_check_leaves_no_state(cls, kw):
+    p = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    opt = cls([p], **kw)
+    p.grad = p.detach()  # the gradient is the parameter's own memory
+    x = p.detach().clone()
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step()
+    assert len(opt.state) == 0 and torch.equal(p.detach(), x)
+
+
 def test_sgd_refused_step_creates_no_momentum_buffer():
     """The planning of a refused step made momentum buffers: the next step was torch's second
     step (0.95 instead of 0.9 with dampening 0.5)."""

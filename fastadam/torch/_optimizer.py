@@ -291,18 +291,15 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 loss = closure()
         try:
             calls, fresh = self._plan()
-            if len(calls) > 1:
+            if len(calls) == 1:  # its own checks (the gradients') run before it writes
+                self._apply(calls, fresh)
+            elif calls:
                 self._check_before_writes(calls)
+                with sigint_deferred():
+                    self._apply(calls, fresh)
         except BaseException:
             self._entries.clear()  # a refused step leaves no entry unchecked by a full plan
             raise
-        if not calls:
-            return loss
-        if len(calls) == 1:
-            self._apply(calls, fresh)
-        else:
-            with sigint_deferred():
-                self._apply(calls, fresh)
         return loss
 
     # ---- phase 1: plan (nothing written) -----------------------------------------------------
@@ -611,10 +608,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
 
     # ---- phase 2: apply ----------------------------------------------------------------------
     def _apply(self, calls: list, fresh: list) -> None:
-        state_of = self.state
-        for e in fresh:
-            state_of[e.p] = e.state
-            e.fresh = False
+        """Run the calls, advance the step counts, install the new state (after the calls: a
+        single call refused by its own checks leaves no state behind)."""
         counts = self._counts_steps
         for c in calls:
             if c[0] == "dense":
@@ -635,6 +630,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                         sv[()] = new
                     else:  # a number, as torch's SparseAdam keeps it
                         e.state["step"] = type(e.state["step"])(new)
+        state_of = self.state
+        for e in fresh:
+            state_of[e.p] = e.state
+            e.fresh = False
 
     # ---- state dicts -------------------------------------------------------------------------
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
