@@ -343,6 +343,9 @@ class FastadamOptimizer(torch.optim.Optimizer):
                             break
                 if e is None:
                     e = self._entry(p, group, keys, gi, i)
+                    if not rebuilt:  # no prepared step keeps the replaced tensors alive
+                        self._prepared.clear()
+                        self._written_ranges = None
                     rebuilt = True
                 if e.fresh:
                     fresh.append(e)
@@ -632,7 +635,12 @@ class FastadamOptimizer(torch.optim.Optimizer):
                         e.state["step"] = type(e.state["step"])(new)
         state_of = self.state
         for e in fresh:
-            state_of[e.p] = e.state
+            current = state_of.get(e.p)
+            if current:  # state keys added (amsgrad switched on): into the same dict
+                current.update(e.state)
+                e.state = current
+            else:
+                state_of[e.p] = e.state
             e.fresh = False
 
     # ---- state dicts -------------------------------------------------------------------------
