@@ -539,3 +539,34 @@ def test_pickled_optimizer_refuses_like_the_original():
     grads(*(p for g in clone.param_groups for p in g["params"]))
     with pytest.raises(ValueError, match="eps"):
         clone.step()
+
+
+def reachable_array_addresses(obj):
+    """The data addresses of every NumPy array reachable from ``obj``."""
+    seen, todo, out = set(), [obj], set()
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, type(gc))) or torch.is_tensor(o):
+            continue
+        seen.add(id(o))
+        if isinstance(o, np.ndarray):
+            out.add(o.__array_interface__["data"][0])
+            continue
+        todo.extend(gc.get_referents(o))
+    return out
+
+
+def test_replaced_parameter_memory_is_not_kept_by_the_optimizer():
+    """After ``p.data = ...`` the optimizer keeps no view of the old memory (its prepared
+    steps are rebuilt, not kept beside the new ones)."""
+    ps = [torch.nn.Parameter(torch.randn(100, dtype=torch.float64)) for _ in range(3)]
+    opt = ft.Adam([{"params": ps[:2]}, {"params": ps[2:]}], lr=0.1)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    old = {p.data_ptr() for p in ps}
+    assert old <= reachable_array_addresses(opt)
+    for p in ps:
+        p.data = p.data.clone()
+    opt.step()
+    assert not old & reachable_array_addresses(opt)
