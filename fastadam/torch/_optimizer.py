@@ -574,21 +574,22 @@ class FastadamOptimizer(torch.optim.Optimizer):
         # the written tensors' address ranges, sorted: kept while the calls' prepared steps
         # (which hold their entries) and sparse entries are the same objects
         key = tuple(c[1] for c in calls if c[0] != "plain")
+        dense = [c for c in calls if c[0] == "dense"]
         kept = self._written_ranges
         if kept is not None and kept[0] == key:
-            starts, ends = kept[1], kept[2]
+            starts, ends, gn = kept[1], kept[2], kept[3]
         else:
             written = sorted(w for c in calls if c[0] != "plain"
                              for e in (c[5] if c[0] == "dense" else (c[1],))
                              for w in e.written)
             starts = np.array([w[0] for w in written], dtype=np.uint64)
             ends = np.array([w[0] + w[1] for w in written], dtype=np.uint64)
-            self._written_ranges = (key, starts, ends)
+            # a dense gradient has its parameter's size (checked in the plan)
+            gn = np.array([e.x.nbytes for c in dense for e in c[5]], dtype=np.uint64)
+            self._written_ranges = (key, starts, ends, gn)
         # no gradient overlaps a tensor any call of the step writes (each prepared step
         # checks that for its own tensors only, when it runs): one vectorized search
-        dense = [c for c in calls if c[0] == "dense"]
         gp = np.array([grad.data_ptr() for c in dense for grad in c[6]], dtype=np.uint64)
-        gn = np.array([g.nbytes for c in dense for g in c[2]], dtype=np.uint64)
         k = np.searchsorted(starts, gp, side="right")
         below, above = np.maximum(k, 1) - 1, np.minimum(k, len(starts) - 1)
         hit = (gn > 0) & (((k > 0) & (gp < ends[below]))
