@@ -15,8 +15,7 @@ import torch
 
 from .. import (sparse_adagrad_step_inplace, sparse_lion_step_inplace,
                 sparse_momentum_step_inplace, sparse_rmsprop_step_inplace, sparse_step_inplace)
-from ._optimizer import (FastadamOptimizer, check_range, flag, new_step, number,
-                         numpy_view, param_name)
+from ._optimizer import FastadamOptimizer, check_range, flag, new_step, number, param_name
 
 __all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "SGD", "SparseAdam"]
 
@@ -388,7 +387,6 @@ class SGD(FastadamOptimizer):
             if grad is None:
                 continue
             name = param_name(gi, i)
-            numpy_view(p, name)
             if grad.layout is not torch.strided:
                 self._indexed_slices(grad, p, name)  # checked like the kernels' sparse rows
                 if h["weight_decay"] != 0:
@@ -402,13 +400,21 @@ class SGD(FastadamOptimizer):
         return ("plain", items, h)
 
     def _apply_plain(self, call):
+        """torch.optim.SGD's update, op for op: ``g = -grad if maximize``, ``g = g + wd*p``,
+        ``p += -lr*g``; the dense gradients through torch's foreach ops (one call each)."""
         _, items, h = call
         lr, wd = h["lr"], h["weight_decay"]
-        for p, grad in items:  # torch.optim.SGD's update, op for op
-            g = -grad if h["maximize"] else grad
+        dense = [(p, g) for p, g in items if g.layout is torch.strided]
+        if dense:
+            ps, gs = [p for p, _ in dense], [g for _, g in dense]
+            if h["maximize"]:
+                gs = torch._foreach_neg(gs)
             if wd != 0:
-                g = g.add(p, alpha=wd)
-            p.add_(g, alpha=-lr)
+                gs = torch._foreach_add(gs, ps, alpha=wd)
+            torch._foreach_add_(ps, gs, alpha=-lr)
+        for p, grad in items:
+            if grad.layout is not torch.strided:  # sparse rows (no weight decay: checked)
+                p.add_(-grad if h["maximize"] else grad, alpha=-lr)
 
     def _check_saved_state(self, s, p, keys, name):
         v = s.get("momentum_buffer")
