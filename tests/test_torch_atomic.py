@@ -76,7 +76,14 @@ def step_both(ours, theirs, seed=2):
     theirs.step()
     for o, t in zip(ours.param_groups, theirs.param_groups):
         for p, q in zip(o["params"], t["params"]):
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+            assert_follows(p, q)
+
+
+def assert_follows(p, q):
+    """``p`` equals torch's ``q``: to 1e-12 in float64, to float32's precision otherwise."""
+    tol = dict(rtol=1e-12, atol=1e-14) if p.dtype == torch.float64 else dict(rtol=1e-6,
+                                                                            atol=1e-7)
+    torch.testing.assert_close(p.detach(), q.detach(), **tol)
 
 
 # ---- a step refused by a later call leaves every group unstepped -----------------------------
@@ -313,7 +320,7 @@ def _bad_state_dicts():
     @edit
     def fractional_step(sd):
         sd["state"][0]["step"] = torch.tensor(1.5)
-        sd["state"][0]["exp_avg"] = torch.full((4,), 123.0)
+        sd["state"][0]["exp_avg"] = torch.full((4,), 123.0, dtype=torch.float64)
 
     @edit
     def nan_step(sd):
@@ -341,7 +348,7 @@ def _bad_state_dicts():
 
     @edit
     def wrong_shape(sd):
-        sd["state"][1]["exp_avg"] = torch.zeros(3, 3)
+        sd["state"][1]["exp_avg"] = torch.zeros(3, 3, dtype=torch.float64)
 
     @edit
     def not_a_tensor(sd):
@@ -397,7 +404,8 @@ BAD_LOADS = _bad_state_dicts()
 def test_a_refused_load_leaves_the_optimizer_as_it_was(edit):
     def make(cls):
         torch.manual_seed(0)
-        ps = [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(2, 3))]
+        ps = [torch.nn.Parameter(torch.randn(4, dtype=torch.float64)),
+              torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64))]
         return ps, cls(ps, lr=0.1)
     ps, opt = make(ft.Adam)
     qs, ref = make(torch.optim.Adam)
@@ -423,7 +431,7 @@ def test_a_refused_load_leaves_the_optimizer_as_it_was(edit):
     opt.step()
     ref.step()
     for p, q in zip(ps, qs):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+        assert_follows(p, q)
         assert opt.state[p]["step"].item() == ref.state[q]["step"].item() == 6.0
 
 
