@@ -12,6 +12,8 @@
   tables of front-ends (fastadam/_core/_registry.py holds them);
 - ``_prepared.py``: ``prepare_step``, the public prepared step (arrays checked once, then
   fold-and-call per step) for front-ends that step the same arrays many times.
+- ``sigint_deferred`` (public, ``_guard.py``): a context manager that delivers a Ctrl-C arriving
+  inside it when it ends, for front-ends whose step makes several compiled calls.
 - The optimizer objects are built on those functions only:
 
   - ``_base.py``: ``Optimizer`` (groups, state slots, ``t``, the step driver, setters);
@@ -40,6 +42,7 @@ from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
 from ._prepared import PreparedStep, prepare_step
+from ._guard import sigint_deferred
 from .._core._lowp_state import QuantizedState
 from .._core._registry import OptimizerSpec, spec as optimizer_spec
 
@@ -47,6 +50,6 @@ __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step
            "sparse_momentum_step_inplace", "sparse_step_inplace", "step_inplace"]
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
             "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
-            "prepare_step", "QuantizedState"]
+            "prepare_step", "QuantizedState", "sigint_deferred"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "SparseAdam",
             "clip_grad_norm", "global_norm", "schedules"]

@@ -37,9 +37,17 @@ def locked(method: F) -> F:
 
 
 class sigint_deferred:
-    """``with sigint_deferred():`` -- a SIGINT arriving inside the block is delivered (to the
-    handler that was installed before) when the block ends.  Outside the main thread, or when
-    the SIGINT handler was not installed from Python, it does nothing."""
+    """``with sigint_deferred():`` -- a SIGINT (Ctrl-C) arriving inside the block is delivered
+    (to the handler that was installed before) when the block ends, so a step made of several
+    compiled calls is never split by a ``KeyboardInterrupt``.  Outside the main thread, or when
+    the SIGINT handler was not installed from Python, it does nothing.
+
+    Examples
+    --------
+    >>> from fastadam.optim import sigint_deferred
+    >>> with sigint_deferred():
+    ...     pass  # the calls that must all run, or none
+    """
 
     __slots__ = ("previous", "received")
 

@@ -7,8 +7,9 @@ schedulers, ``torch.amp.GradScaler``, closures, ``zero_grad`` and ``state_dict``
 
 The parameters and the state tensors are updated in place through NumPy views of CPU tensors
 (no copy); the state keeps torch's names, so checkpoints move between ``torch.optim`` and
-``fastadam.torch`` both ways.  Sparse gradients (``nn.Embedding(sparse=True)``) take
-fastadam's lazy sparse step.  Parameters must be contiguous CPU tensors of float32, float64
+``fastadam.torch`` both ways.  A step is all or nothing: every check of every group runs
+before the first write, and a Ctrl-C arrives after the whole step.  Sparse gradients
+(``nn.Embedding(sparse=True)``) take fastadam's lazy sparse step.  Parameters must be contiguous CPU tensors of float32, float64
 or float16 (float16 computed in float32, state in float16 as torch keeps it).
 
 torch is not a dependency of fastadam: install it yourself (the CPU build:

@@ -1,33 +1,57 @@
 """The shared machinery of fastadam's ``torch.optim.Optimizer`` subclasses.
 
 Design: a subclass is a real ``torch.optim.Optimizer`` (``param_groups``, ``state``, hooks,
-``zero_grad``, ``state_dict`` and ``load_state_dict`` are torch's own), whose ``step`` hands
-the tensors to fastadam's public functional steps as NumPy views: ``Tensor.numpy()`` shares
-memory with a CPU tensor, so the compiled kernels update the parameters and the state tensors
-in place, one compiled call per (group, dtype, step count).  The state keeps torch's names and
-types (``step`` a float32 scalar tensor, ``exp_avg`` ... tensors like the parameter), so a
-checkpoint moves between ``torch.optim`` and ``fastadam.torch`` both ways.
+``zero_grad``, ``state_dict`` are torch's own), whose ``step`` hands the tensors to fastadam's
+public prepared steps (:func:`fastadam.optim.prepare_step`) as NumPy views: ``Tensor.numpy()``
+shares memory with a CPU tensor, so the compiled kernels update the parameters and the state
+tensors in place, one compiled call per (group, dtype, step count).  The state keeps torch's
+names and types (``step`` a scalar tensor of torch's scalar dtype, ``exp_avg`` ... tensors
+like the parameter), so a checkpoint moves between ``torch.optim`` and ``fastadam.torch``
+both ways.
 
-A subclass says which state tensors a parameter has (``_state_init``) and how a batch of
-parameters steps (``_step_dense``, ``_step_sparse``); everything else is here.
+A step is all or nothing, in two phases:
+
+1. **plan** (nothing written): every group's hyper-parameters are checked; every parameter
+   with a gradient gets its entry (NumPy views of the parameter and its state, rebuilt when a
+   tensor object or its memory changed: ``p.data = ...``, ``state[k].data = ...``, ``.set_()``,
+   a tensor put in ``opt.state``); a parameter without state gets new state tensors that are
+   not installed yet; the step count is read from each ``state["step"]`` (so an in-place edit
+   such as ``.fill_(0)`` is honoured, as in torch); the gradients are checked; the dense calls
+   are grouped and their prepared steps built (arrays checked once: dtypes, shapes, no two
+   written buffers overlapping); when the step makes more than one compiled call, each call's
+   hyper-parameters are folded for its dtype (``PreparedStep.check``), every sparse call is
+   checked, and no gradient may overlap a written tensor.
+2. **apply**: new state is installed, the calls run, the step counts advance.  With more than
+   one call the phase runs under :class:`fastadam.optim.sigint_deferred`, so Ctrl-C arrives
+   after the whole step.
+
+A subclass says which state tensors a parameter has (``_state_init``, ``_slot_keys``), the
+registry name and slot names of its prepared step (``_spec_name``, ``_slot_names``), its
+hyper-parameters as the functional step's keywords (``_hyper``) and its sparse step.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .. import IndexedSlices
+from ..optim import prepare_step, sigint_deferred
 
 #: dtypes the compiled kernels take (float16 is computed in float32)
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16)
 #: torch option keys kept in the groups for checkpoint compatibility, accepted only at their
 #: no-op values (fastadam is its own fused, multi-threaded implementation)
 TORCH_ONLY_FLAGS = ("capturable", "differentiable")
+#: the largest step count handled exactly (a float64 holds every whole number below it)
+MAX_STEP = 2.0 ** 53
+#: prepared steps kept per (group, dtype): the calls of the last few sets of parameters
+_PREPARED_KEPT = 4
 
 
 def number(value: Any, name: str) -> float:
@@ -36,11 +60,25 @@ def number(value: Any, name: str) -> float:
         if value.numel() != 1:
             raise ValueError(f"{name}: expected a number or a one-element tensor, got a tensor "
                              f"of shape {tuple(value.shape)}")
-        return float(value.item())
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
     try:
         return float(value)
+    except OverflowError:
+        raise ValueError(f"{name}: expected a finite number, got {value!r} (too large for a "
+                         f"float)") from None
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}") from None
+
+
+def flag(value: Any, name: str) -> bool:
+    """A bool from a bool-like option (``amsgrad``, ``maximize`` ...)."""
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {value!r}")
 
 
 def check_range(value: float, name: str, low: float, high: Optional[float] = None,
@@ -50,6 +88,16 @@ def check_range(value: float, name: str, low: float, high: Optional[float] = Non
         bound = "" if high is None else (f" and < {high}" if high_open else f" and <= {high}")
         raise ValueError(f"{name}: expected a finite value >= {low}{bound}, got {value}")
     return value
+
+
+def scalar_dtype() -> torch.dtype:
+    """The dtype torch gives a new ``step`` tensor: float64 under a float64 default dtype,
+    else float32 (torch.optim.optimizer._get_scalar_dtype)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def new_step() -> torch.Tensor:
+    return torch.tensor(0.0, dtype=scalar_dtype())
 
 
 _LIBRARY_DIRS = (os.path.dirname(sys.modules["fastadam"].__file__) + os.sep,
@@ -70,11 +118,16 @@ def param_name(gi: int, i: int) -> str:
     return f"param_groups[{gi}]['params'][{i}]"
 
 
-def numpy_view(tensor: torch.Tensor, name: str) -> np.ndarray:
+def numpy_view(tensor: Any, name: str) -> np.ndarray:
     """A NumPy array sharing ``tensor``'s memory (CPU, contiguous, a supported dtype)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
         raise ValueError(f"{name}: fastadam.torch steps CPU tensors; got one on "
                          f"{tensor.device} (use torch.optim for device tensors)")
+    if tensor.layout is not torch.strided:
+        raise ValueError(f"{name}: expected a dense (strided) tensor, got layout "
+                         f"{tensor.layout}")
     if tensor.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name}: dtype {tensor.dtype} is not supported by fastadam's kernels "
                         f"(float32, float64 and float16 are); keep such parameters in a "
@@ -85,15 +138,59 @@ def numpy_view(tensor: torch.Tensor, name: str) -> np.ndarray:
     return tensor.detach().numpy()
 
 
+def step_count(value: Any, name: str) -> float:
+    """A step count read from ``state["step"]``: a whole number in [0, 2**53)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name}: expected a one-element tensor, got shape "
+                             f"{tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number or a one-element tensor, got "
+                        f"{type(value).__name__}")
+    v = float(value) if abs(value) < 1e300 else math.inf
+    if not (0.0 <= v < MAX_STEP) or v != math.floor(v):
+        raise ValueError(f"{name}: expected a whole number of steps >= 0 and < 2**53, got "
+                         f"{value}")
+    return v
+
+
+class _Entry:
+    """One parameter as the kernels see it: its NumPy view and its state tensors' views, with
+    the tensor objects (``step`` included) and the data pointers they were made from (an entry
+    is valid while all are unchanged: checked at every step)."""
+
+    __slots__ = ("p", "ptr", "x", "state", "keys", "slots", "views", "step_view",
+                 "number_step", "fresh", "written")
+
+    def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
+                 fresh, written):
+        self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
+        self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
+        self.views = views  # of the state tensors of ``keys``, in the kernel's order
+        self.step_view = step_view  # None: no step tensor
+        self.number_step = number_step  # ``step`` is a Python number (torch's SparseAdam)
+        self.fresh = fresh  # its state is new, not installed yet
+        self.written = written  # ((data_ptr, nbytes, label), ...) of what a step writes
+
+
 class FastadamOptimizer(torch.optim.Optimizer):
-    """Base class: see the module docstring.  Subclasses set ``_state_keys`` and implement
-    ``_state_init``, ``_step_dense`` and (if sparse gradients are taken) ``_step_sparse``."""
+    """Base class: see the module docstring."""
 
     #: state tensors of one parameter besides ``step``, in the order the kernel takes them
     _state_keys: Tuple[str, ...] = ()
+    #: the functional (prepared step) name of each state tensor
+    _slot_names: Dict[str, str] = {}
+    #: the registry name of the dense prepared step (None: no dense gradients)
+    _spec_name: Optional[str] = None
     #: whether a gradient may be a sparse COO tensor (nn.Embedding(sparse=True))
     _takes_sparse = True
     _takes_dense = True
+    #: whether the state keeps a ``step`` count (torch's SGD has none)
+    _counts_steps = True
+    #: torch's group defaults filled in by ``__setstate__`` (a state dict of an older torch)
+    _group_fill: Dict[str, Any] = {}
 
     def __init__(self, params: Any, defaults: Dict[str, Any], num_threads: Optional[int]):
         for key in TORCH_ONLY_FLAGS:
@@ -101,10 +198,16 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{key}: fastadam.torch optimizers do not support "
                                  f"{key}=True (use torch.optim for that)")
         self.num_threads = num_threads
-        self._sparse_seen: set = set()
-        self._entries: Dict[int, list] = {}  # id(parameter): its entry (see _entry)
-        self._warned_dense_after_sparse = False
+        self._reset_caches()
+        self._check_group(dict(defaults))  # the hyper-parameters before the parameter list
         super().__init__(params, defaults)
+
+    def _reset_caches(self) -> None:
+        self._entries: Dict[int, _Entry] = {}  # id(parameter): its entry
+        self._prepared: Dict[Tuple[int, Any], list] = {}  # (group, dtype): [(entries, step)]
+        self._written_ranges = None  # see _check_before_writes
+        self._sparse_seen: set = set()
+        self._warned_dense_after_sparse = False
 
     # ---- hooks for subclasses ----------------------------------------------------------------
     def _check_group(self, group: Dict[str, Any]) -> Dict[str, Any]:
@@ -118,172 +221,502 @@ class FastadamOptimizer(torch.optim.Optimizer):
         """The state tensors the kernel takes for a parameter of ``group``, in its order."""
         return self._state_keys
 
-    def _step_dense(self, xs, gs, slots, t, h) -> None:
+    def _hyper(self, h: Dict[str, Any]) -> Dict[str, Any]:
+        """The functional step's keywords (no ``num_threads``) for checked hyper-parameters."""
         raise NotImplementedError
 
     def _step_sparse(self, x, grad, slots, t, h) -> None:
         raise NotImplementedError
 
+    def _plain(self, h: Dict[str, Any]) -> bool:
+        """Whether a group with these hyper-parameters steps without the kernels (plain SGD):
+        then ``_plain_call`` checks and ``_apply_plain`` applies it."""
+        return False
+
+    def _plain_call(self, gi: int, group: Dict[str, Any], h: Dict[str, Any]):
+        raise NotImplementedError
+
+    def _apply_plain(self, call) -> None:
+        raise NotImplementedError
+
+    def _sparse_refused(self, h: Dict[str, Any]) -> Optional[str]:
+        """Why these hyper-parameters take no sparse gradient (None: they do)."""
+        return None
+
     # ---- torch.optim.Optimizer -------------------------------------------------------------
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        self._check_group(group)  # refuse bad values now, not at the first step
-        for i, p in enumerate(group["params"]):
-            numpy_view(p, f"params[{i}]")
+        try:
+            self._check_group(group)  # refuse bad values now, not at the first step
+            for i, p in enumerate(group["params"]):
+                numpy_view(p, f"params[{i}]")
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
 
-    def _init_state(self, p: torch.Tensor, group: Dict[str, Any]) -> Dict[str, Any]:
-        state = self.state[p]
-        if not state:
-            state.update(self._state_init(p, group))
-        for key in self._slot_keys(group):  # e.g. amsgrad switched on after the first step
-            if key not in state:
-                state[key] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+    def __getstate__(self) -> Dict[str, Any]:
+        state = super().__getstate__()  # defaults, state, param_groups
+        state["num_threads"] = self.num_threads
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """torch's ``__setstate__`` (also called by ``load_state_dict``): a group without a
+        newer option gets torch's default, a number ``step`` becomes a tensor; then the caches
+        are rebuilt at the next step."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("num_threads", None)
+        for group in self.param_groups:
+            for key, value in self._group_fill.items():
+                group.setdefault(key, value)
+            if not self._counts_steps:
+                continue
+            for p in group["params"]:
+                s = self.state.get(p)
+                if s and "step" in s and not torch.is_tensor(s["step"]):
+                    s["step"] = self._step_tensor(s["step"])
+        self._reset_caches()
+
+    def _step_tensor(self, value: Any) -> Any:
+        return torch.tensor(float(value), dtype=scalar_dtype())
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One step of every parameter that has a gradient (``closure``, if given, re-evaluates
-        the model and returns the loss, as in torch).  Checks run for every group before any
-        parameter changes."""
+        the model and returns the loss, as in torch).  All or nothing: every check of every
+        group runs before the first write (see the module docstring)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plans = [self._plan_group(gi, group) for gi, group in enumerate(self.param_groups)]
-        stepped: List[list] = []
-        for h, dense, sparse in plans:
-            for (t, _), batch in dense.items():
-                self._step_dense(batch["x"], batch["g"], batch["slots"], t, h)
-                stepped += batch["entries"]
-            for x, grad, slots, t, entry in sparse:
-                self._step_sparse(x, grad, slots, t, h)
-                stepped.append(entry)
-        for e in stepped:
-            e[3] += 1
-            # state["step"] += 1 as torch adds it (in the tensor's dtype: the sum rounded once
-            # from a double), through its NumPy view: about 40x cheaper than
-            # torch._foreach_add_ on 0-d tensors, which takes a microsecond per tensor
-            e[6][()] = e[6].item() + 1.0
+        try:
+            calls, fresh = self._plan()
+            if len(calls) == 1:  # its own checks (the gradients') run before it writes
+                self._apply(calls, fresh)
+            elif calls:
+                self._check_before_writes(calls)
+                with sigint_deferred():
+                    self._apply(calls, fresh)
+        except BaseException:
+            self._entries.clear()  # a refused step leaves no entry unchecked by a full plan
+            raise
         return loss
 
-    def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
-               gi: int, i: int) -> list:
-        """``[data_ptr, x view, step tensor, step count, state tensors, state views, step
-        view, p, state keys]`` of ``p``, built once and reused while ``p``'s memory and its
-        state tensors stay the same objects (``load_state_dict``, ``p.data = ...`` or a state
-        tensor put in ``opt.state`` replace them: the entry is rebuilt; _plan_group checks that
-        on every step).  Making NumPy views costs about 1 us per tensor, which a step of many
-        small tensors would otherwise pay three times per parameter."""
-        name = param_name(gi, i)
-        x = numpy_view(p, name)
-        state = self._init_state(p, group)
-        step = state["step"]
-        if not isinstance(step, torch.Tensor) or step.device.type != "cpu" or step.numel() != 1:
-            raise ValueError(f"state of {name}: 'step' must be a one-element CPU tensor, got "
-                             f"{step!r}")
-        tensors = tuple(state[k] for k in keys)
-        views = [numpy_view(tk, f"state[{name}][{k!r}]") for k, tk in zip(keys, tensors)]
-        entry = [p.data_ptr(), x, step, int(step.item()), tensors, views, step.numpy(), p, keys]
-        self._entries[id(p)] = entry
-        return entry
-
-    def _plan_group(self, gi: int, group: Dict[str, Any]):
-        """Validate one group and sort its parameters into compiled calls (nothing written).
-        The loop is every step's cost per parameter (about 2 us): the entry's checks, the
-        gradient's view and checks, one append per array."""
-        h = self._check_group(group)
-        keys = self._slot_keys(group)
-        dense: Dict[Tuple[int, np.dtype], Dict[str, list]] = {}  # (t, dtype): one call's lists
-        sparse = []
+    # ---- phase 1: plan (nothing written) -----------------------------------------------------
+    def _plan(self):
+        """``(calls, fresh entries)``; a call is
+        ``("dense", prepared, gs, t, hyper, entries, grads, new_step)`` or
+        ``("sparse", entry, IndexedSlices, t, h, new_step)``."""
+        calls: list = []
+        dense: list = []
+        fresh: list = []
+        rebuilt = False
         entries, state_of, strided = self._entries, self.state, torch.strided
-        for i, p in enumerate(group["params"]):
-            grad = p.grad
-            if grad is None:
+        counts = self._counts_steps
+        for gi, group in enumerate(self.param_groups):
+            h = self._check_group(group)
+            if self._plain(h):
+                calls.append(self._plain_call(gi, group, h))
                 continue
-            entry = entries.get(id(p))
-            state = state_of.get(p)
-            if (entry is None or entry[7] is not p or state is None or entry[8] != keys
-                    or entry[0] != p.data_ptr() or not p.is_contiguous()
-                    or state["step"] is not entry[2]):
-                entry = self._entry(p, group, keys, gi, i)
+            keys = self._slot_keys(group)
+            ents: list = []
+            xs: list = []
+            gs: list = []
+            grads: list = []
+            ts: list = []
+            for i, p in enumerate(group["params"]):
+                grad = p.grad
+                if grad is None:
+                    continue
+                e = entries.get(id(p))
+                state = state_of.get(p)
+                # the entry is valid while the parameter, its state dict, the tensors in it
+                # (``step`` included) and their memory are the ones it was built from
+                if (e is None or e.p is not p or e.state is not state or e.keys != keys
+                        or e.ptr != p.data_ptr() or not p.is_contiguous()
+                        or (e.number_step and isinstance(state.get("step"), torch.Tensor))):
+                    e = None
+                else:
+                    for k, tk, ptr in e.slots:
+                        if state.get(k) is not tk or tk.data_ptr() != ptr:
+                            e = None
+                            break
+                if e is None:
+                    e = self._entry(p, group, keys, gi, i)
+                    if not rebuilt:  # no prepared step keeps the replaced tensors alive
+                        self._prepared.clear()
+                        self._written_ranges = None
+                    rebuilt = True
+                if e.fresh:
+                    fresh.append(e)
+                sv = e.step_view
+                tv = (sv.item() if sv is not None else
+                      step_count(e.state["step"], f"state of {param_name(gi, i)}: 'step'")
+                      if counts else (0.0 if e.fresh else 1.0))
+                if grad.layout is not strided:
+                    calls.append(self._sparse_call(e, grad, tv, h, gi, i))
+                    continue
+                if not self._takes_dense:
+                    raise RuntimeError(f"{type(self).__name__} does not support dense "
+                                       f"gradients ({param_name(gi, i)}); use "
+                                       f"fastadam.torch.Adam")
+                if self._sparse_seen and p in self._sparse_seen:
+                    self._warn_dense_after_sparse(gi, i)
+                x = e.x
+                g = grad.numpy() if grad.is_contiguous() else self._grad_view(grad, gi, i)
+                if g.dtype != x.dtype or g.shape != x.shape:
+                    raise ValueError(f"{param_name(gi, i)}: its gradient has dtype "
+                                     f"{grad.dtype} and shape {tuple(grad.shape)}, expected "
+                                     f"{p.dtype} and {tuple(p.shape)}")
+                ents.append(e)
+                xs.append(x)
+                gs.append(g)
+                grads.append(grad)
+                ts.append(tv)
+            if ents:
+                dense.append((gi, h, ents, xs, gs, grads, ts))
+        if rebuilt:  # before the prepared steps are built: the error names torch's tensors
+            self._check_disjoint([e for c in calls if c[0] == "sparse" for e in (c[1],)]
+                                 + [e for d in dense for e in d[2]])
+        for gi, h, ents, xs, gs, grads, ts in dense:
+            self._dense_calls(calls, gi, h, ents, xs, gs, grads, ts)
+        return calls, fresh
+
+    @staticmethod
+    def _check_disjoint(ents: list) -> None:
+        """No two tensors a step writes (parameters, state, step counts) share memory."""
+        written = sorted(w for e in ents for w in e.written)
+        for (a, na, la), (b, nb, lb) in zip(written, written[1:]):
+            if na and nb and b < a + na:
+                raise ValueError(f"{lb}: shares memory with {la}; every parameter and state "
+                                 f"tensor a step writes needs its own memory")
+
+    def _grad_view(self, grad: torch.Tensor, gi: int, i: int) -> np.ndarray:
+        name = f"{param_name(gi, i)}.grad"
+        if grad.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor, got one on {grad.device}")
+        return grad.contiguous().numpy()
+
+    def _warn_dense_after_sparse(self, gi: int, i: int) -> None:
+        if not self._warned_dense_after_sparse:
+            self._warned_dense_after_sparse = True
+            warnings.warn(f"{param_name(gi, i)} had sparse gradients and now has a dense "
+                          f"one: it steps every row from now on (a dense term such as weight "
+                          f"decay added to an embedding's loss makes its gradient dense)",
+                          RuntimeWarning, stacklevel=caller_stacklevel())
+
+    def _dense_calls(self, calls, gi, h, ents, xs, gs, grads, ts) -> None:
+        """One call per (step count, dtype) of a group's dense gradients, each with the
+        prepared step of its parameters (kept while they are the same entries)."""
+        dtype = xs[0].dtype
+        if ts.count(ts[0]) == len(ts) and all(x.dtype == dtype for x in xs):
+            parts = {(ts[0], dtype): list(range(len(ents)))}
+        else:
+            parts = {}
+            for k, (tv, x) in enumerate(zip(ts, xs)):
+                parts.setdefault((tv, x.dtype), []).append(k)
+        hyper = self._hyper(h)
+        for (tv, dt), idx in parts.items():
+            if not 0.0 <= tv < MAX_STEP or tv != math.floor(tv):  # edited in place, NaN ...
+                e = ents[idx[0]]
+                step_count(tv, e.written[-1][2] if e.step_view is not None else "step")
+            if len(idx) != len(ents):
+                sub = [ents[k] for k in idx]
+                bx, bg, bgr = [xs[k] for k in idx], [gs[k] for k in idx], [grads[k] for k in idx]
             else:
-                for k, tk in zip(keys, entry[4]):
-                    if state.get(k) is not tk:
-                        entry = self._entry(p, group, keys, gi, i)
-                        break
-            x, t, slots = entry[1], entry[3] + 1, entry[5]
-            if grad.layout is not strided:
-                name = param_name(gi, i)
-                if not self._takes_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse "
-                                       f"gradients ({name})")
-                self._sparse_seen.add(p)
-                sparse.append((x, self._indexed_slices(grad, p, name), slots, t, entry))
-                continue
-            if not self._takes_dense:
-                raise RuntimeError(f"{type(self).__name__} does not support dense gradients "
-                                   f"({param_name(gi, i)}); use fastadam.torch.Adam")
-            if self._sparse_seen and p in self._sparse_seen and not self._warned_dense_after_sparse:
-                self._warned_dense_after_sparse = True
-                warnings.warn(f"{param_name(gi, i)} had sparse gradients and now has a dense "
-                              f"one: it steps every row from now on (a dense term such as weight "
-                              f"decay added to an embedding's loss makes its gradient dense)",
-                              RuntimeWarning, stacklevel=caller_stacklevel())
-            g = grad.numpy() if grad.is_contiguous() else grad.contiguous().numpy()
-            if g.dtype != x.dtype or g.shape != x.shape:
-                raise ValueError(f"{param_name(gi, i)}: its gradient has dtype {grad.dtype} and "
-                                 f"shape {tuple(grad.shape)}, expected {p.dtype} and "
-                                 f"{tuple(p.shape)}")
-            key = (t, x.dtype)
-            batch = dense.get(key)
-            if batch is None:
-                batch = dense[key] = dict(x=[], g=[], slots=[[] for _ in slots], entries=[])
-            batch["x"].append(x)
-            batch["g"].append(g)
-            for lst, s in zip(batch["slots"], slots):
-                lst.append(s)
-            batch["entries"].append(entry)
-        return h, dense, sparse
+                sub, bx, bg, bgr = ents, xs, gs, grads
+            for new_step, part in self._by_new_step(tv, sub):
+                if len(part) != len(sub):
+                    pick = [sub.index(e) for e in part]
+                    px, pg, pgr = [bx[k] for k in pick], [bg[k] for k in pick], \
+                        [bgr[k] for k in pick]
+                else:
+                    px, pg, pgr = bx, bg, bgr
+                prepared = self._prepared_for(gi, dt, part, px)
+                calls.append(("dense", prepared, pg, int(new_step), hyper, part, pgr,
+                              new_step))
+
+    @staticmethod
+    def _by_new_step(tv: float, ents: list):
+        """The entries by the count their step tensor holds after ``+= 1`` (torch adds in the
+        tensor's dtype: a float32 count stops at 2**24)."""
+        if tv + 1.0 < 2.0 ** 24:
+            return [(tv + 1.0, ents)]
+        out: Dict[float, list] = {}
+        for e in ents:
+            sv = e.step_view
+            new = float(sv.dtype.type(tv + 1.0)) if sv is not None else tv + 1.0
+            out.setdefault(new, []).append(e)
+        return list(out.items())
+
+    def _prepared_for(self, gi: int, dtype: Any, ents: list, xs: list):
+        kept = self._prepared.setdefault((gi, dtype), [])
+        for k, (members, prepared) in enumerate(kept):
+            if members == ents:
+                if k:
+                    kept.insert(0, kept.pop(k))
+                return prepared
+        keys = ents[0].keys
+        slots = {self._slot_names[key]: [e.views[j] for e in ents]
+                 for j, key in enumerate(keys)}
+        prepared = prepare_step(self._spec_name, xs, slots, num_threads=self.num_threads)
+        kept.insert(0, (list(ents), prepared))
+        del kept[_PREPARED_KEPT:]
+        return prepared
+
+    def _sparse_call(self, e: _Entry, grad: torch.Tensor, tv: float, h: Dict[str, Any],
+                     gi: int, i: int):
+        """A sparse gradient's call, checked (rows in range, values like the parameter's rows,
+        options that take sparse gradients)."""
+        name = param_name(gi, i)
+        p = e.p
+        if not self._takes_sparse:
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients "
+                               f"({name})")
+        why = self._sparse_refused(h)
+        if why:
+            raise ValueError(f"{name}: a sparse gradient cannot be used with {why}")
+        if p.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name}: a sparse gradient steps float32 or float64 parameters "
+                            f"(fastadam's sparse kernels), got {p.dtype}")
+        step_count(tv, f"state of {name}: 'step'")
+        return ("sparse", e, self._indexed_slices(grad, p, name), int(tv) + 1, h, tv + 1.0)
 
     @staticmethod
     def _indexed_slices(grad: torch.Tensor, p: torch.Tensor, name: str) -> IndexedSlices:
         """A sparse COO gradient (rows of ``p``, as ``nn.Embedding(sparse=True)`` makes) as
-        fastadam's IndexedSlices; duplicate rows are summed by the sparse step itself."""
+        fastadam's IndexedSlices, checked; duplicate rows are summed by the sparse step."""
+        if grad.layout is not torch.sparse_coo:
+            raise ValueError(f"{name}: a sparse gradient must be a COO tensor, got layout "
+                             f"{grad.layout}")
         if grad.sparse_dim() != 1:
             raise ValueError(f"{name}: a sparse gradient must index rows (sparse_dim 1), got "
                              f"sparse_dim {grad.sparse_dim()}")
-        indices = grad._indices()[0].numpy()
+        if tuple(grad.shape) != tuple(p.shape):
+            raise ValueError(f"{name}: its sparse gradient has shape {tuple(grad.shape)}, "
+                             f"expected {tuple(p.shape)}")
         values = grad._values()
         if values.dtype != p.dtype:
             raise ValueError(f"{name}: its sparse gradient has dtype {values.dtype}, expected "
                              f"{p.dtype}")
-        values = values.contiguous().numpy()
-        return IndexedSlices(values, indices, tuple(p.shape))
+        idx = grad._indices()[0]
+        if idx.numel():
+            low, high = (int(v) for v in idx.aminmax())
+            if low < 0 or high >= p.shape[0]:
+                raise IndexError(f"{name}: its sparse gradient indexes row "
+                                 f"{low if low < 0 else high}, outside [0, {p.shape[0]})")
+        # (the sparse step copies the indices before its own range check and its reads)
+        return IndexedSlices(values.contiguous().numpy(), idx.contiguous().numpy(),
+                             tuple(p.shape))
 
+    def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
+               gi: int, i: int) -> _Entry:
+        """A new entry for ``p``: its view, its state tensors' views (checked like ``p``), its
+        step count; a parameter without state gets new state, installed only when the step
+        is applied."""
+        name = param_name(gi, i)
+        x = numpy_view(p, name)
+        state = self.state.get(p)
+        if state is not None and not isinstance(state, dict):
+            raise TypeError(f"state of {name}: expected a dict, got {type(state).__name__}")
+        fresh = not state
+        if fresh:
+            state = self._state_init(p, group)
+        missing = [k for k in keys if state.get(k) is None]
+        if missing and not fresh:
+            # e.g. amsgrad switched on after the first step: a new state dict, installed at
+            # the apply phase like a new parameter's
+            state = dict(state)
+            for k in missing:
+                state[k] = self._new_slot(p, k)
+            fresh = True
+        tensors, views, written = [], [], [(p.data_ptr(), x.nbytes, name)]
+        for k in keys:
+            tk = state[k]
+            label = f"state of {name}: {k!r}"
+            view = numpy_view(tk, label)
+            if tk.dtype != p.dtype or tuple(tk.shape) != tuple(p.shape):
+                raise ValueError(f"{label}: expected dtype {p.dtype} and shape "
+                                 f"{tuple(p.shape)} (like the parameter), got {tk.dtype} and "
+                                 f"{tuple(tk.shape)}")
+            tensors.append(tk)
+            views.append(view)
+            written.append((tk.data_ptr(), view.nbytes, label))
+        tensor_keys, step_view, number_step = keys, None, False
+        if self._counts_steps:
+            step = state.get("step")
+            label = f"state of {name}: 'step'"
+            if step is None:
+                raise ValueError(f"{label}: missing")
+            step_count(step, label)
+            if isinstance(step, torch.Tensor):
+                if step.device.type != "cpu" or step.dtype not in (
+                        torch.float32, torch.float64, torch.int32, torch.int64):
+                    raise ValueError(f"{label}: expected a CPU tensor of a real dtype, got "
+                                     f"{step.dtype} on {step.device}")
+                step_view = step.detach().numpy().reshape(())
+                tensor_keys = keys + ("step",)
+                tensors.append(step)
+                written.append((step.data_ptr(), step.element_size(), label))
+            else:
+                number_step = True
+        e = _Entry(p, x, state, keys, tensor_keys, tuple(tensors), views, step_view,
+                   number_step, fresh, tuple(written))
+        self._entries[id(p)] = e
+        return e
+
+    def _new_slot(self, p: torch.Tensor, key: str) -> torch.Tensor:
+        return torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _check_before_writes(self, calls: list) -> None:
+        """The checks a multi-call step needs before its first write: each call's
+        hyper-parameters for its dtype, no gradient overlapping a tensor any call writes."""
+        # the written tensors' address ranges, sorted: kept while the calls' prepared steps
+        # (which hold their entries) and sparse entries are the same objects
+        key = tuple(c[1] for c in calls if c[0] != "plain")
+        dense = [c for c in calls if c[0] == "dense"]
+        kept = self._written_ranges
+        if kept is not None and kept[0] == key:
+            starts, ends, gn = kept[1], kept[2], kept[3]
+        else:
+            written = sorted(w for c in calls if c[0] != "plain"
+                             for e in (c[5] if c[0] == "dense" else (c[1],))
+                             for w in e.written)
+            starts = np.array([w[0] for w in written], dtype=np.uint64)
+            ends = np.array([w[0] + w[1] for w in written], dtype=np.uint64)
+            # a dense gradient has its parameter's size (checked in the plan)
+            gn = np.array([e.x.nbytes for c in dense for e in c[5]], dtype=np.uint64)
+            self._written_ranges = (key, starts, ends, gn)
+        # no gradient overlaps a tensor any call of the step writes (each prepared step
+        # checks that for its own tensors only, when it runs): one vectorized search
+        gp = np.array([grad.data_ptr() for c in dense for grad in c[6]], dtype=np.uint64)
+        k = np.searchsorted(starts, gp, side="right")
+        below, above = np.maximum(k, 1) - 1, np.minimum(k, len(starts) - 1)
+        hit = (gn > 0) & (((k > 0) & (gp < ends[below]))
+                          | ((k < len(starts)) & (starts[above] < gp + gn)))
+        if hit.any():
+            e = [e for c in dense for e in c[5]][int(np.argmax(hit))]
+            raise ValueError(f"the gradient of {e.written[0][2]} shares memory with a tensor "
+                             f"the step writes")
+        for c in calls:
+            if c[0] == "dense":
+                _, prepared, gs, t, hyper, ents, grads, _ = c
+                prepared.check(t, **hyper)
+            elif c[0] == "sparse":
+                _, e, grad, t, h, _ = c
+                x = e.x
+                rows = (0,) + x.shape[1:]
+                self._step_sparse(np.empty(rows, x.dtype),
+                                  (np.empty(0, np.int64), np.empty(rows, x.dtype)),
+                                  [np.empty(rows, x.dtype) for _ in e.views], t, h)
+
+    # ---- phase 2: apply ----------------------------------------------------------------------
+    def _apply(self, calls: list, fresh: list) -> None:
+        """Run the calls, advance the step counts, install the new state (after the calls: a
+        single call refused by its own checks leaves no state behind)."""
+        counts = self._counts_steps
+        for c in calls:
+            if c[0] == "dense":
+                _, prepared, gs, t, hyper, ents, _, new = c
+                prepared.step(gs, t, **hyper)
+            elif c[0] == "plain":
+                self._apply_plain(c)
+                continue
+            else:
+                _, e, grad, t, h, new = c
+                self._step_sparse(e.x, grad, e.views, t, h)
+                self._sparse_seen.add(e.p)
+                ents = (e,)
+            if counts:
+                for e in ents:
+                    sv = e.step_view
+                    if sv is not None:
+                        sv[()] = new
+                    else:  # a number, as torch's SparseAdam keeps it
+                        e.state["step"] = type(e.state["step"])(new)
+        state_of = self.state
+        for e in fresh:
+            current = state_of.get(e.p)
+            if current:  # state keys added (amsgrad switched on): into the same dict
+                current.update(e.state)
+                e.state = current
+            else:
+                state_of[e.p] = e.state
+            e.fresh = False
+
+    # ---- state dicts -------------------------------------------------------------------------
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._entries.clear()
+        """torch's ``load_state_dict``, after checking everything it installs: a refused state
+        dict raises and leaves the optimizer as it was."""
+        self._check_state_dict(state_dict)
         super().load_state_dict(state_dict)
-        for gi, group in enumerate(self.param_groups):
-            self._check_group(group)
-            for i, p in enumerate(group["params"]):
+        for group in self.param_groups:
+            for p in group["params"]:
                 state = self.state.get(p)
-                if not state:
-                    continue
-                name = f"state of {param_name(gi, i)}"
-                step = state.get("step")
-                if not isinstance(step, torch.Tensor):
-                    step = torch.tensor(float(step if step is not None else 0.0),
-                                        dtype=torch.float32)
-                    state["step"] = step
-                if step.item() < 0 or step.item() != int(step.item()):
-                    raise ValueError(f"{name}: 'step' must be a whole number >= 0, got "
-                                     f"{step.item()}")
                 for k in self._slot_keys(group):
-                    if k not in state:
-                        raise ValueError(f"{name}: missing {k!r}")
-                    if tuple(state[k].shape) != tuple(p.shape):
-                        raise ValueError(f"{name}: {k!r} has shape {tuple(state[k].shape)}, "
-                                         f"expected {tuple(p.shape)}")
-                    if not state[k].is_contiguous():
+                    if state and isinstance(state.get(k), torch.Tensor) \
+                            and not state[k].is_contiguous():
                         state[k] = state[k].contiguous()
+        self._reset_caches()
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        if not isinstance(state_dict, dict) or "state" not in state_dict \
+                or "param_groups" not in state_dict:
+            raise ValueError("state_dict: expected a dict with 'state' and 'param_groups' (as "
+                             "Optimizer.state_dict() returns)")
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
+            raise TypeError("state_dict: 'param_groups' must be a list and 'state' a dict")
+        if len(saved_groups) != len(self.param_groups):
+            return  # torch's own check raises its ValueError before anything changes
+        for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if not isinstance(saved, dict) or "params" not in saved:
+                raise ValueError(f"state_dict['param_groups'][{gi}]: expected a dict with "
+                                 f"'params'")
+            if len(saved["params"]) != len(group["params"]):
+                return  # torch's ValueError
+        for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            merged = {**self._group_fill, **{k: v for k, v in saved.items() if k != "params"},
+                      "params": group["params"]}
+            for key in TORCH_ONLY_FLAGS:
+                if merged.get(key):
+                    raise ValueError(f"state_dict['param_groups'][{gi}]: {key}=True is not "
+                                     f"supported by fastadam.torch")
+            try:
+                self._check_group(dict(merged))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"state_dict['param_groups'][{gi}]: {exc}") from None
+            keys = self._slot_keys(merged)
+            for i, (pid, p) in enumerate(zip(saved["params"], group["params"])):
+                s = saved_state.get(pid)
+                if s is None:
+                    continue
+                name = f"state_dict['state'][{pid!r}] ({param_name(gi, i)})"
+                if not isinstance(s, dict):
+                    raise TypeError(f"{name}: expected a dict, got {type(s).__name__}")
+                if not s:
+                    continue
+                self._check_saved_state(s, p, keys, name)
+
+    def _check_saved_state(self, s: Dict[str, Any], p: torch.Tensor, keys: Tuple[str, ...],
+                           name: str) -> None:
+        if self._counts_steps:
+            if "step" not in s:
+                raise ValueError(f"{name}: missing 'step'")
+            step_count(s["step"], f"{name}['step']")
+        for k in keys:
+            v = s.get(k)
+            if v is None:
+                raise ValueError(f"{name}: missing {k!r}")
+            self._check_saved_tensor(v, p, f"{name}[{k!r}]")
+
+    @staticmethod
+    def _check_saved_tensor(v: Any, p: torch.Tensor, label: str) -> None:
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{label}: expected a tensor, got {type(v).__name__}")
+        if tuple(v.shape) != tuple(p.shape):
+            raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {tuple(p.shape)} "
+                             f"(the parameter's)")
+        if v.layout is not torch.strided or v.is_complex() or v.dtype == torch.bool:
+            raise TypeError(f"{label}: expected a dense real tensor, got {v.dtype} "
+                            f"({v.layout})")
