@@ -4,16 +4,16 @@ Adagrad's ``initial_accumulator_value``, the ``step`` entry's presence and dtype
 own error inputs and sample inputs (the ``OptimizerInfo`` database shipped with torch), each
 run on fastadam's class and on torch's with the same input."""
 import copy
-import importlib.util
 import io
 import pickle
-import sys
-import types
-import unittest
 
 import pytest
 
 torch = pytest.importorskip("torch")
+# torch.testing._internal (the OptimizerInfo database below) imports expecttest, torch's own
+# test-only package: the test extra installs it
+pytest.importorskip("expecttest", reason="torch's OptimizerInfo database needs expecttest "
+                                         "(in the test extra)")
 import fastadam.torch as ft  # noqa: E402
 
 TWINS = ["Adam", "AdamW", "Adagrad", "SGD", "RMSprop", "SparseAdam"]
@@ -216,12 +216,6 @@ def test_step_dtype_under_a_float64_default_is_torch_s(name, float64_default):
 # ---- torch's OptimizerInfo database ---------------------------------------------------------
 
 def _optim_db():
-    if importlib.util.find_spec("expecttest") is None:
-        # torch.testing._internal imports expecttest (a test-only package of torch's) for
-        # its TestCase base; the database itself does not use it
-        stub = types.ModuleType("expecttest")
-        stub.TestCase = unittest.TestCase
-        sys.modules["expecttest"] = stub
     from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db
     return {info.optim_cls.__name__: info for info in optim_db}, OptimizerErrorEnum
 
