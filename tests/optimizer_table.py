@@ -266,6 +266,8 @@ def case_id(case):
 
 
 ERROR_CASES = [(info, row) for info in OPTIMIZERS for row in info.error_inputs]
+#: the optimizers' tables of closed ranges (their ends must be legal in every entry point)
+RULES = {"rmsprop": RMSPROP_RULES, "lion": LION_RULES}
 
 
 def error_case_id(case):

@@ -13,7 +13,7 @@ from fastadam._core._registry import spec
 from fastadam.gpu import _layout
 from fastadam.optim import prepare_step
 from gpu_emulation_build import BuildError, build
-from optimizer_table import (CASES, ERROR_CASES, OPTIMIZERS, case_id, error_case_id,
+from optimizer_table import (CASES, ERROR_CASES, OPTIMIZERS, RULES, case_id, error_case_id,
                              fold_options)
 
 SIZES = [0, 1, 17, 1000]
@@ -247,6 +247,24 @@ def test_every_entry_point_refuses_a_bad_hyperparameter_alike(case):
         seen.append(name)
     assert seen[:5] == ["functional", "sparse", "prepare_step", "object",
                         "object.set_hyperparameters"]
+
+
+BOUND_CASES = [(info, {name: bound}) for info, rules in
+               ((i, r) for i in OPTIMIZERS for r in [RULES.get(i.name)] if r)
+               for name, (low, high) in rules.items()
+               for bound in ([low] if high is None else [low, high])]
+
+
+@pytest.mark.parametrize("case", BOUND_CASES,
+                         ids=lambda c: f"{c[0].name}-{next(iter(c[1].items()))}")
+def test_every_entry_point_accepts_the_bounds_of_a_rule(case):
+    """The closed ends of an optimizer's HYPER_RULES (Lion's beta 1.0, a zero rate) are legal
+    in every entry point alike, fastadam.torch included."""
+    info, options = case
+    x = np.ones(5)
+    state = {name: np.zeros(5) for name in spec(info.name).slots}
+    for name, _, call in _entry_points(info, options, x, state):
+        call()  # no exception
 
 
 @pytest.mark.parametrize("info", OPTIMIZERS, ids=lambda i: i.name)

@@ -24,14 +24,16 @@ def _zeros(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(p, memory_format=torch.contiguous_format)
 
 
-def _betas(group: Dict[str, Any]) -> Tuple[float, float]:
+def _betas(group: Dict[str, Any], closed: bool = False) -> Tuple[float, float]:
+    """The group's (beta1, beta2): in [0, 1), or in [0, 1] when ``closed`` (Lion's, whose
+    beta 1 is legal: the interpolation then keeps the momentum, as fastadam.Lion allows)."""
     try:
         beta1, beta2 = group["betas"]
     except (TypeError, ValueError):
         raise ValueError(f"betas: expected a pair (beta1, beta2), got {group['betas']!r}") \
             from None
-    return (check_range(number(beta1, "betas[0]"), "betas[0]", 0.0, 1.0),
-            check_range(number(beta2, "betas[1]"), "betas[1]", 0.0, 1.0))
+    return (check_range(number(beta1, "betas[0]"), "betas[0]", 0.0, 1.0, high_open=not closed),
+            check_range(number(beta2, "betas[1]"), "betas[1]", 0.0, 1.0, high_open=not closed))
 
 
 # ---- torch's constructor checks, in torch's order and with its messages, before the parameter
@@ -507,7 +509,7 @@ class Lion(FastadamOptimizer):
                                       maximize=maximize), num_threads)
 
     def _check_group(self, group):
-        beta1, beta2 = _betas(group)
+        beta1, beta2 = _betas(group, closed=True)  # fastadam.Lion's HYPER_RULES: [0, 1]
         return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0), beta1=beta1,
                     beta2=beta2,
                     weight_decay=check_range(number(group["weight_decay"], "weight_decay"),
