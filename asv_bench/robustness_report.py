@@ -3,11 +3,11 @@
     python asv_bench/robustness_report.py [--repeats N]
 
 Prints medians (one thread) and ratios for:
-  1. the general step path of ``Adam`` (``Optimizer._any_step``: per-object lock; SIGINT
+  1. the general step path of ``Adam`` (``Optimizer._step``: per-object lock; SIGINT
      deferred when a step makes several compiled calls) vs the same method without its guard
-     (``_any_step.__wrapped__``), for a one-call step (one group, 16 and 1e6 float32 elements)
+     (``_step.__wrapped__``), for a one-call step (one group, 16 and 1e6 float32 elements)
      and a three-call step (two groups, two dtypes, 3 x 1e3 and 3 x 1e5 elements); beside
-     them ``Adam.step`` as shipped, which takes a one-call step through the compiled kept step
+     them ``Adam.step`` as shipped, which takes a one-call step through its one plan
      (fastadam/optim/_step_path.pyx: it takes the lock itself, and defers nothing);
   2. ``TrainingSession.step`` of a small MLP (64-32-10, batch 16) with the memory-budget
      checks vs with ``reserve`` replaced by a no-op.
@@ -27,7 +27,7 @@ from fastadam.optim import Optimizer  # noqa: E402
 
 
 def optimizer_rows(repeats):
-    unguarded = Optimizer._any_step.__wrapped__
+    unguarded = Optimizer._step.__wrapped__
     cases = {}  # name: (a function making a new optimizer, the gradients)
     for n in (16, 1_000_000):
         cases[f"1 call, {n} elements"] = (
@@ -45,7 +45,7 @@ def optimizer_rows(repeats):
     for name, (make, grads) in cases.items():
         shipped, general, bare = make(), make(), make()  # each its own arrays and state
         t = median_seconds_interleaved({"step": lambda: shipped.step(grads),
-                                        "guarded": lambda: general._any_step(grads),
+                                        "guarded": lambda: general._step(grads),
                                         "unguarded": lambda: unguarded(bare, grads)},
                                        repeats=repeats)
         print(f"{name:28s} guarded {t['guarded'] * 1e6:9.1f} us  unguarded "

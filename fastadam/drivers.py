@@ -15,6 +15,20 @@ Optimizer kinds (the ``kind`` of a coefficient object, as the C kernels number t
 - ``dense_supported(kind, flags)``, ``sparse_supported(kind, flags)``: whether the compiled
   kernel table has that (optimizer, flag set) pair.
 
+The driver registry (the second axis: device x parameter format x state format, as data;
+see fastadam/_core/_drivers.py):
+
+- ``register_device(name, claims, classify)``: a device whose arrays ``claims(array)`` tells
+  apart, with ``classify(array)`` naming an array's format (``"float"``, ``"bfloat16"``,
+  ``"int8"``);
+- ``register_driver(device, param_format, state_format, prepare)``: the driver of one key;
+  ``prepare(spec, params, slots, options)`` checks the arrays once and returns the driver bound
+  to them (``run``, ``run_sparse``, ``check``, ``lists``; see ``fastadam.gpu``'s rows);
+- ``driver_rows()``: every registered row;
+- what a low-precision row checks its options with: ``check_block_size``, ``check_quant_map``,
+  ``check_rounding``, ``check_seed``, the codes the drivers take (``FMT_F32``, ``FMT_BF16``,
+  ``FMT_Q8``, ``MAP_CODES``, ``ROUND_CODES``) and ``QuantizedState``.
+
 Arrays of the sparse steps:
 
 - ``INDEX_TYPES``: the index dtypes the sparse kernels read (int32, int64);
@@ -26,8 +40,15 @@ Arrays of the sparse steps:
 """
 from ._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
 from ._core._dense import dense_supported, sparse_supported
+from ._core._drivers import register_device, register_driver
+from ._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
+                                check_block_size, check_quant_map)
+from ._core._lowp_validation import ROUND_CODES, check_rounding, check_seed
+from ._core._drivers import rows as driver_rows
 from ._core._registry import KINDS, spec_of_kind
 from ._core._validation import INDEX_TYPES, ROW_TYPES, check_rows
 
-__all__ = ["INDEX_TYPES", "KINDS", "KIND_ADAGRAD", "KIND_ADAM", "KIND_MOMENTUM", "ROW_TYPES",
-           "check_rows", "dense_supported", "sparse_supported", "spec_of_kind"]
+__all__ = ["FMT_BF16", "FMT_F32", "FMT_Q8", "INDEX_TYPES", "KINDS", "KIND_ADAGRAD", "KIND_ADAM",
+           "KIND_MOMENTUM", "MAP_CODES", "QuantizedState", "ROUND_CODES", "ROW_TYPES",
+           "check_block_size", "check_quant_map", "check_rounding", "check_seed", "check_rows", "dense_supported", "driver_rows", "register_device",
+           "register_driver", "sparse_supported", "spec_of_kind"]

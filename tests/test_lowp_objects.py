@@ -341,7 +341,7 @@ def test_state_bytes_per_param(fmt, per_param):
 
 def test_float32_keeps_the_float_path():
     opt = Adam([np.ones(8, np.float32)])
-    assert opt._lowp is None and "dense_step" not in vars(opt)
+    assert opt._lowp is None and opt._plans[0].driver == ("cpu", "float", "float")
     assert opt.state_dtype == "float32" and opt.state_bytes_per_param() == 8.0
 
 
@@ -707,13 +707,13 @@ def test_pickles_from_before_min_8bit_size_keep_every_tensor_in_8_bits():
     assert back.state_dict()["state_format"]["min_8bit_size"] == 0
 
 
-# ---- the objects' low-precision buckets step through prepared steps (and the compiled step) ----
-@pytest.mark.parametrize("cls, kw, kept", [
-    (Adam, dict(lr=1e-3), True),                         # step number t + 1: the compiled step
-    (Adagrad, dict(lr=0.05, convention="torch"), True),
-    (Adagrad, dict(lr=0.05, convention="onnx"), False),  # ONNX's T counts from 0: dense_step
+# ---- the objects' low-precision buckets step through their plans ---------------------------
+@pytest.mark.parametrize("cls, kw", [
+    (Adam, dict(lr=1e-3)),                         # step number t + 1
+    (Adagrad, dict(lr=0.05, convention="torch")),
+    (Adagrad, dict(lr=0.05, convention="onnx")),   # ONNX's T counts from 0: the key does not
 ])
-def test_stochastic_rounding_keys_count_the_objects_steps(cls, kw, kept):
+def test_stochastic_rounding_keys_count_the_objects_steps(cls, kw):
     """Each step's stochastic rounding draws its bits from (seed, the object's step count,
     tensor, element), whichever path takes the step: checked step by step against a float32
     twin followed by the spec's rounding."""
@@ -728,14 +728,14 @@ def test_stochastic_rounding_keys_count_the_objects_steps(cls, kw, kept):
         assert opt.step([g]) and twin.step([g.astype(np.float32)])
         np.testing.assert_array_equal(xb.astype(np.float32), O.stochastic_bf16(x32, 3, t, 0),
                                       err_msg=f"step {t}")
-    assert (opt._step_kept is not None) is kept
+    assert opt._common is not None  # every step took the one-plan case
 
 
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("master_weights", [False, True])
 def test_compiled_low_precision_steps_equal_the_python_steps(state_dtype, master_weights):
-    """The compiled step (kept after the first) and the Python step give the same bits: one
-    optimizer steps with plain gradients, its twin with a tuple (always the Python path)."""
+    """The one-plan step and the general step give the same bits: one optimizer steps with
+    plain gradients, its twin with ``grad_scale=1.0`` (the general path)."""
     rng = np.random.default_rng(12)
     dtype = BF16 if master_weights else np.float32
     x0 = rng.standard_normal((4, 512)).astype(np.float32).astype(dtype)
@@ -745,21 +745,21 @@ def test_compiled_low_precision_steps_equal_the_python_steps(state_dtype, master
     oa, ob = Adam([a], **kw), Adam([b], **kw)
     for _ in range(5):
         g = rng.standard_normal(x0.shape).astype(np.float32).astype(dtype)
-        assert oa.step([g]) and ob.step((g,))
-    assert oa._step_kept is not None
+        assert oa.step([g]) and ob.step((g,), grad_scale=1.0)
+    assert oa._common is not None
     assert raw(a) == raw(b)
     for name in ("m", "v"):
         np.testing.assert_array_equal(values(oa.state(0)[name]), values(ob.state(0)[name]))
 
 
 def test_compiled_low_precision_step_checks_its_gradients():
-    """A gradient the compiled step cannot take (another dtype, a view, one aliasing a state)
-    goes to the Python step, which converts or refuses it before any write."""
+    """A gradient the one-plan step cannot take (another dtype, a view, one aliasing a state)
+    goes to the general step, which converts or refuses it before any write."""
     rng = np.random.default_rng(13)
     x = rng.standard_normal(2048).astype(np.float32)
     opt = Adam([x], lr=1e-2, state_dtype="bfloat16")
     opt.step([rng.standard_normal(2048).astype(np.float32)])
-    assert opt._step_kept is not None
+    assert opt._common is not None
     before = (x.copy(), values(opt.state(0)["m"]).copy(), opt.t)
     with pytest.raises((TypeError, ValueError)):
         opt.step([np.ones(2048)])  # float64
@@ -775,8 +775,8 @@ def test_compiled_low_precision_step_checks_its_gradients():
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_a_parameter_stepped_alone_equals_its_prepared_bucket(state_dtype, rounding):
-    """Stepping some of a bucket's parameters takes the objects' own dense_step; a bucket of
-    that parameter alone takes its prepared step: the same bits, stochastic rounding included."""
+    """Stepping some of a bucket's parameters runs a plan of those parameters; a bucket of
+    that parameter alone runs its own plan: the same bits, stochastic rounding included."""
     rng = np.random.default_rng(14)
     dtype = BF16 if rounding == "stochastic" else np.float32
     x0 = rng.standard_normal(1024).astype(np.float32).astype(dtype)
@@ -788,7 +788,7 @@ def test_a_parameter_stepped_alone_equals_its_prepared_bucket(state_dtype, round
     for _ in range(4):
         g = rng.standard_normal(1024).astype(np.float32).astype(dtype)
         assert pair.step([g, None]) and alone.step([g])
-    assert alone._prepared[0] is not False and alone._prepared[0]._lowp is not None
+    assert alone._plans[0].driver[1:] != ("float", "float")  # the low-precision driver
     assert raw(a) == raw(b)
     for name in ("m", "v"):
         np.testing.assert_array_equal(values(pair.state(0)[name]), values(alone.state(0)[name]))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fastadam
+from fastadam.optim import PreparedStep
 from fastadam.optim import schedules
 
 N = 100_000
@@ -60,10 +61,10 @@ def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch, 
     left the step half applied with t not advanced."""
     opt, params, grads = two_group_adam(1000)
     ref = Reference(1000)
-    real = type(opt).dense_step
+    real = PreparedStep._step
     calls = []
 
-    def interrupted_after_first(self, *args):
+    def interrupted_after_first(self, *args):  # a plan's run: one compiled call
         out = real(self, *args)
         calls.append(1)
         if len(calls) == 1:
@@ -73,7 +74,7 @@ def test_sigint_in_the_middle_of_a_step_comes_after_the_whole_step(monkeypatch, 
     opt.step(grads)
     # (a handler left by another test would make the raised signal do something else)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    monkeypatch.setattr(type(opt), "dense_step", interrupted_after_first)
+    monkeypatch.setattr(PreparedStep, "_step", interrupted_after_first)
     with pytest.raises(KeyboardInterrupt):
         opt.step(grads)
     monkeypatch.undo()
@@ -92,13 +93,13 @@ def test_a_user_sigint_handler_is_called_after_the_step(monkeypatch, python_sigi
 
     old = signal.signal(signal.SIGINT, handler)
     try:
-        real = type(opt).dense_step
+        real = PreparedStep._step
 
         def interrupted(self, *args):
             signal.raise_signal(signal.SIGINT)
             return real(self, *args)
 
-        monkeypatch.setattr(type(opt), "dense_step", interrupted)
+        monkeypatch.setattr(PreparedStep, "_step", interrupted)
         opt.step(grads)
         monkeypatch.undo()
         assert seen == [(signal.SIGINT, 1)]  # called once, after t advanced

@@ -109,7 +109,7 @@ def test_one_compiled_call_per_group_and_dtype(rng, monkeypatch):
     real = PreparedStep._step
 
     def counting(self, *args):  # a bucket's prepared step: one driver call
-        calls.append([str(a.dtype) for a in self._xs])
+        calls.append([str(a.dtype) for a in self._bound.xs])
         return real(self, *args)
 
     monkeypatch.setattr(PreparedStep, "_step", counting)

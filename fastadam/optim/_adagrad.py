@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._sparse_functional import sparse_adagrad_step_inplace
-from ._functional import adagrad_step_inplace
 from ._coefficients import ADAGRAD_CONVENTIONS, ADAGRAD_EPS, adagrad_coefficients
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
@@ -98,24 +96,8 @@ class Adagrad(Optimizer):
 
     spec_name = "adagrad"
 
-    def coefficients(self, t, h, lr, grad_scale):
-        return adagrad_coefficients(self._step_number(t, h), **self._scalars(h, lr),
-                                    grad_scale=grad_scale)
-
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("sum", hyper["initial_accumulator_value"])]
 
     def step_hyper(self, h, lr, grad_scale):
         return dict(self._scalars(h, lr), grad_scale=grad_scale)
-
-    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        return adagrad_step_inplace(
-            xs, gs, slots["sum"], self._step_number(t, h), **self._scalars(h, lr),
-            grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
-
-    _prepared_dense_step = dense_step
-
-    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        sparse_adagrad_step_inplace(
-            x, grad, slots["sum"], self._step_number(t, h), mode=h["sparse_mode"],
-            **self._scalars(h, lr), num_threads=self.num_threads)

@@ -12,9 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ._base import (Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real)
-from ._sparse_functional import sparse_step_inplace
 from ._coefficients import adam_coefficients
-from ._functional import step_inplace
 
 __all__ = ["Adam", "AdamW", "SparseAdam"]
 
@@ -135,12 +133,6 @@ class Adam(Optimizer):
                           h["post_decay"])
         return h
 
-    def coefficients(self, t, h, lr, grad_scale):
-        return adam_coefficients(t + 1, lr, h["betas"][0], h["betas"][1], h["eps"],
-                                 h["convention"], h["weight_decay"], self._decoupled_of(h),
-                                 h["post_decay"], self._options["amsgrad"], h["nesterov"],
-                                 h["maximize"], grad_scale)
-
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("m", 0.0), ("v", 0.0)] + ([("v_max", 0.0)] if self._options["amsgrad"] else [])
 
@@ -153,24 +145,6 @@ class Adam(Optimizer):
                     decoupled_weight_decay=self._decoupled_of(h), post_decay=h["post_decay"],
                     amsgrad=self._options["amsgrad"], nesterov=h["nesterov"],
                     maximize=h["maximize"], grad_scale=grad_scale)
-
-    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        return step_inplace(
-            xs, gs, slots["m"], slots["v"], t + 1, v_max=slots.get("v_max"), lr=lr,
-            beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"], convention=h["convention"],
-            weight_decay=h["weight_decay"], decoupled_weight_decay=self._decoupled_of(h),
-            post_decay=h["post_decay"], amsgrad=self._options["amsgrad"], nesterov=h["nesterov"],
-            maximize=h["maximize"], grad_scale=grad_scale, skip_nonfinite=skip_nonfinite,
-            num_threads=self.num_threads)
-
-    _prepared_dense_step = dense_step
-
-    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        sparse_step_inplace(
-            x, grad, slots["m"], slots["v"], t + 1, mode=h["sparse_mode"], lr=lr,
-            beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"], convention=h["convention"],
-            weight_decay=h["weight_decay"], decoupled_weight_decay=self._decoupled_of(h),
-            maximize=h["maximize"], num_threads=self.num_threads)
 
     def sparse_unsupported(self, h: Dict[str, Any]) -> Optional[str]:
         if self._options["amsgrad"]:

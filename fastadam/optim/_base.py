@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import types
 import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -30,13 +29,11 @@ import numpy as np
 
 from .._core._threads import resolve_num_threads
 from .._stacklevel import caller_stacklevel
-from .._core._validation import plain_gradients
-from ..gpu import is_device_array
 from ..sparse import IndexedSlices
 from . import _checkpoint, _lowp_objects
 from .._core._lowp_state import is_bfloat16
 from ._guard import guarded_step, locked, new_lock
-from ._step_path import keep_common_step, optimizer_step
+from ._step_path import optimizer_step
 from ._checks import check_bool, check_clip, check_real  # noqa: F401  (the subclasses' too)
 from ._clip import CLIP_EPS, coalesce, total_sum_of_squares
 from ._params import (check_no_shared_memory, gather_gradients, mark_dirty, param_array,
@@ -101,7 +98,9 @@ class Optimizer:
     Subclasses define ``group_keys`` (per-group hyper-parameters), ``structural_options``
     (optimizer-wide flags that decide the slots, such as Adam's ``amsgrad``), ``check_group`` (validate and normalise one group's
     hyper-parameters, raising TypeError/ValueError naming the argument), ``slot_specs``
-    (``[(name, initial_value), ...]`` for a group), ``dense_step`` and ``sparse_step``.
+    (``[(name, initial_value), ...]`` for a group), ``step_hyper`` (the keywords of its fold)
+    and ``spec_name`` (its registry entry); every step runs the plans of
+    fastadam/optim/_prepared.py.
 
     Attributes
     ----------
@@ -121,10 +120,6 @@ class Optimizer:
     #: False for an optimizer of sparse gradients only (SparseAdam): a dense one is refused
     dense_gradients = True
 
-    # the common step's reads, kept by _any_step for the compiled step (_step_path.KeptStep);
-    # None: the next step is the Python one
-    _step_kept = None
-
     def __init__(self, params: ParamsLike, defaults: Dict[str, Any]):
         self._lock = new_lock()  # steps and checkpoints one at a time (_guard.py)
         self.defaults: Dict[str, Any] = dict(defaults)
@@ -134,9 +129,9 @@ class Optimizer:
         self._lowp = None
         self._lowp_options, self._lowp_wanted = _lowp_objects.check_options(defaults)
         self._master_list: List[Optional[np.ndarray]] = []
-        self.num_threads = defaults.get("num_threads")
-        if self.num_threads is not None:
-            resolve_num_threads(self.num_threads)  # a bad count fails here, not at a step
+        self._num_threads = defaults.get("num_threads")
+        if self._num_threads is not None:
+            resolve_num_threads(self._num_threads)  # a bad count fails here, not at a step
         for key in self.structural_options:
             self._options[key] = check_bool(defaults[key], key)
         self._group_defaults = {k: defaults[k] for k in self.group_keys}
@@ -169,52 +164,24 @@ class Optimizer:
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         raise NotImplementedError
 
-    def dense_step(self, xs, gs, slots, t, hyper, lr, grad_scale, skip_nonfinite) -> bool:
-        raise NotImplementedError
-
-    #: the ``dense_step`` that ``step_hyper`` describes: while ``dense_step`` is this
-    #: function, the dense buckets step through prepared steps (the same update)
-    _prepared_dense_step: Optional[Callable] = None
-
-    def sparse_step(self, x, grad, slots, t, hyper, lr) -> None:
-        raise NotImplementedError
-
-    def coefficients(self, t: int, hyper: Dict[str, Any], lr: float,
-                     grad_scale: Optional[float]) -> Any:
-        """The coefficient object of the step after ``t`` steps (the low-precision steps call
-        the driver with it, _lowp_objects.py)."""
-        raise NotImplementedError(f"{type(self).__name__} has no low-precision states")
-
     def check_precision(self, hyper: Dict[str, Any], arrays: List[Any]) -> None:
         """The checks that depend on the parameters' dtypes (a value the compute precision
-        cannot hold: ``eps=1e-50`` rounds to 0 in float32): the fold of the optimizer's
-        prepared step and its dtype checks, with no arrays (an optimizer with a ``dense_step``
-        of its own, or low-precision states, runs that step on empty arrays of each dtype).
-        The constructor, ``add_param_group``, ``set_hyperparameters`` and ``load`` all run it,
-        so no step can fail on them later."""
+        cannot hold: ``eps=1e-50`` rounds to 0 in float32): the fold of the group's plans, with
+        no arrays.  The constructor, ``add_param_group``, ``set_hyperparameters`` and ``load``
+        all run it, so no step can fail on them later."""
         lr = 0.0 if callable(hyper["lr"]) else hyper["lr"]
-        if self._prepared_capable():
-            # the fold of the prepared step, with no arrays: what its ``check`` runs
-            spec = registry_spec(self.spec_name)
-            kw = self.step_hyper(hyper, lr, None)
-            coeffs = spec.fold(self._step_number(self.t, hyper),
-                               **({**spec.defaults, **kw} if spec.defaults else kw))
-            for dtype in {a.dtype for a in arrays}:
-                # low-precision states and bfloat16 parameters are computed in float32
-                check_compute_dtype(coeffs, _FLOAT32_NUM if self._lowp is not None
-                                    else dtype.num)
-            return
-        for dtype in {a.dtype for a in arrays}:  # a dense_step of its own: run it on nothing
-            empty = {name: [np.empty(0, dtype)] for name, _ in self.slot_specs(hyper)}
-            self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t, hyper,
-                            lr, None, False)
+        spec = registry_spec(self.spec_name)
+        kw = self.step_hyper(hyper, lr, None)
+        coeffs = spec.fold(self._step_number(self.t, hyper),
+                           **({**spec.defaults, **kw} if spec.defaults else kw))
+        for dtype in {a.dtype for a in arrays}:
+            # low-precision states and bfloat16 parameters are computed in float32
+            check_compute_dtype(coeffs, _FLOAT32_NUM if self._lowp is not None else dtype.num)
 
     def step_hyper(self, hyper: Dict[str, Any], lr: float,
                    grad_scale: Optional[float]) -> Dict[str, Any]:
         """The keywords of the optimizer's fold (its functional step's hyper-parameters) for
-        a group's ``hyper`` at learning rate ``lr``: what its prepared step is given.  A
-        subclass that defines it (with its own ``dense_step``) steps its dense buckets through
-        :class:`~fastadam.optim.PreparedStep` objects kept across steps."""
+        a group's ``hyper`` at learning rate ``lr``: what its plans are given."""
         raise NotImplementedError
 
     @staticmethod
@@ -257,7 +224,7 @@ class Optimizer:
                                 f"state_dtype; this one keeps float32 states")
             _lowp_objects.check_params(self._lowp_options, self._arrays + arrays,
                                        self._labels + labels)
-            self._enable_lowp()
+            self._lowp = self._lowp_options
         elif self._lowp is not None:
             _lowp_objects.check_params(self._lowp, self._arrays + arrays, self._labels + labels)
         try:
@@ -272,7 +239,7 @@ class Optimizer:
         if self._lowp is None:
             new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
         else:
-            spec = _lowp_objects._spec(self.spec_name)
+            spec = registry_spec(self.spec_name)
             new_slots = {name: [_lowp_objects.new_slot(self._lowp, spec, name, a, fill)
                                 for a in arrays] for name, fill in specs}
             if self._lowp.master_weights:
@@ -288,12 +255,6 @@ class Optimizer:
         self._groups.append(hyper)
         self._group_params.append(list(range(start, start + len(plist))))
         self._rebuild_buckets()
-
-    def _enable_lowp(self) -> None:
-        """Route this optimizer's steps through the low-precision driver (_lowp_objects.py)."""
-        self._lowp = self._lowp_options
-        self.dense_step = types.MethodType(_lowp_objects.dense_step, self)
-        self.sparse_step = types.MethodType(_lowp_objects.sparse_step, self)
 
     @property
     def _masters(self) -> Dict[int, np.ndarray]:
@@ -340,52 +301,60 @@ class Optimizer:
                               for _, idx in self._buckets]
         self._group_of = [gi for gi, idx in enumerate(self._group_params) for _ in idx]
         self._tensor_params = any(tensor_data(p) is not None for p in self._params)
-        self._prepared = [None] * len(self._buckets)  # built at a bucket's first step
+        self._rebuild_plans()
+
+    # ---- plans: one per (group, dtype, state format) bucket --------------------------------
+    def _make_plan(self, idx: List[int]) -> Any:
+        """The step plan of the parameters ``idx`` (one bucket, or some of its parameters)."""
+        spec = registry_spec(self.spec_name)
+        functional = dict(zip(spec.object_slots, spec.slots))
+        xs = [self._arrays[i] for i in idx]
+        lowp = {} if self._lowp is None else _lowp_objects.prepare_options(self, xs)
+        return prepare_step(self.spec_name, xs,
+                            {functional[name]: [arrays[i] for i in idx]
+                             for name, arrays in self._slots.items()},
+                            num_threads=self._num_threads, **lowp)
+
+    def _rebuild_plans(self) -> None:
+        """A plan per bucket (built again by everything that changes the buckets or the thread
+        count), then :meth:`_refresh`."""
+        self._plans = [self._make_plan(idx) for _, idx in self._buckets]
+        self._where = [(b, k) for b, (_, idx) in enumerate(self._buckets) for k in range(len(idx))]
+        order = [i for _, idx in self._buckets for i in idx]
+        self._where = [w for _, w in sorted(zip(order, self._where))]
         self._step_hypers = [None] * len(self._groups)
-        self._step_kept = None
+        self._refresh()
 
-    # ---- prepared steps: one per (group, dtype) bucket, kept across steps ------------------
-    def _prepared_capable(self) -> bool:
-        """Whether the dense steps go through prepared steps: a float (not low-precision)
-        optimizer whose ``dense_step`` is still the one written beside its ``step_hyper``
-        (``_prepared_dense_step``); a subclass or a patch that replaces ``dense_step`` is
-        called instead."""
-        if self.spec_name is None:
-            return False
-        own = self.__dict__.get("dense_step")  # bound on the instance: its own step
-        if own is not None and not (self._lowp is not None and getattr(own, "__func__", None)
-                                    is _lowp_objects.dense_step):
-            return False
-        cls = type(self)
-        return cls.dense_step is cls._prepared_dense_step
+    def _refresh(self) -> None:
+        """``_common``: (the plan, its group) when one plan covers every parameter and a plain
+        list of dense gradients needs nothing else (no clipping, no Tensors to mark, a fixed
+        learning rate, no sparse gradients seen): ``optimizer_step`` then runs that plan
+        itself (fastadam/optim/_step_path.pyx).  Every method that changes one of these calls
+        it."""
+        self._common = None
+        if (len(self._plans) == 1 and self._clip is None and self.dense_gradients
+                and not self._tensor_params and not self.__dict__.get("_sparse_seen")
+                and not callable(self._groups[self._buckets[0][0]]["lr"])):
+            self._common = (self._plans[0], self._buckets[0][0])
 
-    def _prepared_for(self, b: int) -> Any:
-        """The prepared step of bucket ``b``, built at its first use; False when the bucket
-        steps through ``dense_step`` (a low-precision or GPU optimizer, or a subclass or patch
-        with its own ``dense_step``)."""
-        if self.__dict__.get("_prepared_threads", self.num_threads) != self.num_threads:
-            self._prepared = [None] * len(self._buckets)  # num_threads was set: prepare again
-        self._prepared_threads = self.num_threads
-        p = self._prepared[b]
-        if p is None:
-            idx = self._buckets[b][1]
-            p = False
-            if self._prepared_capable() and type(self._arrays[idx[0]]) is np.ndarray:
-                spec = registry_spec(self.spec_name)
-                functional = dict(zip(spec.object_slots, spec.slots))
-                xs = [self._arrays[i] for i in idx]
-                lowp = {} if self._lowp is None else _lowp_objects.prepare_options(self, xs)
-                p = prepare_step(self.spec_name, xs,
-                                 {functional[name]: arrays
-                                  for name, arrays in self._bucket_slots[b].items()},
-                                 num_threads=self.num_threads, **lowp)
-            self._prepared[b] = p
-        return p
+    @property
+    def num_threads(self) -> Optional[int]:
+        """OpenMP threads per call (None: the measured choice); settable."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: Optional[int]) -> None:
+        if value is not None:
+            resolve_num_threads(value)  # a bad count fails here, not at a step
+        with self._lock:
+            self._num_threads = value
+            if "_plans" in self.__dict__:
+                self._rebuild_plans()
 
     def _hyper_of(self, gi: int, lr: float, grad_scale: Optional[float]) -> Dict[str, Any]:
         """Group ``gi``'s fold keywords: one dict kept while the group, ``lr`` and
-        ``grad_scale`` are unchanged (and never changed), so that its prepared step knows
-        the fold by the dict's identity."""
+        ``grad_scale`` are unchanged (and never changed), so that its plan knows the fold by
+        the dict's identity."""
         h = self._groups[gi]
         kept = self._step_hypers[gi]
         if (kept is None or kept[0] is not h or kept[2] != grad_scale
@@ -393,30 +362,6 @@ class Optimizer:
             kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
                                             self._step_number(0, h))
         return kept[3]
-
-    def _bucket_step(self, b: int, xs: List[Any], gs: List[Any], slots: Dict[str, Any],
-                     lr: float, grad_scale: Optional[float], skip_nonfinite: bool) -> bool:
-        """One compiled call for bucket ``b`` (``xs`` all of its parameters, or some of them
-        with ``slots`` cut to match): through its prepared step when it has one and every
-        parameter of the bucket steps, else through ``dense_step``."""
-        gi = self._buckets[b][0]
-        cls = type(self)
-        prepared = self._prepared[b]
-        if prepared is None or self.num_threads != self._prepared_threads:
-            prepared = self._prepared_for(b)
-        if (prepared is False or len(xs) != len(self._buckets[b][1])
-                or cls.dense_step is not cls._prepared_dense_step):
-            return self.dense_step(xs, gs, slots, self.t, self._groups[gi], lr, grad_scale,
-                                   skip_nonfinite)
-        h = self._groups[gi]
-        kept = self._step_hypers[gi]  # _hyper_of, inline: this is every step's path
-        if (kept is None or kept[0] is not h or kept[2] != grad_scale
-                or not (kept[1] is lr or (lr == kept[1] and lr != 0.0))):
-            kept = self._step_hypers[gi] = (h, lr, grad_scale, self.step_hyper(h, lr, grad_scale),
-                                            self._step_number(0, h))
-        if prepared._lowp is not None and not _lowp_objects.prepared_takes(kept[4], gs):
-            return self.dense_step(xs, gs, slots, self.t, h, lr, grad_scale, skip_nonfinite)
-        return prepared._step(gs, self.t + kept[4], kept[3], skip_nonfinite)
 
     @property
     def params(self) -> List[Any]:
@@ -454,8 +399,9 @@ class Optimizer:
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: Optional[float]) -> None:
-        self._clip = check_clip(value)
-        self._step_kept = None
+        with self._lock:
+            self._clip = check_clip(value)
+            self._refresh()
 
     @locked
     def set_hyperparameters(self, group: Optional[int] = 0, **hyper: Any) -> None:
@@ -481,7 +427,7 @@ class Optimizer:
             self.check_precision(h, [self._arrays[i] for i in self._group_params[gi]])
         for gi, h in zip(targets, updated):
             self._groups[gi] = h
-        self._step_kept = None
+        self._refresh()
 
     # ---- stepping --------------------------------------------------------------------------
     def _lr(self, gi: int) -> float:
@@ -495,49 +441,20 @@ class Optimizer:
             raise type(exc)(f"lr: the schedule of group {gi} returned {value!r} at step "
                             f"{self.t}; expected a finite number >= 0") from None
 
-    # ``opt.step(grads, *, grad_scale=None, skip_nonfinite=False)``: the common case (one plain
-    # list of dense gradients, one bucket, no clipping) compiled in fastadam/optim/_step_path.pyx,
-    # which calls _any_step for everything else
+    # ``opt.step(grads, *, grad_scale=None, skip_nonfinite=False)``, compiled
+    # (fastadam/optim/_step_path.pyx): the one-plan case runs that plan, anything else _step
     step = optimizer_step
 
     @guarded_step
-    def _any_step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
-                  skip_nonfinite: bool = False) -> bool:
-        """:meth:`step`, any case (the compiled ``step`` takes the common one first)."""
-        self._step_kept = None
+    def _step(self, grads: Any = None, *, grad_scale: Optional[float] = None,
+              skip_nonfinite: bool = False) -> bool:
+        """:meth:`step`, any gradients: check them all, then one plan run per bucket for the
+        dense ones and one per sparse gradient (every run checked before the first writes)."""
         scale = 1.0 if grad_scale is None else check_real(grad_scale, "grad_scale", None)
         if scale == 0.0:
             raise ValueError("grad_scale: expected a non-zero number, got 0.0")
         if skip_nonfinite is not False:
             skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite")
-        if (type(grads) is not list and len(self._arrays) == 1
-                and (type(grads) is np.ndarray or is_device_array(grads))):
-            grads = [grads]
-        if (self._clip is None and len(self._buckets) == 1 and self.dense_gradients
-                and type(grads) in (list, tuple) and len(grads) == len(self._arrays)
-                and plain_gradients(grads if type(grads) is list else list(grads),
-                                    self._arrays)):
-            # the common case: dense arrays of the parameters' dtype and shapes, one group, one
-            # dtype, no clipping: one call, whose own checks (in Cython) run before it writes.
-            # Decided up front from the gradients' types, dtypes and shapes: no second try.
-            if self.__dict__.get("_sparse_seen"):  # every gradient here is dense
-                self._note_sparse([("dense", None)] * len(grads), [])
-            gi = self._buckets[0][0]
-            lr = self._groups[gi]["lr"]
-            applied = self._bucket_step(0, self._arrays, grads, self._bucket_slots[0],
-                                        self._lr(gi) if callable(lr) else lr,
-                                        None if scale == 1.0 else scale, skip_nonfinite)
-            if applied is True and not self._tensor_params:
-                self.t += 1
-                if scale == 1.0 and skip_nonfinite is False:
-                    keep_common_step(self)  # the next such step runs compiled
-                return True
-            return self._finish(applied, range(len(grads)))
-        return self._general_step(grads, scale, skip_nonfinite)
-
-    def _general_step(self, grads: Any, scale: float, skip_nonfinite: bool) -> bool:
-        """Any mix of gradients: check them all, then one call per (group, dtype) for the dense
-        ones and one per sparse gradient."""
         gathered = gather_gradients(grads, self._params, self._arrays, self._labels)
         sparse = [i for i, e in enumerate(gathered) if e is not None and e[0] == "sparse"]
         if not self.dense_gradients:
@@ -552,11 +469,9 @@ class Optimizer:
                 raise ValueError(f"grads[{i}]: a sparse gradient cannot be used with {why}")
             if self._lowp is not None:
                 _lowp_objects.check_sparse(self, i)
-        lrs = [self._lr(gi) for gi in range(len(self._groups))]
         dense_calls = []
         for b, (gi, idx) in enumerate(self._buckets):
-            present = [k for k, i in enumerate(idx)
-                       if gathered[i] is not None and gathered[i][0] == "dense"]
+            present = [i for i in idx if gathered[i] is not None and gathered[i][0] == "dense"]
             if present:
                 dense_calls.append((b, gi, present))
         if self._clip is not None or (skip_nonfinite and (sparse or len(dense_calls) > 1)):
@@ -573,26 +488,40 @@ class Optimizer:
                 if factor < 1.0:
                     scale /= factor
             skip_nonfinite = False  # checked above
-
-        if len(dense_calls) + len(sparse) > 1:
-            self._check_calls(dense_calls, sparse, lrs, scale)
-        applied = True
+        lrs = [self._lr(gi) for gi in range(len(self._groups))]
+        grad_scale = None if scale == 1.0 else scale
+        t, key = self.t, self.t + 1  # key: the step number of stochastic rounding
+        runs = []  # (plan, dense gradients or (k, sparse gradient, mode), t, fold keywords)
         for b, gi, present in dense_calls:
-            idx = self._buckets[b][1]
-            slots = self._bucket_slots[b]
-            if len(present) < len(idx):
-                slots = {name: [arrays[k] for k in present] for name, arrays in slots.items()}
-            applied = self._bucket_step(b, [self._arrays[idx[k]] for k in present],
-                                        [gathered[idx[k]][1] for k in present], slots,
-                                        lrs[gi], None if scale == 1.0 else scale,
-                                        skip_nonfinite)
-            if not applied:  # only reachable with a single call: nothing was written
-                return False
+            if len(present) == len(self._buckets[b][1]):
+                plan = self._plans[b]
+            else:  # some of a bucket's parameters: a plan of their own, named as the user does
+                _lowp_objects.check_writable(self, present)
+                plan = self._make_plan(present)
+            gs = [gathered[i][1] for i in present]
+            if self._lowp is not None:
+                gs = _lowp_objects.grads_for(plan, gs)
+            runs.append((plan, gs, t + self._step_number(0, self._groups[gi]),
+                         self._hyper_of(gi, lrs[gi], grad_scale)))
         for i in sparse:
-            gi = self._group_of[i]
+            h = self._groups[self._group_of[i]]
+            b, k = self._where[i]
             grad = gathered[i][1] if scale == 1.0 else _scaled_sparse(gathered[i][1], scale)
-            slots = {name: arrays[i] for name, arrays in self._slots.items()}
-            self.sparse_step(self._arrays[i], grad, slots, self.t, self._groups[gi], lrs[gi])
+            runs.append((self._plans[b], (k, grad, h.get("sparse_mode", "lazy")),
+                         t + self._step_number(0, h), self._hyper_of(self._group_of[i],
+                                                                     lrs[self._group_of[i]],
+                                                                     None)))
+        if len(runs) > 1:  # every fold checked before the first run writes: all or nothing
+            for plan, _, tn, hyper in runs:
+                plan.check(tn, **hyper)
+        applied = True
+        for plan, gs, tn, hyper in runs:
+            if type(gs) is tuple:
+                plan._run_sparse(gs[0], gs[1], tn, hyper, gs[2], key)
+            else:
+                applied = plan._step(gs, tn, hyper, skip_nonfinite, key)
+                if not applied:  # only reachable with a single run: nothing was written
+                    return False
         return self._finish(applied, [i for i, e in enumerate(gathered) if e is not None])
 
     def _note_sparse(self, gathered: Any, sparse: List[int]) -> None:
@@ -608,37 +537,9 @@ class Optimizer:
                                   f"as an L2 penalty on an embedding makes its gradient dense)",
                                   RuntimeWarning, stacklevel=caller_stacklevel())
                     break
-        seen.update(sparse)
-
-    def _check_calls(self, dense_calls: Any, sparse: List[int], lrs: List[float],
-                     scale: float) -> None:
-        """Check every call of a multi-call step before the first writes: the checks that
-        depend on the dtype (a hyper-parameter float32 cannot hold) then fail before any call
-        has written, so the step stays all or nothing.  A bucket with a prepared step is
-        checked by it (a fold, no arrays); the others, and sparse gradients, by their call
-        on empty arrays of its dtype."""
-        grad_scale = None if scale == 1.0 else scale
-        cls = type(self)
-        for b, gi, _ in dense_calls:
-            prepared = (self._prepared_for(b) if cls.dense_step is cls._prepared_dense_step
-                        else False)
-            if prepared is not False:
-                h = self._groups[gi]
-                prepared.check(self._step_number(self.t, h),
-                               **self._hyper_of(gi, lrs[gi], grad_scale))
-                continue
-            dtype = self._arrays[self._buckets[b][1][0]].dtype
-            empty = {name: [np.empty(0, dtype)] for name in self._bucket_slots[b]}
-            self.dense_step([np.empty(0, dtype)], [np.empty(0, dtype)], empty, self.t,
-                            self._groups[gi], lrs[gi], None if scale == 1.0 else scale, False)
-        for i in sparse:
-            x = self._arrays[i]
-            rows = (0,) + x.shape[1:]
-            empty = {name: np.empty(rows, x.dtype) for name in self._slots}
-            gi = self._group_of[i]
-            self.sparse_step(np.empty(rows, x.dtype),
-                             (np.empty(0, np.int64), np.empty(rows, x.dtype)), empty, self.t,
-                             self._groups[gi], lrs[gi])
+        if sparse and not seen.issuperset(sparse):
+            seen.update(sparse)
+            self._refresh()  # a dense step now checks for a parameter that had sparse ones
 
     def _finish(self, applied: bool, stepped: Any) -> bool:
         if applied:
@@ -674,8 +575,8 @@ class Optimizer:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.  Everything is checked first (keys, types, group
         layout, array dtypes and shapes); a failed load raises and changes nothing."""
-        self._step_kept = None
         _checkpoint.load_state_dict(self, state)
+        self._refresh()
 
     @locked
     def save(self, path: Any) -> None:
@@ -691,30 +592,30 @@ class Optimizer:
         parameter values into the parameters).  The file is not trusted: its layout, every key,
         type and array header are checked before any array is read, and a failed load changes
         nothing."""
-        self._step_kept = None
         _checkpoint.load(self, path, params=params)
+        self._refresh()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         del state["_lock"]  # a lock is not pickled; a copy gets its own
-        state.pop("dense_step", None)  # the low-precision steps are bound again on load
-        state["_prepared"] = None  # prepared steps and their folds are rebuilt on use
-        state["_step_hypers"] = None
-        state.pop("sparse_step", None)
-        state.pop("_step_kept", None)
+        for key in ("_plans", "_common", "_step_hypers", "_where"):
+            state.pop(key, None)  # plans and their folds are built again on load
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state)
+        for key in ("dense_step", "sparse_step", "_step_kept", "_prepared",
+                    "_prepared_threads"):
+            state.pop(key, None)  # pickled by an older fastadam
+        if "num_threads" in state:
+            state["_num_threads"] = state.pop("num_threads")
         self.__dict__.update(state)
         self._lock = new_lock()
-        self._prepared = [None] * len(self._buckets)
-        self._step_hypers = [None] * len(self._groups)
         if "_lowp_options" not in state:  # pickled before low-precision states existed
             self._lowp = None
             self._lowp_options, self._lowp_wanted = _lowp_objects.check_options({})
             self._master_list = [None] * len(self._arrays)
-        if self._lowp is not None:
-            self._enable_lowp()
+        self._rebuild_plans()
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(t={self.t}, clip_grad_norm={self._clip}, "

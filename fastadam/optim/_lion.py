@@ -181,22 +181,8 @@ class Lion(Optimizer):
 
     spec_name = "lion"
 
-    def coefficients(self, t, h, lr, grad_scale):
-        return lion_coefficients(t + 1, **self._scalars(h, lr), grad_scale=grad_scale)
-
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("exp_avg", 0.0)]
 
     def step_hyper(self, h, lr, grad_scale):
         return dict(self._scalars(h, lr), grad_scale=grad_scale)
-
-    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        return lion_step_inplace(xs, gs, slots["exp_avg"], t + 1, **self._scalars(h, lr),
-                                 grad_scale=grad_scale, skip_nonfinite=skip_nonfinite,
-                                 num_threads=self.num_threads)
-
-    _prepared_dense_step = dense_step
-
-    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        sparse_lion_step_inplace(x, grad, slots["exp_avg"], t + 1, mode=h["sparse_mode"],
-                                 **self._scalars(h, lr), num_threads=self.num_threads)

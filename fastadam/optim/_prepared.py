@@ -1,29 +1,27 @@
-"""``prepare_step``: a dense optimizer step whose arrays are checked once, then stepped many
-times with only the scalars folded and the gradients checked.
+"""``prepare_step``: the step plan.  An optimizer step over fixed parameters and state
+arrays, checked once and then run many times with only the scalars folded and the gradients
+checked; every front-end steps through one (the optimizer objects keep one per bucket, the
+ONNX training operators, ``fastadam.distributed`` and ``fastadam.torch`` one per call site).
 
 Design.  ``prepare_step(name, params, slots)`` reads the optimizer's spec
-(fastadam/_core/_registry.py), checks the parameters and state arrays once (types, dtype,
-shapes, contiguity, writability, no two written buffers overlapping) and decides the device
-(NumPy or CuPy) once.  ``check(**hyper)`` folds the hyper-parameters into the coefficient
-object (the checks of the functional steps, in float64, and those of the arrays' precision)
-without writing anything.  ``step(grads, t, **hyper)`` folds, checks only the gradients
-(dtype, shape, and that none overlaps a written array), and makes the one driver call.  There
-is no dry run and no exception-driven choice of path.
+(fastadam/_core/_registry.py), classifies the arrays once (device, parameter format, state
+format) and takes the driver registered for that key (fastadam/_core/_drivers.py): the row's
+``prepare`` checks the arrays once (types, dtype, shapes, contiguity, writability, no two
+written buffers overlapping) and returns the driver bound to them.  This module registers the
+CPU rows: the float driver (``CpuStep``, compiled in fastadam/optim/_step_path.pyx) and the
+low-precision one (``LowpStep``: bfloat16 parameters, bfloat16 or 8-bit states, a float32
+master); ``fastadam.gpu`` registers its own.  Then
 
-Per-step cost (issue 20).  A step keeps its last fold: while the hyper-parameters are the same
-(same keys, exact types and values: ``same_scalars``), only ``t`` is checked and the fields
-that depend on it recomputed by the spec's ``retime`` (Adam's in C); the gradients are checked
-in one Cython pass (``PreparedArrays.check_grads``) against the written buffers sorted once,
-which also re-reads that every written array is still writable and unmoved.  The optimizer
-objects keep one prepared step per (group, dtype) bucket and one keyword dict per group.  The
-step itself (``_step``), and a CPU float step's check and driver call (``CpuStep``), are
-compiled in fastadam/optim/_step_path.pyx.
+- ``check(t, **hyper)`` folds the hyper-parameters into the coefficient object (the checks of
+  the functional steps, in float64, and those of the arrays' precision) without writing;
+- ``run(grads, t, **hyper)`` (also ``step``) folds, checks only the gradients and makes the one
+  driver call;
+- ``run_sparse(k, grad, t, **hyper)`` runs the lazy (or dense-mode) sparse step of parameter
+  ``k`` through the same driver.
 
-Low-precision steps (issue 24): when a parameter is ``ml_dtypes.bfloat16``, a state is
-bfloat16 or a :class:`~fastadam.optim.QuantizedState`, or a float32 ``master`` is given, the
-arrays are checked by ``fastadam/_core/_lowp_validation.py`` and each step is one call of the
-low-precision driver (``_lowp.dense_step``); everything float32/float64/float16 keeps the
-float driver above, unchanged.
+There is no dry run and no exception-driven choice of path.  A step keeps its last fold: while
+the hyper-parameters are the same only ``t`` is checked and the fields that depend on it
+recomputed by the spec's ``retime`` (``_step_path.kept_fold``).
 """
 from __future__ import annotations
 
@@ -31,33 +29,149 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .. import gpu as _gpu
+from .._core._drivers import device_of, find_driver, register_driver
 from .._core._registry import spec as _spec
 from .._core._threads import resolve_num_threads
 from .._core._validation import (PreparedArrays, as_array_list, cacheable_scalars,
                                   check_array, check_disjoint)
-from .._core._lowp_state import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, QuantizedState,
-                                 check_block_size, check_quant_map)
-from .._core._lowp_validation import (ROUND_CODES, check_lowp_grads, check_lowp_step,
-                                      check_rounding, check_seed, is_lowp_input)
-from .._core import _config, _lowp
-from ._functional import check_compute_dtype
-from ._step_path import CpuStep, prepared_step
+from .._core._lowp_state import check_block_size, check_quant_map
+from .._core._lowp_validation import (check_lowp_grads, check_lowp_step, check_rounding,
+                                      check_seed)
+from .._core import _lowp
+from ..sparse import IndexedSlices
+from ._clip import coalesce, is_scipy_sparse
+from ._sparse_functional import sparse_step
+from ._step_path import CpuStep, plan_step
 
 __all__ = ["PreparedStep", "prepare_step"]
 
 
-_DOUBLE = np.dtype(np.float64).num
-_HALF = np.dtype(np.float16).num
+_FLOAT = np.dtype(np.float32).num
 
 
 def _label(name, i, single):
     return name if single else f"{name}[{i}]"
 
 
+def _cpu_float(spec, params, slots, options):
+    """The CPU float row's ``prepare``: float16/float32/float64 NumPy arrays."""
+    if options["master"] is not None or options["param_rounding"] != "nearest":
+        # a master or stochastic rounding with float parameters: the low-precision driver's
+        # checks say what is wrong
+        return LowpStep(spec, params, slots, options)
+    xs, single = as_array_list(params, "params")
+    typenum = -1
+    for i, x in enumerate(xs):
+        x = check_array(x, _label("params", i, single), typenum, None, True)
+        typenum = x.dtype.num
+    typenum = typenum if xs else _FLOAT
+    slot_lists = {}
+    for name in spec.slots:
+        if name not in slots:
+            continue
+        lst, single_s = as_array_list(slots[name], name)
+        if single_s != single or len(lst) != len(xs):
+            raise ValueError(f"{name}: expected {'one array' if single else len(xs)} "
+                             f"like params, got {len(lst) if not single_s else 'one array'}")
+        for i, (a, x) in enumerate(zip(lst, xs)):
+            check_array(a, _label(name, i, single), typenum, x.shape, True)
+        slot_lists[name] = lst
+    written = [("params", xs, True)] + [(n, lst, True) for n, lst in slot_lists.items()]
+    check_disjoint(written, single)
+    return CpuStep(PreparedArrays(written, single, typenum), xs, slot_lists, typenum,
+                   options["num_threads"], sparse_step)
+
+
+class LowpStep:
+    """The CPU low-precision driver bound to a plan's arrays (``_lowp.dense_step`` and
+    ``_lowp.rows_step``; checked once by fastadam/_core/_lowp_validation.py)."""
+
+    def __init__(self, spec, params, slots, options):
+        self.spec = spec
+        self.plan = plan = check_lowp_step(
+            spec, params, slots, master=options["master"], block_size=options["block_size"],
+            quant_map=options["quant_map"], param_rounding=options["param_rounding"],
+            seed=options["seed"])
+        self.xs, self.slot_names = plan.xs, plan.slot_names
+        self.nt = options["nt"]
+        # gradients of the parameters' dtype pass a header-only check (PreparedArrays.plain)
+        self.arrays = (PreparedArrays(plan.written, plan.single, plan.xs[0].dtype.num)
+                       if plan.xs else None)
+        self.lists_by_flags = {}
+
+    def lists(self, names):
+        return self.plan.driver_lists(names)
+
+    def check(self, coeffs):
+        coeffs.check_float32()  # computed in float32
+
+    def run(self, coeffs, grads, key, skip_nonfinite):
+        plan = self.plan
+        gs = (self.arrays.plain_grads(grads)
+              if type(grads) is list and self.arrays is not None else None)
+        if gs is not None:  # the parameters' dtype: float32 or bfloat16, as the parameters
+            grad_fmt = plan.param_fmt
+        else:
+            if self.arrays is not None:  # every written array as prepared, else an error
+                self.arrays.check_written()
+            gs, grad_fmt = check_lowp_grads(plan, grads)
+        coeffs.check_float32()
+        slots, scales, signed = self.lists_by_flags[coeffs.flags]
+        return bool(_lowp.dense_step(coeffs, plan.xs, gs, slots, scales, plan.masters,
+                                     plan.param_fmt, grad_fmt, plan.state_fmt, plan.block,
+                                     plan.qmap, signed, plan.rounding, plan.seed, int(key),
+                                     bool(skip_nonfinite), self.nt or resolve_num_threads(None)))
+
+    def run_sparse(self, coeffs, names, k, grad, t, mode, key):
+        """The lazy rows step of parameter ``k``: its gradient coalesced (sorted unique rows,
+        summed values, float32), then one ``_lowp.rows_step``."""
+        if mode != "lazy":
+            raise ValueError(f"sparse_mode: low-precision states step sparse gradients lazily "
+                             f"only (touched rows); got {mode!r}")
+        coeffs.check_float32()
+        if self.arrays is not None:
+            self.arrays.check_written()
+        plan, x = self.plan, self.xs[k]
+        rows, values = _rows_values(grad, x.shape)
+        if not rows.size or not x.size:
+            return None
+        r = x.shape[0]
+        slots, scales, signed = self.lists_by_flags[coeffs.flags]
+        codes = [lst[k].reshape(r, -1) for lst in slots]
+        master = plan.masters[k].reshape(r, -1) if plan.masters else None
+        _lowp.rows_step(coeffs, x.reshape(r, -1), rows, values, codes,
+                        [lst[k] for lst in scales], master, plan.param_fmt, plan.state_fmt,
+                        plan.block, plan.qmap, signed, plan.rounding, plan.seed, int(key),
+                        self.nt or resolve_num_threads(None))
+        return None
+
+
+def _rows_values(grad, shape):
+    """Sorted unique int64 rows and their summed float32 values (len(rows), D)."""
+    d = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    if isinstance(grad, IndexedSlices):
+        g = coalesce(grad)
+        rows, values = g.indices, g.values
+    elif is_scipy_sparse(grad):
+        g = coalesce(grad)
+        rows = np.flatnonzero(np.diff(g.indptr))
+        values = g[rows].toarray() if rows.size else np.empty((0, d), np.float32)
+    else:
+        raise TypeError(f"grad: expected IndexedSlices or CSR, got {type(grad).__name__}")
+    rows = np.ascontiguousarray(rows, np.int64)
+    values = np.ascontiguousarray(np.asarray(values, np.float32).reshape(rows.size, d))
+    return rows, values
+
+
+register_driver("cpu", "float", "float", _cpu_float)
+for _p, _s in [("float", "bfloat16"), ("float", "int8"), ("bfloat16", "float"),
+               ("bfloat16", "bfloat16"), ("bfloat16", "int8")]:
+    register_driver("cpu", _p, _s, LowpStep)
+
+
 class PreparedStep:
-    """A prepared dense step of one optimizer over fixed parameters and state arrays (build it
-    with :func:`prepare_step`).
+    """A step plan of one optimizer over fixed parameters and state arrays (build it with
+    :func:`prepare_step`).
 
     Attributes
     ----------
@@ -68,6 +182,8 @@ class PreparedStep:
         The state arrays given, by their functional names.
     device : str
         ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy), decided once.
+    driver : tuple of str
+        The registry row that steps it: (device, parameter format, state format).
     """
 
     def __init__(self, optimizer: str, params: Any, slots: Dict[str, Any],
@@ -83,68 +199,24 @@ class PreparedStep:
         if unknown:
             raise ValueError(f"slots: unknown state {unknown[0]!r} for {optimizer} (expected "
                              f"names among {self._spec.slots})")
-        self._nt = 0 if num_threads is None else resolve_num_threads(num_threads)
-        self._num_threads = num_threads  # resolved again per step (a forked child: one)
+        options = dict(master=master, block_size=check_block_size(block_size),
+                       quant_map=check_quant_map(quant_map),
+                       param_rounding=check_rounding(param_rounding), seed=check_seed(seed),
+                       num_threads=num_threads,
+                       nt=0 if num_threads is None else resolve_num_threads(num_threads))
         first = params[0] if isinstance(params, (list, tuple)) and params else params
-        self.device = "gpu" if _gpu.is_device_array(first) else "cpu"
-        self._params_arg, self._slots_arg = params, dict(slots)
+        device = device_of(first)
+        state = next((v for v in slots.values() if v is not None), None)
+        if isinstance(state, (list, tuple)):
+            state = state[0] if state else None
+        row = find_driver(device.name, device.classify(first),
+                          "float" if state is None else device.classify(state))
+        self.device = device.name
+        self.driver = (row.device, row.param_format, row.state_format)
         self._names_by_flags = {}
-        self._lists_by_flags = {}
-        self._folded = None  # (hyper, t, coeffs, hyper with defaults): see _coefficients
-        self._lowp = self._gpu_lowp = None
-        self._cpu = None  # a CPU float step's arrays and driver call (_step_path.CpuStep)
-        if self.device == "cpu" and (is_lowp_input(params, slots, master)
-                                     or param_rounding != "nearest"):
-            self._lowp = check_lowp_step(self._spec, params, slots, master=master,
-                                         block_size=block_size, quant_map=quant_map,
-                                         param_rounding=param_rounding, seed=seed)
-            self._xs, self._single = self._lowp.xs, self._lowp.single
-            self._slot_lists = self._lowp.slot_lists
-            self.slot_names = self._lowp.slot_names
-            self._typenum = np.dtype(np.float32).num  # computed in float32
-            # gradients of the parameters' dtype pass a header-only check (PreparedArrays.plain)
-            self._arrays = (PreparedArrays(self._lowp.written, self._single,
-                                           self._xs[0].dtype.num) if self._xs else None)
-            return
-        check_block_size(block_size)  # the options of the low-precision path, checked anyway
-        check_quant_map(quant_map)
-        check_rounding(param_rounding)
-        check_seed(seed)
-        if self.device == "gpu":  # the GPU path checks its arrays in fastadam.gpu
-            self.slot_names = tuple(n for n in self._spec.slots if n in slots)
-            self._gpu_lowp = _gpu_lowp_plan(self._spec, params, slots, master, block_size,
-                                            quant_map, param_rounding, seed)
-            return
-        if master is not None:
-            raise ValueError("master: a float32 master copy is for bfloat16 params")
-        xs, single = as_array_list(params, "params")
-        typenum = -1
-        for i, x in enumerate(xs):
-            x = check_array(x, _label("params", i, single), typenum, None, True)
-            typenum = x.dtype.num
-        self._typenum = typenum if xs else np.dtype(np.float32).num
-        slot_lists = {}
-        for name in self._spec.slots:
-            if name not in slots:
-                continue
-            lst, single_s = as_array_list(slots[name], name)
-            if single_s != single or len(lst) != len(xs):
-                raise ValueError(f"{name}: expected {'one array' if single else len(xs)} "
-                                 f"like params, got {len(lst) if not single_s else 'one array'}")
-            for i, (a, x) in enumerate(zip(lst, xs)):
-                check_array(a, _label(name, i, single), self._typenum, x.shape, True)
-            slot_lists[name] = lst
-        self._written = [("params", xs, True)] + [(n, l, True) for n, l in slot_lists.items()]
-        check_disjoint(self._written, single)
-        self._xs, self._single, self._slot_lists = xs, single, slot_lists
-        self._arrays = PreparedArrays(self._written, single, self._typenum)
-        # the dtype checks of every step: float16 needs _Float16, float32/16 a float32 fold
-        self._half_unsupported = (bool(xs) and self._typenum == _HALF
-                                  and not _config.has_float16())
-        self._check32 = bool(xs) and self._typenum != _DOUBLE
-        self.slot_names = tuple(slot_lists)
-        self._cpu = CpuStep(self._arrays, xs, self._typenum, self._check32,
-                            self._half_unsupported, num_threads, self._lists_by_flags)
+        self._folded = None  # (hyper, t, coeffs, hyper with defaults): see _step_path
+        self._bound = row.prepare(self._spec, params, dict(slots), options)
+        self.slot_names = self._bound.slot_names
 
     def _fold(self, t, hyper):
         if self._spec.defaults:
@@ -167,8 +239,7 @@ class PreparedStep:
         if missing:
             raise ValueError(f"{missing[0]}: these options of {self.optimizer} need the state "
                              f"{missing[0]!r}, which the step was not prepared with")
-        if self._lowp is None and self.device == "cpu":
-            self._lists_by_flags[coeffs.flags] = [self._slot_lists[n] for n in names]
+        self._bound.lists_by_flags[coeffs.flags] = self._bound.lists(names)
         self._names_by_flags[coeffs.flags] = names  # the same flags use the same slots
         return names
 
@@ -177,109 +248,39 @@ class PreparedStep:
         coefficient object (TypeError/ValueError naming the argument otherwise)."""
         coeffs = self._fold(t, hyper)
         self._slots_for(coeffs)
-        if self.device == "cpu" and self._xs:
-            check_compute_dtype(coeffs, self._typenum, "params")
+        self._bound.check(coeffs)
         return coeffs
 
-    def step(self, grads: Any, t: int, *, skip_nonfinite: bool = False, **hyper: Any) -> bool:
+    def run(self, grads: Any, t: int, *, skip_nonfinite: bool = False, **hyper: Any) -> bool:
         """One step: fold ``hyper`` (the functional step's keywords, e.g. ``lr``, ``beta1``,
         ``convention``, ``grad_scale``) for step ``t``, check ``grads`` (like ``params``), and
         update the parameters and state in place.  Returns False when ``skip_nonfinite`` found
         a NaN or an infinity (nothing written), else True."""
         return self._step(grads, t, hyper, skip_nonfinite)
 
-    # the fold, the gradients' check and the driver call of every step, compiled (one body for
-    # the CPU, low-precision and GPU steps): fastadam/optim/_step_path.pyx
-    _step = prepared_step
+    step = run
 
-    def _gpu_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
-        if self._gpu_lowp is not None:
-            return self._gpu_lowp_step(coeffs, names, grads, t, skip_nonfinite)
-        return _gpu.dense_step(coeffs, self._params_arg, grads,
-                               [(n, self._slots_arg[n]) for n in names], skip_nonfinite)
+    def run_sparse(self, k: int, grad: Any, t: int, *, mode: str = "lazy", **hyper: Any) -> None:
+        """The sparse step of parameter ``k`` (an index into ``params``): ``grad`` an
+        ``IndexedSlices``, an ``(indices, values)`` pair or a SciPy CSR matrix, duplicates
+        summed; ``mode`` as in :func:`fastadam.sparse_step_inplace` (low-precision states:
+        ``"lazy"`` only).  Checked before anything is written."""
+        return self._run_sparse(k, grad, t, hyper, mode)
 
-    def _lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
-        plan = self._lowp
-        gs = (self._arrays.plain_grads(grads)
-              if type(grads) is list and self._arrays is not None else None)
-        if gs is not None:  # the parameters' dtype: float32 or bfloat16, as the parameters
-            grad_fmt = plan.param_fmt
-        else:
-            if self._arrays is not None:  # every written array as prepared, else an error
-                self._arrays.check_written()
-            gs, grad_fmt = check_lowp_grads(plan, grads)
-        coeffs.check_float32()
-        lists = self._lists_by_flags.get(coeffs.flags)  # the arrays as prepared
-        if lists is None:
-            lists = self._lists_by_flags[coeffs.flags] = plan.driver_lists(names)
-        slots, scales, signed = lists
-        nt = self._nt or resolve_num_threads(None)
-        return bool(_lowp.dense_step(coeffs, plan.xs, gs, slots, scales, plan.masters,
-                                     plan.param_fmt, grad_fmt, plan.state_fmt, plan.block,
-                                     plan.qmap, signed, plan.rounding, plan.seed, int(t),
-                                     bool(skip_nonfinite), nt))
+    def _run_sparse(self, k, grad, t, hyper, mode, key=None):
+        coeffs = self._fold(t, hyper)
+        names = self._slots_for(coeffs)
+        self._bound.check(coeffs)
+        return self._bound.run_sparse(coeffs, names, k, grad, t, mode,
+                                      t if key is None else key)
 
-    def _gpu_lowp_step(self, coeffs, names, grads, t, skip_nonfinite) -> bool:
-        """fastadam.gpu's low-precision step (it checks its arrays itself)."""
-        p = self._gpu_lowp
-        gs = list(grads) if isinstance(grads, (list, tuple)) else [grads]
-        grad_fmt = FMT_BF16 if gs and gs[0].dtype == np.uint16 else FMT_F32
-        lists = [p["slots"][n] for n in names]
-        if p["state_fmt"] == FMT_Q8:
-            slots = [[q.codes for q in lst] for lst in lists]
-            scales = [[q.scales for q in lst] for lst in lists]
-        else:
-            slots, scales = lists, []
-        signed = tuple(n not in self._spec.nonnegative_slots for n in names)
-        return bool(_gpu.lowp_dense_step(
-            coeffs, p["xs"], gs, slots, scales, p["masters"], p["param_fmt"], grad_fmt,
-            p["state_fmt"], p["block"], p["qmap"], signed, p["rounding"], p["seed"], int(t),
-            bool(skip_nonfinite), self._nt))
+    # the fold, the gradients' check and the driver call of every step, compiled
+    # (fastadam/optim/_step_path.pyx)
+    _step = plan_step
 
     def __repr__(self) -> str:
-        n = len(self._xs) if self.device == "cpu" else "?"
-        return (f"PreparedStep({self.optimizer!r}, {n} tensors, slots {self.slot_names}, "
-                f"device {self.device!r})")
-
-
-def _gpu_lowp_plan(spec, params, slots, master, block_size, quant_map, param_rounding, seed):
-    """The formats of a low-precision step on CuPy arrays (bfloat16 as uint16 bits, CuPy
-    having no bfloat16), or None for a float step; fastadam.gpu checks the arrays."""
-    def as_list(obj):
-        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-
-    def fmt(a):
-        if isinstance(a, QuantizedState):
-            return FMT_Q8
-        return FMT_BF16 if a.dtype == np.uint16 else FMT_F32
-
-    block = check_block_size(block_size)
-    quant_map = check_quant_map(quant_map)
-    rounding = check_rounding(param_rounding)
-    seed = check_seed(seed)
-    xs = as_list(params)
-    lists = {n: as_list(slots[n]) for n in spec.slots if n in slots}
-    formats = {fmt(a) for lst in lists.values() for a in lst}
-    param_fmt = fmt(xs[0]) if xs else FMT_F32
-    if (master is None and rounding == "nearest" and param_fmt == FMT_F32
-            and formats <= {FMT_F32}):
-        return None
-    if len(formats) > 1:
-        raise TypeError("slots: expected every state in one format (float32, bfloat16 bits as "
-                        "uint16, or QuantizedState)")
-    for name, lst in lists.items():
-        for q in lst:
-            if isinstance(q, QuantizedState) and (
-                    q.block_size != block or q.quant_map != quant_map
-                    or q.signed != (name not in spec.nonnegative_slots)):
-                raise ValueError(f"{name}: its block_size, quant_map or signed "
-                                 f"({q.block_size}, {q.quant_map!r}, {q.signed}) differ from the "
-                                 f"step's ({block}, {quant_map!r}, "
-                                 f"{name not in spec.nonnegative_slots})")
-    return dict(xs=xs, slots=lists, masters=[] if master is None else as_list(master),
-                param_fmt=param_fmt, state_fmt=formats.pop() if formats else FMT_F32,
-                block=block, qmap=MAP_CODES[quant_map], rounding=ROUND_CODES[rounding],
-                seed=seed)
+        return (f"PreparedStep({self.optimizer!r}, {len(self._bound.xs)} tensors, slots "
+                f"{self.slot_names}, driver {self.driver})")
 
 
 def prepare_step(optimizer: str, params: Any, slots: Dict[str, Any], *,

@@ -260,29 +260,12 @@ class RMSprop(Optimizer):
 
     spec_name = "rmsprop"
 
-    def coefficients(self, t, h, lr, grad_scale):
-        return rmsprop_coefficients(t + 1, **self._scalars(h, lr), grad_scale=grad_scale)
-
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("square_avg", 0.0), ("momentum_buffer", 0.0)] + (
             [("grad_avg", 0.0)] if self._options["centered"] else [])
 
     def step_hyper(self, h, lr, grad_scale):
         return dict(self._scalars(h, lr), grad_scale=grad_scale)
-
-    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        return rmsprop_step_inplace(
-            xs, gs, slots["square_avg"], t + 1, momentum_buffer=slots["momentum_buffer"],
-            grad_avg=slots.get("grad_avg"), **self._scalars(h, lr), grad_scale=grad_scale,
-            skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
-
-    _prepared_dense_step = dense_step
-
-    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        sparse_rmsprop_step_inplace(
-            x, grad, slots["square_avg"], t + 1, momentum_buffer=slots["momentum_buffer"],
-            grad_avg=slots.get("grad_avg"), mode=h["sparse_mode"], **self._scalars(h, lr),
-            num_threads=self.num_threads)
 
     def sparse_unsupported(self, h: Dict[str, Any]) -> Optional[str]:
         if self._options["centered"] and h["momentum"] > 0:

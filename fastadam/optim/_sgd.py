@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._sparse_functional import sparse_momentum_step_inplace
-from ._functional import momentum_step_inplace
 from ._coefficients import MOMENTUM_CONVENTIONS, momentum_coefficients
 from ._base import Optimizer, ParamsLike, check_bool, check_choice, check_lr, check_real
 
@@ -92,24 +90,8 @@ class SGD(Optimizer):
 
     spec_name = "momentum"
 
-    def coefficients(self, t, h, lr, grad_scale):
-        return momentum_coefficients(self._step_number(t, h), **self._scalars(h, lr),
-                                     grad_scale=grad_scale)
-
     def slot_specs(self, hyper: Dict[str, Any]) -> List[Tuple[str, float]]:
         return [("momentum_buffer", 0.0)]
 
     def step_hyper(self, h, lr, grad_scale):
         return dict(self._scalars(h, lr), grad_scale=grad_scale)
-
-    def dense_step(self, xs, gs, slots, t, h, lr, grad_scale, skip_nonfinite) -> bool:
-        return momentum_step_inplace(
-            xs, gs, slots["momentum_buffer"], self._step_number(t, h), **self._scalars(h, lr),
-            grad_scale=grad_scale, skip_nonfinite=skip_nonfinite, num_threads=self.num_threads)
-
-    _prepared_dense_step = dense_step
-
-    def sparse_step(self, x, grad, slots, t, h, lr) -> None:
-        sparse_momentum_step_inplace(
-            x, grad, slots["momentum_buffer"], self._step_number(t, h), mode=h["sparse_mode"],
-            **self._scalars(h, lr), num_threads=self.num_threads)

@@ -1,23 +1,18 @@
-"""The code every training step runs, compiled: ``Optimizer.step`` and ``PreparedStep._step``.
+"""The code every training step runs, compiled: the step plan's run and ``Optimizer.step``.
 
-Design.  Issue 20 asks ``Adam.step`` on one 1e3-element float32 tensor for at most 1.5 us.
-In Python, the step's attribute reads, tuple checks and method calls cost about 2 us above the
-kernel.  Three pieces here:
+Design.  Issue 20 asks ``Adam.step`` on one 1e3-element float32 tensor for at most 1.5 us (issue
+38: 1.2 us); in Python, the attribute reads, tuple checks and method calls of a step cost about
+2 us above the kernel.  So the two functions every step goes through are here:
 
-- ``prepared_step`` is ``PreparedStep._step`` (bound in fastadam/optim/_prepared.py): the fold
-  kept across steps, then the low-precision, GPU or CPU call;
-- ``CpuStep`` is a CPU float prepared step's arrays and its one driver call (the gradients'
-  check, the float32 check of the fold, the thread count, ``_dense.dense_step`` called as C);
-- ``optimizer_step`` is ``Optimizer.step`` (bound in fastadam/optim/_base.py).  Its common
-  case, one plain list of dense gradients through a single bucket's prepared step at a fixed
-  learning rate, without ``grad_scale``, ``skip_nonfinite`` or clipping, runs through a
-  ``KeptStep``: what that case reads, kept by the Python step (``Optimizer._any_step``) after
-  it took the case itself.  Each step re-reads, under the object's lock, the few attributes
-  that any change to the optimizer replaces (the group's dict, its kept fold keywords, the
-  bucket's prepared step, ``num_threads``, the clipping threshold), and takes the Python step
-  when one differs; every Python step drops the kept one first, and methods that change the
-  optimizer drop it too.  So nothing here decides differently from the Python step: every
-  other case, and every error, is ``_any_step``'s.
+- ``plan_step`` is ``PreparedStep._step`` (fastadam/optim/_prepared.py): the fold kept across
+  steps and re-timed (``kept_fold``), then the one call of the plan's driver.  ``CpuStep`` is
+  the CPU float driver (registered in fastadam/optim/_prepared.py): its arrays, checked once,
+  and its compiled call; every other driver (low precision, GPU) is called through its ``run``.
+- ``optimizer_step`` is ``Optimizer.step``: when the optimizer has one plan over all its
+  parameters (``opt._common``, set by ``Optimizer._refresh`` whenever something changes) and
+  the gradients are a plain list of its parameters' dtype and shapes, it runs that plan's fold
+  and driver call itself; everything else is ``Optimizer._step``, which runs the same plans.
+  There is no kept copy of a step: the plan is the step.
 """
 import os
 
@@ -96,33 +91,46 @@ if hasattr(os, "register_at_fork"):
 
 
 cdef class CpuStep:
-    """The CPU float arrays of a prepared step, checked once by ``PreparedStep``, and the one
-    driver call of each step."""
-    cdef object arrays       # fastadam._core._validation.PreparedArrays
-    cdef list xs
+    """The CPU float driver bound to a plan's arrays (checked once by ``prepare``) and its one
+    compiled call per step."""
+    cdef readonly object arrays   # fastadam._core._validation.PreparedArrays
+    cdef readonly list xs
+    cdef readonly dict slot_lists
+    cdef readonly tuple slot_names
     cdef int typenum
-    cdef bint check32        # float32/float16 steps check the fold in float32
+    cdef bint check32             # float32/float16 steps check the fold in float32
     cdef bint half_unsupported
-    cdef object num_threads  # the user's value
-    cdef int fixed_threads   # num_threads when a plain count resolve_num_threads returns as is
-    cdef dict lists_by_flags  # the PreparedStep's: the slot lists the flags use
+    cdef object num_threads       # the user's value
+    cdef int fixed_threads        # num_threads when a plain count resolve_num_threads keeps
+    cdef public dict lists_by_flags
+    cdef object sparse_fn         # fastadam.optim._sparse_functional.sparse_step
 
-    def __init__(self, arrays, list xs, int typenum, bint check32, bint half_unsupported,
-                 num_threads, dict lists_by_flags):
+    def __init__(self, arrays, list xs, dict slot_lists, int typenum, num_threads, sparse_fn):
         self.arrays = arrays
         self.xs = xs
+        self.slot_lists = slot_lists
+        self.slot_names = tuple(slot_lists)
         self.typenum = typenum
-        self.check32 = check32
-        self.half_unsupported = half_unsupported
+        self.check32 = bool(xs) and typenum != _DOUBLE
+        self.half_unsupported = bool(xs) and typenum == _HALF and not _config.has_float16()
         self.num_threads = num_threads
         self.fixed_threads = 0
         if (type(num_threads) is int and num_threads > 0
                 and resolve_num_threads(num_threads) == num_threads):
             self.fixed_threads = num_threads
-        self.lists_by_flags = lists_by_flags
+        self.lists_by_flags = {}
+        self.sparse_fn = sparse_fn
 
-    cdef object run(self, Coefficients coeffs, grads, bint skip):
-        return self.drive(coeffs, self.arrays.check_grads(grads), skip)
+    def lists(self, names):
+        return [self.slot_lists[n] for n in names]
+
+    def check(self, coeffs):
+        """The dtype checks of a fold (a value float32 cannot hold), writing nothing."""
+        if self.xs:
+            check_compute_dtype(coeffs, self.typenum, "params")
+
+    def run(self, Coefficients coeffs, grads, key, skip):
+        return self.drive(coeffs, self.arrays.check_grads(grads), bool(skip))
 
     cdef object drive(self, Coefficients coeffs, list gs, bint skip):
         """The step on gradients that passed check_grads or plain_grads."""
@@ -140,6 +148,13 @@ cdef class CpuStep:
             nt = resolve_num_threads(self.num_threads)
         return _drive(coeffs, self.xs, gs, <list?>lists, self.typenum, skip, nt)
 
+    def run_sparse(self, coeffs, names, Py_ssize_t k, grad, t, mode, key):
+        """The sparse step of parameter ``k`` (its arrays as prepared)."""
+        self.arrays.check_written()
+        return self.sparse_fn(coeffs, self.xs[k], grad,
+                            [(n, self.slot_lists[n][k]) for n in names], t, mode, None,
+                            self.num_threads)
+
 
 cdef object _retimed(Coefficients coeffs, t, merged, retime):
     """``coeffs`` (folded from the keywords ``merged``) for step ``t``: in C where the
@@ -148,154 +163,40 @@ cdef object _retimed(Coefficients coeffs, t, merged, retime):
     return c if c is not None else retime(coeffs, t, merged)
 
 
-def prepared_step(self, grads, t, hyper, skip_nonfinite):
-    """``step`` with the hyper-parameters as a dict (the optimizer objects pass one dict
-    per group, which they never change, so the fold is reused by identity).
-
-    The fold is kept: a set of hyper-parameters is folded (and so checked) once; while a
-    step passes the same set (same keys, same exact types, equal values, the sign of a
-    zero included: :func:`same_scalars`), only ``t`` is checked and the fields that
-    depend on it recomputed, by the spec's ``retime``.  Values that could change in place
-    (0-d arrays) or compare equal across types are never kept."""
+cdef object kept_fold(plan, t, hyper):
+    """The plan's coefficients for ``hyper`` at step ``t``.  The fold is kept: a set of
+    hyper-parameters is folded (and so checked) once; while a step passes the same set (the
+    same dict, or one with the same keys, exact types and equal values, the sign of a zero
+    included: :func:`same_scalars`), only ``t`` is checked and the fields that depend on it
+    recomputed, by the spec's ``retime``.  Values that could change in place (0-d arrays) or
+    compare equal across types are never kept."""
     cdef tuple folded
-    f = self._folded
+    f = plan._folded
     if f is not None and (hyper is (<tuple>f)[0] or same_scalars(hyper, (<tuple>f)[0])):
         folded = <tuple>f
         if type(t) is int and t == folded[1]:
             coeffs = folded[2]
         else:
-            retime = self._spec.retime
-            if retime is not None:
-                coeffs = _retimed(<Coefficients?>folded[2], t, folded[3], retime)
-                self._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
-            else:
-                coeffs = self._fold_and_keep(t, hyper)
+            retime = plan._spec.retime
+            if retime is None:
+                return plan._fold_and_keep(t, hyper)
+            coeffs = _retimed(<Coefficients?>folded[2], t, folded[3], retime)
+            plan._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
     else:
-        coeffs = self._fold_and_keep(t, hyper)
-    names = self._names_by_flags.get(coeffs.flags)
-    if names is None:
-        names = self._slots_for(coeffs)
-    cpu = self._cpu
-    if cpu is not None:
-        return (<CpuStep>cpu).run(coeffs, grads, skip_nonfinite is True or bool(skip_nonfinite))
-    if self._lowp is not None:
-        return self._lowp_step(coeffs, names, grads, t, skip_nonfinite)
-    return self._gpu_step(coeffs, names, grads, t, skip_nonfinite)
+        coeffs = plan._fold_and_keep(t, hyper)
+    if (<Coefficients?>coeffs).flags not in plan._names_by_flags:
+        plan._slots_for(coeffs)
+    return coeffs
 
 
-cdef class KeptStep:
-    """What an optimizer object's common step reads (see the module's docstring), kept by
-    :func:`keep_common_step`."""
-    cdef object lock
-    cdef Py_ssize_t gi, n
-    cdef object h            # the group's hyper-parameter dict
-    cdef object kept         # opt._step_hypers[gi]: (h, lr, None, fold keywords, t offset)
-    cdef object hyper        # kept[3]
-    cdef object offset       # kept[4]
-    cdef object prepared
-    cdef CpuStep cpu         # a CPU float step; None for a low-precision one
-    cdef object arrays       # the prepared step's PreparedArrays (the gradients' check)
-    cdef object num_threads
-    cdef object cls          # type(opt), whose dense_step must stay its _prepared_dense_step
-    cdef object dense_fn
-    cdef object retime       # the spec's retime (Adam's coefficients retime themselves)
-    cdef object merged       # the fold's keywords with the spec's defaults
-    cdef object t_coeffs     # the step number of coeffs
-    cdef Coefficients coeffs
-
-    cdef object run(self, opt, grads):
-        cdef list gl
-        if type(grads) is list:
-            gl = <list>grads
-        elif type(grads) is cnp.ndarray:
-            gl = [grads]
-        else:
-            return None
-        lock = self.lock
-        lock.acquire()
-        try:
-            if (opt._step_kept is not self or opt._groups[self.gi] is not self.h
-                    or opt._step_hypers[self.gi] is not self.kept
-                    or opt._prepared[0] is not self.prepared
-                    or opt.num_threads is not self.num_threads or opt._clip is not None
-                    or type(opt) is not self.cls or self.cls.dense_step is not self.dense_fn):
-                return None
-            gs = self.arrays.plain_grads(gl)  # None: not the plain case
-            if gs is None:
-                return None
-            t = opt.t + self.offset
-            if not (type(t) is int and t == self.t_coeffs):
-                self.coeffs = <Coefficients?>_retimed(self.coeffs, t, self.merged, self.retime)
-                self.t_coeffs = t
-            if self.cpu is not None:
-                done = self.cpu.drive(self.coeffs, <list>gs, False)
-            else:  # low-precision states or bfloat16 parameters: the plain gradients
-                names = self.prepared._names_by_flags.get(self.coeffs.flags)
-                if names is None:
-                    return None
-                done = self.prepared._lowp_step(self.coeffs, names, gs, t, False)
-            if done is True:
-                opt.t += 1
-                return True
-            return opt._finish(done, range(self.n))
-        finally:
-            lock.release()
-
-
-def keep_common_step(opt):
-    """Called by ``Optimizer._any_step`` right after it applied a step of the common case (one
-    bucket, no clipping, no ``grad_scale`` or ``skip_nonfinite``, plain dense gradients):
-    keeps a :class:`KeptStep` when the bucket's prepared step is a CPU float one, or a
-    low-precision one whose step number is the object's ``t + 1`` (the stochastic rounding
-    key's; see ``_lowp_objects.prepared_takes``), and the group's learning rate a number, else
-    keeps none."""
-    cdef KeptStep k
-    cdef tuple kept
-    opt._step_kept = None
-    gi = opt._buckets[0][0]
-    h = opt._groups[gi]
-    prepared = opt._prepared[0]
-    kt = opt._step_hypers[gi]
-    if (callable(h["lr"]) or prepared is None or prepared is False
-            or kt is None or opt._tensor_params or opt.__dict__.get("_sparse_seen")
-            or opt.num_threads != opt._prepared_threads):
-        return
-    kept = <tuple>kt
-    if prepared._cpu is None and (prepared._lowp is None or prepared._arrays is None
-                                  or kept[4] != 1):
-        return
-    folded = prepared._folded
-    if kept[0] is not h or kept[2] is not None or folded is None:
-        return
-    if folded[0] is not kept[3]:
-        # the fold was kept from an equal dict the object has since replaced (a checkpoint
-        # loaded, the groups rebuilt): know it by the group's dict from now on
-        if not same_scalars(kept[3], folded[0]):
-            return
-        folded = prepared._folded = (kept[3],) + tuple(folded)[1:]
-    k = KeptStep.__new__(KeptStep)
-    k.lock = opt._lock
-    k.gi = gi
-    k.h = h
-    k.kept = kept
-    k.hyper = kept[3]
-    k.offset = kept[4]
-    k.prepared = prepared
-    k.cpu = <CpuStep?>prepared._cpu if prepared._cpu is not None else None
-    k.arrays = prepared._arrays if k.cpu is None else k.cpu.arrays
-    k.num_threads = opt.num_threads
-    k.cls = type(opt)
-    k.dense_fn = k.cls._prepared_dense_step
-    if k.cls.dense_step is not k.dense_fn:
-        return
-    k.n = len(opt._arrays)
-    k.retime = prepared._spec.retime
-    k.merged = folded[3]
-    k.t_coeffs = folded[1]
-    k.coeffs = <Coefficients?>folded[2]
-    if k.retime is None:  # a fold that does not retime: the Python step folds every step
-        return
-    opt._step_kept = k
+def plan_step(self, grads, t, hyper, skip_nonfinite, key=None):
+    """``PreparedStep._step``: fold (kept) and one driver call.  ``key`` is the step number of
+    stochastic rounding (default ``t``)."""
+    coeffs = kept_fold(self, t, hyper)
+    bound = self._bound
+    if type(bound) is CpuStep:
+        return (<CpuStep>bound).run(coeffs, grads, key, skip_nonfinite)
+    return bound.run(coeffs, grads, t if key is None else key, bool(skip_nonfinite))
 
 
 def optimizer_step(self, grads=None, *, grad_scale=None, skip_nonfinite=False):
@@ -314,10 +215,53 @@ def optimizer_step(self, grads=None, *, grad_scale=None, skip_nonfinite=False):
     skip_nonfinite : bool
         Skip the whole step if any gradient (divided by ``grad_scale``) is not finite.
     """
-    if grad_scale is None and skip_nonfinite is False:
-        k = self._step_kept
-        if k is not None:
-            done = (<KeptStep?>k).run(self, grads)
-            if done is not None:
-                return done
-    return self._any_step(grads, grad_scale=grad_scale, skip_nonfinite=skip_nonfinite)
+    cdef list gl
+    common = self._common
+    if common is not None and grad_scale is None and skip_nonfinite is False:
+        if type(grads) is list:
+            gl = <list>grads
+        elif type(grads) is cnp.ndarray or type(grads) is tuple:
+            gl = [grads] if type(grads) is cnp.ndarray else list(grads)
+        else:
+            gl = None
+        if gl is not None:
+            lock = self._lock
+            lock.acquire()
+            try:
+                if self._common is common:
+                    done = _common_step(self, <tuple>common, gl)
+                    if done is not None:
+                        return done
+            finally:
+                lock.release()
+    return self._step(grads, grad_scale=grad_scale, skip_nonfinite=skip_nonfinite)
+
+
+cdef object _common_step(opt, tuple common, list gl):
+    """The step of an optimizer whose one plan covers every parameter, on plain gradients
+    (None when they are not: ``Optimizer._step`` takes them)."""
+    plan = common[0]
+    gi = common[1]
+    bound = plan._bound
+    arrays = bound.arrays
+    if arrays is None:
+        return None
+    gs = arrays.plain_grads(gl)
+    if gs is None:
+        return None
+    h = opt._groups[gi]
+    kept = opt._step_hypers[gi]  # Optimizer._hyper_of, inline: this is every step's path
+    lr = h["lr"]
+    if (kept is None or (<tuple>kept)[0] is not h or (<tuple>kept)[2] is not None
+            or not ((<tuple>kept)[1] is lr or (lr == (<tuple>kept)[1] and lr != 0.0))):
+        opt._hyper_of(gi, lr, None)
+        kept = opt._step_hypers[gi]
+    t = opt.t + (<tuple>kept)[4]
+    coeffs = kept_fold(plan, t, (<tuple>kept)[3])
+    if type(bound) is CpuStep:
+        done = (<CpuStep>bound).drive(coeffs, <list>gs, False)
+    else:
+        done = bound.run(coeffs, gs, opt.t + 1, False)
+    if done:
+        opt.t += 1
+    return bool(done)

@@ -1,11 +1,12 @@
-"""The compiled common step of the optimizer objects (fastadam/optim/_step_path.pyx).
+"""The one route of ``Optimizer.step`` (fastadam/optim/_step_path.pyx).
 
-``opt.step(list_of_arrays)`` takes a kept step once the Python step has taken the same case;
-``opt.step(tuple_of_arrays)`` always takes the Python step (``_any_step``), which decides
-everything anew.  Two twins stepped side by side, one each way, must hold the same bits after
-every change an optimizer can go through between steps, and the kept one must really have run
-compiled where nothing changed (its ``_step_kept`` object survives a compiled step; every
-Python step replaces or drops it)."""
+Every step runs the optimizer's plans.  When one plan covers every parameter and the gradients
+are plain arrays (a list, a tuple or a bare array), ``optimizer_step`` runs that plan's fold and
+driver call itself; anything else (here forced by ``grad_scale=1.0``, which changes nothing
+else) goes through ``Optimizer._step``, which runs the same plans.  Two twins stepped side by
+side, one each way, must hold the same bits after every change an optimizer can go through
+between steps, and the first must really have taken the one-plan case where nothing changed
+(a spy on ``_step`` counts the general steps)."""
 import pickle
 import warnings
 
@@ -18,10 +19,24 @@ from fastadam.optim import schedules
 N = 257  # not a multiple of any vector width
 
 
+def spy_general(opt):
+    """Count the steps that take Optimizer._step (the general case) on ``opt``."""
+    real = opt._step
+    opt.general = []
+
+    def spy(*args, **kwargs):
+        opt.general.append(1)
+        return real(*args, **kwargs)
+
+    opt._step = spy
+    return opt
+
+
 def make(cls=fastadam.Adam, dtype=np.float32, n_params=2, **kw):
     rng = np.random.default_rng(7)
     params = [rng.standard_normal(N + 3 * i).astype(dtype) for i in range(n_params)]
-    return cls([p.copy() for p in params], **kw), cls([p.copy() for p in params], **kw)
+    return (spy_general(cls([p.copy() for p in params], **kw)),
+            cls([p.copy() for p in params], **kw))
 
 
 def grads_for(opt, seed):
@@ -41,13 +56,13 @@ def assert_twins(kept, python):
             assert a.tobytes() == b.tobytes(), name
 
 
-def step_both(kept, python, seed, compiled=True):
+def step_both(kept, python, seed, compiled=True, container=list):
     g = grads_for(python, seed)
-    before = kept._step_kept
-    assert kept.step(list(g)) is True
-    assert python.step(tuple(g)) is True
+    before = len(kept.general)
+    assert kept.step(container(g)) is True
+    assert python.step(list(g), grad_scale=1.0) is True
     if compiled:
-        assert before is not None and kept._step_kept is before, "the kept step did not run"
+        assert len(kept.general) == before, "the one-plan step did not run"
     assert_twins(kept, python)
 
 
@@ -66,23 +81,19 @@ OPTIMIZERS = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_many_compiled_steps_hold_the_python_steps_bits(cls, kw, dtype):
     kept, python = make(cls, dtype, **kw)
-    step_both(kept, python, 0, compiled=False)  # the Python step keeps it
-    for seed in range(1, 12):
-        step_both(kept, python, seed, compiled=kept._step_kept is not None)
-    if cls in (fastadam.Adam, fastadam.AdamW):
-        assert kept._step_kept is not None  # Adam's fold retimes in C: always kept
+    for seed in range(12):
+        step_both(kept, python, seed, container=list if seed % 2 else tuple)
+    assert kept.general == []
 
 
-def test_a_bare_array_for_one_parameter_is_kept_too():
+def test_a_bare_array_for_one_parameter_takes_the_one_plan_step_too():
     kept, python = make(n_params=1, lr=1e-2)
     for seed in range(5):
         g = grads_for(python, seed)[0]
-        before = kept._step_kept
         kept.step(g)
-        python.step((g,))
-        if seed:
-            assert kept._step_kept is before is not None
+        python.step((g,), grad_scale=1.0)
         assert_twins(kept, python)
+    assert kept.general == []
 
 
 CHANGES = {
@@ -99,7 +110,7 @@ CHANGES = {
 def step_both_any(kept, python, seed):
     g = grads_for(python, seed)
     assert kept.step(list(g)) is True
-    assert python.step(tuple(g)) is True
+    assert python.step(list(g), grad_scale=1.0) is True
     assert_twins(kept, python)
 
 
@@ -107,13 +118,12 @@ def step_both_any(kept, python, seed):
 def test_every_change_between_steps_gives_the_python_bits(change):
     kept, python = make(lr=1e-2)
     for seed in range(3):
-        step_both_any(kept, python, seed)
-    assert kept._step_kept is not None
+        step_both(kept, python, seed)
     CHANGES[change](kept)
     CHANGES[change](python)
     for seed in range(3, 7):
         step_both_any(kept, python, seed)
-    if change != "clipping":  # kept again after one Python step, and then it runs
+    if change != "clipping":  # still one plan: its step runs
         step_both(kept, python, 7)
 
 
@@ -127,14 +137,14 @@ def test_a_checkpoint_loaded_between_steps_is_stepped_from():
     python.load_state_dict(state)
     for seed in range(4, 7):
         step_both_any(kept, python, seed)
-    step_both(kept, python, 7)  # kept again: the fold of the replaced groups is reused
+    step_both(kept, python, 7)  # the one-plan step over the loaded state
 
 
 def test_a_schedule_steps_through_python_with_its_rate_each_step():
     kept, python = make(lr=schedules.cosine(1e-2, 50))
     for seed in range(6):
         step_both_any(kept, python, seed)
-    assert kept._step_kept is None  # a schedule's rate changes: nothing to keep
+    assert len(kept.general) == 6  # a schedule's rate: the general step reads it
 
 
 def test_a_group_added_between_steps():
@@ -158,6 +168,7 @@ def test_grad_scale_and_skip_nonfinite_take_the_python_step():
     bad[1][5] = np.nan
     assert kept.step(list(bad), skip_nonfinite=True) is False
     assert python.step(tuple(bad), skip_nonfinite=True) is False
+    assert len(kept.general) == 2
     assert_twins(kept, python)
     for seed in range(10, 13):
         step_both_any(kept, python, seed)
@@ -170,7 +181,7 @@ def test_a_dense_gradient_after_sparse_ones_still_warns():
     dense = np.ones_like(table)
     opt.step([dense])
     opt.step([dense])
-    assert opt._step_kept is not None
+    assert opt._common is not None
     opt.step([fastadam.IndexedSlices(np.ones((2, 4), np.float32), np.array([1, 3]), (20, 4))])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -193,13 +204,14 @@ def test_bad_gradients_after_kept_steps_get_the_python_steps_errors():
     ]
     for grads, exc in cases:
         if exc is None:
-            assert kept.step(list(grads(kept))) and python.step(tuple(grads(python)))
+            assert kept.step(list(grads(kept))) and python.step(list(grads(python)),
+                                                                grad_scale=1.0)
             assert_twins(kept, python)
             continue
         with pytest.raises(exc) as got:
             kept.step(list(grads(kept)))
         with pytest.raises(exc) as want:
-            python.step(tuple(grads(python)))
+            python.step(list(grads(python)), grad_scale=1.0)
         assert str(got.value) == str(want.value)
         assert_twins(kept, python)  # nothing written, t unchanged
     step_both_any(kept, python, 6)
@@ -215,34 +227,18 @@ def test_a_parameter_made_read_only_or_resized_is_refused():
     assert kept.t == 3
 
 
-def test_a_class_level_dense_step_patch_is_called(monkeypatch):
-    opt, _ = make(lr=1e-2)
-    for seed in range(3):
-        opt.step(grads_for(opt, seed))
-    assert opt._step_kept is not None
-    calls = []
-    real = type(opt).dense_step
-
-    def patched(self, *args):
-        calls.append(1)
-        return real(self, *args)
-
-    monkeypatch.setattr(type(opt), "dense_step", patched)
-    opt.step(grads_for(opt, 4))
-    assert calls == [1]
-
-
 def test_a_pickled_optimizer_steps_like_the_original():
     kept, python = make(lr=1e-2)
     for seed in range(3):
         step_both_any(kept, python, seed)
-    copy = pickle.loads(pickle.dumps(kept))
-    assert copy._step_kept is None
+    del kept._step, kept.general  # the spy is not picklable
+    copy = spy_general(pickle.loads(pickle.dumps(kept)))
     for seed in range(3, 6):
         g = grads_for(python, seed)
         copy.step(list(g))
-        python.step(tuple(g))
+        python.step(list(g), grad_scale=1.0)
     assert_twins(copy, python)
+    assert copy.general == []
 
 
 def test_numpy_refuses_to_resize_a_stepped_array_while_the_optimizer_lives():
@@ -276,9 +272,9 @@ def test_unusual_gradients_after_kept_steps_take_the_python_step(make_grad):
     g = grads_for(python, 3)
     odd = [g[0], make_grad(g[1])]
     outcomes = []
-    for opt, grads in ((kept, list(odd)), (python, tuple(odd))):
+    for opt, kw in ((kept, {}), (python, dict(grad_scale=1.0))):
         try:
-            outcomes.append(opt.step(grads))
+            outcomes.append(opt.step(list(odd), **kw))
         except (TypeError, ValueError) as exc:
             outcomes.append(str(exc))
     assert outcomes[0] == outcomes[1]
@@ -314,11 +310,10 @@ LOWP = [dict(state_dtype="bfloat16"), dict(state_dtype="int8", min_8bit_size=0, 
 @pytest.mark.parametrize("lowp", LOWP, ids=["bfloat16", "int8"])
 @pytest.mark.parametrize("change", sorted(CHANGES) + ["checkpoint"])
 def test_low_precision_states_kept_and_changed_give_the_python_bits(lowp, change):
-    """The low-precision objects' compiled step (their prepared step's) against the Python
-    step, across every change that must drop it, and a checkpoint loaded between steps."""
+    """The low-precision objects' one-plan step against the general one, across every change,
+    and a checkpoint loaded between steps."""
     kept, python = make(lr=1e-2, **lowp)
-    step_both(kept, python, 0, compiled=False)
-    for seed in range(1, 4):
+    for seed in range(4):
         step_both(kept, python, seed)
     if change == "checkpoint":
         state = kept.state_dict()
