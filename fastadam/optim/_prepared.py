@@ -41,7 +41,7 @@ from .._core import _lowp
 from ..sparse import IndexedSlices
 from ._clip import coalesce, is_scipy_sparse
 from ._sparse_functional import sparse_step
-from ._step_path import CpuStep, plan_step
+from ._step_path import CpuStep, KeptFold, plan_step
 
 __all__ = ["PreparedStep", "prepare_step"]
 
@@ -214,7 +214,7 @@ class PreparedStep:
         self.device = device.name
         self.driver = (row.device, row.param_format, row.state_format)
         self._names_by_flags = {}
-        self._folded = None  # (hyper, t, coeffs, hyper with defaults): see _step_path
+        self._kept = None  # the last fold (_step_path.KeptFold)
         self._bound = row.prepare(self._spec, params, dict(slots), options)
         self.slot_names = self._bound.slot_names
 
@@ -226,8 +226,8 @@ class PreparedStep:
     def _fold_and_keep(self, t, hyper):
         merged = {**self._spec.defaults, **hyper} if self._spec.defaults else hyper
         coeffs = self._spec.fold(t, **merged)
-        self._folded = ((hyper, t if type(t) is int else None, coeffs, merged)
-                        if cacheable_scalars(hyper) else None)
+        self._kept = (KeptFold(hyper, t if type(t) is int else None, coeffs, merged,
+                               self._spec.retime) if cacheable_scalars(hyper) else None)
         return coeffs
 
     def _slots_for(self, coeffs):

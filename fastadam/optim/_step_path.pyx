@@ -163,6 +163,20 @@ cdef object _retimed(Coefficients coeffs, t, merged, retime):
     return c if c is not None else retime(coeffs, t, merged)
 
 
+cdef class KeptFold:
+    """A plan's last fold: the keywords it was given, the step number and coefficients, the
+    keywords with the spec's defaults, and the spec's ``retime``."""
+    cdef object hyper
+    cdef object t              # an int, or None
+    cdef Coefficients coeffs
+    cdef object merged
+    cdef object retime
+
+    def __init__(self, hyper, t, Coefficients coeffs, merged, retime):
+        self.hyper, self.t, self.coeffs = hyper, t, coeffs
+        self.merged, self.retime = merged, retime
+
+
 cdef object kept_fold(plan, t, hyper):
     """The plan's coefficients for ``hyper`` at step ``t``.  The fold is kept: a set of
     hyper-parameters is folded (and so checked) once; while a step passes the same set (the
@@ -170,20 +184,18 @@ cdef object kept_fold(plan, t, hyper):
     included: :func:`same_scalars`), only ``t`` is checked and the fields that depend on it
     recomputed, by the spec's ``retime``.  Values that could change in place (0-d arrays) or
     compare equal across types are never kept."""
-    cdef tuple folded
-    f = plan._folded
-    if f is not None and (hyper is (<tuple>f)[0] or same_scalars(hyper, (<tuple>f)[0])):
-        folded = <tuple>f
-        if type(t) is int and t == folded[1]:
-            coeffs = folded[2]
-        else:
-            retime = plan._spec.retime
-            if retime is None:
-                return plan._fold_and_keep(t, hyper)
-            coeffs = _retimed(<Coefficients?>folded[2], t, folded[3], retime)
-            plan._folded = (folded[0], t if type(t) is int else None, coeffs, folded[3])
-    else:
-        coeffs = plan._fold_and_keep(t, hyper)
+    cdef KeptFold k
+    f = plan._kept
+    if f is not None:
+        k = <KeptFold>f
+        if hyper is k.hyper or same_scalars(hyper, k.hyper):
+            if type(t) is int and k.t is not None and <object>t == k.t:
+                return k.coeffs
+            if k.retime is not None:
+                k.coeffs = <Coefficients?>_retimed(k.coeffs, t, k.merged, k.retime)
+                k.t = t if type(t) is int else None
+                return k.coeffs
+    coeffs = plan._fold_and_keep(t, hyper)
     if (<Coefficients?>coeffs).flags not in plan._names_by_flags:
         plan._slots_for(coeffs)
     return coeffs
