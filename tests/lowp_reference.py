@@ -64,18 +64,22 @@ def codes_of(q, values):
 
 
 def quantize(y, block, values):
-    """Block-wise: scale = max |y| (float32), q = y * float32(1 / scale), codes_of(q); a zero
-    block gets the code of 0 and scale 0."""
+    """Block-wise: scale = max |y| over the non-NaN elements (float32; an infinite maximum is
+    FLT_MAX), q = y * float32(1 / scale) with a NaN's q 0, codes_of(q); a zero block gets the
+    code of 0 and scale 0."""
     y = np.asarray(y, dtype=np.float32).ravel()
     nblocks = -(-y.size // block)
     codes = np.empty(y.size, np.uint8)
     scales = np.empty(nblocks, np.float32)
     for b in range(nblocks):
         part = y[b * block:(b + 1) * block]
-        scale = np.float32(np.max(np.abs(part))) if part.size else np.float32(0)
+        finite_or_inf = np.abs(part)[~np.isnan(part)]
+        scale = np.float32(finite_or_inf.max()) if finite_or_inf.size else np.float32(0)
+        scale = min(scale, np.finfo(np.float32).max)
         inv = np.float32(0) if scale == 0 else np.float32(1) / scale
         with np.errstate(invalid="ignore", over="ignore"):
-            q = (part * inv).astype(np.float32)
+            q = np.nan_to_num((part * inv).astype(np.float32), nan=0.0, posinf=np.inf,
+                              neginf=-np.inf)
         codes[b * block:(b + 1) * block] = codes_of(q, values)
         scales[b] = scale
     return codes, scales

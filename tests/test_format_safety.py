@@ -394,9 +394,34 @@ def test_an_infinite_block_maximum_saturates_the_scale():
     assert (qmap[codes[256:300]] == 0).all()  # 1 / FLT_MAX: far below the map's smallest step
     back = _lowp.dequantize(codes, scales, 256, True, 0)
     assert np.isfinite(back).all() and back[300] == big and back[301] == qmap[0] * big
-    # a NaN stays NaN (garbage in): not saturated
+    # a NaN counts for nothing in its block's scale and is stored as the code of 0
     y[300] = np.nan
-    assert np.isnan(_lowp.quantize(y, 256, True, 0)[1][1])
+    codes, scales = _lowp.quantize(y, 256, True, 0)
+    assert scales[1] == big and qmap[codes[300]] == 0.0
+
+
+@pytest.mark.parametrize("name", ["RMSprop-centered", "RMSprop-centered-momentum",
+                                  "SGD-nesterov"])
+def test_a_nan_state_element_costs_its_8bit_block_nothing_more_than_float32(name):
+    """Centered RMSprop and Nesterov SGD compute inf - inf (a NaN) for the element of a
+    gradient whose square overflows float32, with float32 states too.  With 8-bit states that
+    element's NaN made its block's scale NaN, and every parameter of the block NaN a step later
+    (256 of 4096 for centered RMSprop with momentum): now the 8-bit optimizer has exactly the
+    float32 optimizer's non-finite parameters."""
+    bad = {}
+    for state_dtype in ("float32", "int8"):
+        w = np.zeros(N, np.float32)
+        opt = build(name, w, state_dtype)
+        g = np.full(N, 1e-3, np.float32)
+        g[100] = 3e38
+        opt.step([g])
+        for _ in range(3):
+            opt.step([np.full(N, 1e-3, np.float32)])
+        bad[state_dtype] = np.flatnonzero(~np.isfinite(w)).tolist()
+        if state_dtype == "int8":
+            for s in opt.state(0).values():
+                assert np.isfinite(s.scales).all()
+    assert bad["int8"] == bad["float32"]
 
 
 # ---- 5. checkpoints with corrupted low-precision states ----------------------------------------

@@ -108,20 +108,21 @@ def test_quantize_and_dequantize_match_the_oracle(signed):
                                           dequantize(codes, scales, block, values))
 
 
-def test_quantize_nan_block_has_a_nan_scale_and_an_infinite_one_saturates():
-    """A NaN makes its block's scale NaN; an infinity makes it FLT_MAX (lowp.h,
-    fa_lowp_scale_of: no infinite scale), the infinity the top code and the block's ones
-    (q = 1 / FLT_MAX) the code of 0."""
+def test_quantize_nan_counts_for_nothing_and_an_infinite_one_saturates():
+    """A NaN does not count in its block's scale and gets the code of 0 (lowp.h,
+    fa_lowp_abs_bits); an infinity makes the scale FLT_MAX (fa_lowp_scale_of: no infinite
+    scale), the infinity the top code and the block's ones (q = 1 / FLT_MAX) the code of 0."""
     y = np.ones(64, np.float32)
     y[3] = np.nan
     y[40] = np.inf
     for signed in (True, False):
         values = dynamic_map(signed)
         codes, scales = _lowp.quantize(y, 32, signed, 0)
-        assert np.isnan(scales[0]) and scales[1] == np.finfo(np.float32).max
+        assert scales[0] == 1.0 and scales[1] == np.finfo(np.float32).max
         ref_codes, _ = quantize(y[:32], 32, values)
         np.testing.assert_array_equal(codes[:32], ref_codes)
         zero = int(np.flatnonzero(values == 0)[0])
+        assert codes[3] == zero and (codes[:3] == codes[4]).all()
         expected = np.full(32, zero)
         expected[40 - 32] = 255
         np.testing.assert_array_equal(codes[32:], expected)

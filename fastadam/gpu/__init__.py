@@ -34,9 +34,11 @@ naming the argument, raised before anything is written).
 apart by their type; the modules that use CuPy are imported when a CuPy array is passed.
 """
 from ._validation import address, explain_mix, import_cupy, is_device_array  # no CuPy
+import sys as _sys
+
 from ._plan import register as _register
 
-_register()  # the GPU rows of the driver registry (_plan.py)
+_register(_sys.modules[__name__])  # the GPU rows of the driver registry (_plan.py)
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
            "address", "check_parameter", "check_gradient",

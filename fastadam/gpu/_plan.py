@@ -12,7 +12,9 @@ import numpy as np
 from .. import drivers
 from ..drivers import (FMT_BF16, FMT_F32, FMT_Q8, MAP_CODES, ROUND_CODES, QuantizedState,
                        check_block_size, check_quant_map, check_rounding, check_seed)
-from ._validation import import_cupy, is_device_array
+from ._validation import is_device_array
+
+_entry = None  # the fastadam.gpu package: its public step functions (set by register)
 
 
 def _as_list(obj):
@@ -52,15 +54,11 @@ class GpuStep:
             coeffs.check_float32()
 
     def run(self, coeffs, grads, key, skip_nonfinite):
-        import_cupy("x")
-        from ._dense import dense_step
-        return dense_step(coeffs, self.params, grads, self.lists_by_flags[coeffs.flags],
+        return _entry.dense_step(coeffs, self.params, grads, self.lists_by_flags[coeffs.flags],
                           skip_nonfinite)
 
     def run_sparse(self, coeffs, names, k, grad, t, mode, key):
-        import_cupy("x")
-        from ._sparse import sparse_step
-        return sparse_step(coeffs, self.xs[k], grad,
+        return _entry.sparse_step(coeffs, self.xs[k], grad,
                            [(n, _as_list(self.slots[n])[k]) for n in names], t, mode, None)
 
 
@@ -110,21 +108,17 @@ class GpuLowpStep:
         coeffs.check_float32()
 
     def run(self, coeffs, grads, key, skip_nonfinite):
-        import_cupy("xs")
-        from ._lowp import lowp_dense_step
         slots, scales, names = self.lists_by_flags[coeffs.flags]
         gs = list(grads) if isinstance(grads, (list, tuple)) else [grads]
         grad_fmt = FMT_BF16 if gs and gs[0].dtype == np.uint16 else FMT_F32
         signed = tuple(n not in self.spec.nonnegative_slots for n in names)
-        return bool(lowp_dense_step(
+        return bool(_entry.lowp_dense_step(
             coeffs, self.xs, gs, slots, scales, self.masters, self.param_fmt, grad_fmt,
             self.state_fmt, self.block, self.qmap, signed, self.rounding, self.seed, int(key),
             bool(skip_nonfinite), self.nt))
 
     def run_sparse(self, coeffs, names, k, grad, t, mode, key):
-        import_cupy("x")
-        from ._sparse import sparse_step
-        return sparse_step(coeffs, self.xs[k], grad, [(n, self.slots[n][k]) for n in names],
+        return _entry.sparse_step(coeffs, self.xs[k], grad, [(n, self.slots[n][k]) for n in names],
                            t, mode, None)
 
 
@@ -134,7 +128,12 @@ def _float_or_lowp(spec, params, slots, options):
     return GpuStep(spec, params, slots, options)
 
 
-def register():
+def register(package):
+    """Register the GPU device and rows; ``package`` is fastadam.gpu, whose public functions
+    (``dense_step``, ``lowp_dense_step``, ``sparse_step``: CuPy imported there) the drivers
+    call."""
+    global _entry
+    _entry = package
     drivers.register_device("gpu", is_device_array, _classify)
     drivers.register_driver("gpu", "float", "float", _float_or_lowp)
     for p, s in [("float", "bfloat16"), ("float", "int8"), ("bfloat16", "float"),

@@ -165,20 +165,20 @@ static void fa_store_q8(const float *restrict y, fa_u8 *restrict codes, float *r
 {
     for (ptrdiff_t b = 0; b * block < n; b++) {
         const ptrdiff_t at = b * block, len = n - at < block ? n - at : block;
-        /* max |y| by an integer max of the bits without the sign (exact, order-free); a NaN's
-         * bits exceed every number's, so the scale is NaN when one is; an infinite max
+        /* max |y| by an integer max of the bits without the sign (exact, order-free); a NaN
+         * counts as 0 and is stored as the code of 0 (fa_lowp_abs_bits); an infinite max
          * saturates to FLT_MAX (fa_lowp_scale_of: no block's scale is infinite) */
         fa_u32 big = 0;
 #pragma omp simd reduction(max : big)
         for (ptrdiff_t i = 0; i < len; i++) {
-            const fa_u32 a = fa_f32_bits(y[at + i]) & 0x7fffffffu;
+            const fa_u32 a = fa_lowp_abs_bits(y[at + i]);
             big = a > big ? a : big;
         }
         const float scale = fa_lowp_scale_of(big);
         const float inv = fa_lowp_inverse(scale);
         scales[b] = scale;
 #pragma omp simd
-        for (ptrdiff_t i = 0; i < len; i++) codes[at + i] = (fa_u8)fa_bins_code(bins, y[at + i] * inv);
+        for (ptrdiff_t i = 0; i < len; i++) codes[at + i] = (fa_u8)fa_bins_code(bins, fa_lowp_q(y[at + i], inv));
     }
 }
 FA_CLONES(fa_store_q8);

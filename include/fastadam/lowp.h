@@ -9,8 +9,9 @@
  *                NaN stays a quiet NaN in both.
  *   FA_FMT_Q8    8-bit block-wise quantized (Dettmers et al. 2021): uint8 codes into a map of
  *                256 float32 values, one float32 scale per block; value = map[code] * scale.
- *                A block of new values y is quantized with scale = max |y| (an infinite max
- *                saturates to FLT_MAX: fa_lowp_scale_of) and q = y * (1/scale)
+ *                A block of new values y is quantized with scale = max |y| over its non-NaN
+ *                elements (an infinite max saturates to FLT_MAX: fa_lowp_scale_of) and
+ *                q = y * (1/scale), a NaN stored as the code of 0 (fa_lowp_abs_bits)
  *                (both float32): code = #{k : q > (map[k] + map[k+1]) / 2} (float64 midpoints;
  *                at an exact tie the lower code).  The header keeps per map 256 float32
  *                thresholds T[k] = the largest float32 <= that midpoint (T[255] = FLT_MAX):
@@ -662,6 +663,24 @@ FA_INLINE const float *fa_lowp_thresholds(int qmap, int is_signed)
     return is_signed ? fa_lowp_dynamic_signed_t : fa_lowp_dynamic_unsigned_t;
 }
 
+/* The bits of |y| that a block's scale is the largest of: the sign cleared, and 0 for a NaN, so
+ * that a NaN element (an inf - inf in centered RMSprop's v - a^2, say) does not make its
+ * block's scale NaN and the block's other elements unreadable: it is stored as the code of 0
+ * (fa_lowp_quantize), as if the state there had been reset, and the step that produced it has
+ * already written its NaN to the parameter, as a float32 state would. */
+FA_INLINE fa_u32 fa_lowp_abs_bits(float y)
+{
+    const fa_u32 a = fa_f32_bits(y) & 0x7fffffffu;
+    return a > 0x7f800000u ? 0u : a;
+}
+
+/* A block's q = y * (1 / scale), 0 for a NaN (see fa_lowp_abs_bits). */
+FA_INLINE float fa_lowp_q(float y, float inv)
+{
+    const float q = y * inv;
+    return q == q ? q : 0.0f;
+}
+
 /* The code of q: #{k : q > thr[k]} by a branch-free binary search over a map's 256 thresholds
  * (fa_lowp_thresholds); 0 for NaN (every comparison is false). */
 FA_INLINE fa_u8 fa_lowp_code(float q, const float *thr)
@@ -681,7 +700,7 @@ FA_INLINE fa_u8 fa_lowp_code(float q, const float *thr)
 /* Quantize a value y of a block with the block's 1 / scale (inv, float32): q = y * inv. */
 FA_INLINE fa_u8 fa_lowp_quantize(float y, float inv, const float *thr)
 {
-    return fa_lowp_code(y * inv, thr);
+    return fa_lowp_code(fa_lowp_q(y, inv), thr);
 }
 
 /* Dequantize: map[code] * scale. */
@@ -695,7 +714,7 @@ FA_INLINE float fa_lowp_dequantize(fa_u8 code, float scale, const float *map)
  * gradient above ~1.8e19) saturates to FLT_MAX, so that no block's scale is infinite: the
  * infinite elements read back as +-FLT_MAX (q = inf * (1 / FLT_MAX) = inf: the end codes), the
  * block's others as what their q = y / FLT_MAX gives (0 for every |y| below about 1e36), all
- * finite.  A NaN stays NaN; every finite maximum is kept exactly (the same bits as before). */
+ * finite.  Every finite maximum is kept exactly (the same bits as before). */
 FA_INLINE float fa_lowp_scale_of(fa_u32 big)
 {
     return fa_bits_f32(big == 0x7f800000u ? 0x7f7fffffu : big);

@@ -531,7 +531,7 @@ static __device__ __forceinline__ void fa_lowp_q8_block(
         fa_opt<KIND, float>::apply(k, FLAGS, g[q], &x[q], &y[q][0], &y[q][1], &y[q][2]);
         fa_lowp_store_x(p, e, key, begin + at, x[q]);
         for (int s = 0; s < nslots; s++) {
-            const fa_u32 a = fa_f32_bits(y[q][s]) & 0x7fffffffu;
+            const fa_u32 a = fa_lowp_abs_bits(y[q][s]);
             peak[s] = a > peak[s] ? a : peak[s];
         }
     }
