@@ -83,7 +83,8 @@ int fa_lowp_init(void)
 }
 
 /* The code of q by the bins: equal to fa_lowp_code(q, that map's thresholds). */
-static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins, float q)
+static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins, float q,
+                                                              int zero)
 {
     const fa_u32 u = fa_f32_bits(q);
     int e = (int)((u >> 23) & 0xffu) - FA_BIN_EXP0;
@@ -94,7 +95,7 @@ static inline __attribute__((always_inline)) int fa_bins_code(const fa_u32 *bins
     const fa_u32 entry = bins[(fa_u32)(e << 8) | ((u >> 24) & 0x80u) | ((u >> 16) & 0x7fu)];
     const int low = (int)((u ^ (fa_u32)((int)u >> 31)) & 0xffffu);
     const int code = (int)(entry >> 16) + (low > (int)(entry & 0xffffu));
-    return q == q ? code : 0;
+    return q == q ? code : zero; /* a NaN gets the code of 0.0 (fa_lowp_q) */
 }
 
 /* lowp.h's fa_bf16_nearest in fewer vector operations: a NaN (v != v: all-ones mask) adds
@@ -163,6 +164,7 @@ FA_DISPATCH
 static void fa_store_q8(const float *restrict y, fa_u8 *restrict codes, float *restrict scales,
                         const fa_u32 *restrict bins, ptrdiff_t n, int block)
 {
+    const int zero = fa_bins_code(bins, 0.0f, 0); /* the code a NaN gets */
     for (ptrdiff_t b = 0; b * block < n; b++) {
         const ptrdiff_t at = b * block, len = n - at < block ? n - at : block;
         /* max |y| by an integer max of the bits without the sign (exact, order-free); a NaN
@@ -171,14 +173,16 @@ static void fa_store_q8(const float *restrict y, fa_u8 *restrict codes, float *r
         fa_u32 big = 0;
 #pragma omp simd reduction(max : big)
         for (ptrdiff_t i = 0; i < len; i++) {
-            const fa_u32 a = fa_lowp_abs_bits(y[at + i]);
+            fa_u32 a = fa_f32_bits(y[at + i]) & 0x7fffffffu;
+            a = a > 0x7f800000u ? 0u : a; /* fa_lowp_abs_bits, inline for the vector loop */
             big = a > big ? a : big;
         }
         const float scale = fa_lowp_scale_of(big);
         const float inv = fa_lowp_inverse(scale);
         scales[b] = scale;
 #pragma omp simd
-        for (ptrdiff_t i = 0; i < len; i++) codes[at + i] = (fa_u8)fa_bins_code(bins, fa_lowp_q(y[at + i], inv));
+        for (ptrdiff_t i = 0; i < len; i++)
+            codes[at + i] = (fa_u8)fa_bins_code(bins, y[at + i] * inv, zero);
     }
 }
 FA_CLONES(fa_store_q8);
@@ -428,7 +432,7 @@ long long fa_lowp_check_codes(int qmap, int is_signed, fa_u32 u_begin, fa_u32 u_
     long long bad = 0;
     for (unsigned long long u = u_begin; u < u_end; u += stride) {
         const float q = fa_bits_f32((fa_u32)u);
-        bad += fa_bins_code(bins, q) != fa_lowp_code(q, thr);
+        bad += fa_bins_code(bins, q, fa_lowp_code(0.0f, thr)) != fa_lowp_code(q, thr);
     }
     return bad;
 }

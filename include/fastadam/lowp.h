@@ -16,7 +16,7 @@
  *                at an exact tie the lower code).  The header keeps per map 256 float32
  *                thresholds T[k] = the largest float32 <= that midpoint (T[255] = FLT_MAX):
  *                for a float32 q, q > midpoint <=> q > T[k], so the code is a search of float32
- *                comparisons only (fa_lowp_code); a NaN q gets code 0.
+ *                comparisons only (fa_lowp_code); a NaN q gets the code of 0.0.
  * Maps (FA_MAP_*): "dynamic" (bitsandbytes' create_dynamic_map(signed, 7, 8): per decade
  *   10^(i-6), i = 0..6, the midpoints of linspace(0.1, 1, 2^(i+s) + 1), s = 0 signed, 1
  *   unsigned, both signs when signed, plus 0 and 1) and "linear" ((c - 127) / 127 with c = 255
@@ -682,10 +682,11 @@ FA_INLINE float fa_lowp_q(float y, float inv)
 }
 
 /* The code of q: #{k : q > thr[k]} by a branch-free binary search over a map's 256 thresholds
- * (fa_lowp_thresholds); 0 for NaN (every comparison is false). */
+ * (fa_lowp_thresholds); a NaN gets the code of 0.0. */
 FA_INLINE fa_u8 fa_lowp_code(float q, const float *thr)
 {
     int c = 0;
+    q = q == q ? q : 0.0f;
     c += (q > thr[c + 127]) ? 128 : 0;
     c += (q > thr[c + 63]) ? 64 : 0;
     c += (q > thr[c + 31]) ? 32 : 0;
