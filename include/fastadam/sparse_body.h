@@ -219,8 +219,8 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
  * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
  * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
  * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write.
- * The instantiations of one optimizer make one dispatched function (its flag, catch-up and
- * row-length cases), not one for every optimizer: gcc's time on a function grows faster than
+ * The instantiations of one optimizer make one dispatched function (its flag and row-length
+ * cases), not one for every optimizer: gcc's time on a function grows faster than
  * its size, and the per-optimizer functions compile in about half the time of their union
  * (the same loops; one more indirect call per call, not per row). */
 #define FA_SPARSE_CASE(F, K)                                                                   \
