@@ -16,11 +16,13 @@ kernels pick their instruction set at run time (see include/fastadam/common.h).
 import hashlib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +160,25 @@ def make_extensions():
     })
 
 
+def children_cpu_seconds():
+    """User + system CPU seconds of this process's finished child processes (the compilers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def record_build_time(what, seconds):
+    """Append ``seconds<TAB>what`` to the file ``FASTADAM_BUILD_TIMES`` names, if it names one.
+
+    asv_bench/install_report.py --objects reads it: the CPU time of every compiled object (the
+    compiler process, not setuptools) and of cythonize, so a change to the kernels' instantiation
+    or the flags shows its build cost per file.  Exact with ``FASTADAM_BUILD_JOBS=1``; with
+    parallel jobs a compile's interval also counts the compilers that finish beside it."""
+    where = os.environ.get("FASTADAM_BUILD_TIMES")
+    if where:
+        with open(where, "a") as fh:
+            fh.write(f"{seconds:.2f}\t{what}\n")
+
+
 def object_cache():
     """The folder of cached build products, or None when ``FASTADAM_OBJECT_CACHE=0``."""
     where = os.environ.get("FASTADAM_OBJECT_CACHE", str(HERE / "build" / "object-cache"))
@@ -196,8 +217,10 @@ def cythonize_cached(extensions, directives):
             return extensions
     from Cython.Build import cythonize
 
+    cpu = time.process_time() + children_cpu_seconds()
     result = cythonize(extensions, compiler_directives=directives,
                        nthreads=int(os.environ.get("FASTADAM_BUILD_JOBS", 0)) or os.cpu_count() or 1)
+    record_build_time("cythonize", time.process_time() + children_cpu_seconds() - cpu)
     for generated, cached in keyed.items():
         if generated.exists() and not cached.exists():
             cache.mkdir(parents=True, exist_ok=True)
@@ -247,31 +270,37 @@ class build_ext_cached(build_ext):
         self.parallel = int(os.environ.get("FASTADAM_BUILD_JOBS", 0)) or os.cpu_count() or 1
 
     def build_extensions(self):
-        if object_cache() is not None:
-            self._wrap_compile(object_cache())
+        self._wrap_compile(object_cache())
         super().build_extensions()
 
     def _wrap_compile(self, cache):
+        """Route each compile through the object cache folder ``cache`` (None: no cache) and
+        record the CPU time of each compile that runs (``record_build_time``)."""
         compiler = self.compiler
         if getattr(compiler, "_fastadam_cached", False) or not hasattr(compiler, "_compile"):
             return
-        common = compile_key_common(" ".join(getattr(compiler, "compiler_so", []) or []))
-        stand_ins = environment_stand_ins()
+        if cache is not None:
+            common = compile_key_common(" ".join(getattr(compiler, "compiler_so", []) or []))
+            stand_ins = environment_stand_ins()
         original = compiler._compile
 
         def compile_cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            key = compile_key(common, Path(src).read_bytes(), ext,
-                              [cc_args, extra_postargs, pp_opts], stand_ins)
-            cached = cache / (key + ".o")
-            if cached.exists():
-                os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
-                shutil.copyfile(cached, obj)
-                return
+            if cache is not None:
+                key = compile_key(common, Path(src).read_bytes(), ext,
+                                  [cc_args, extra_postargs, pp_opts], stand_ins)
+                cached = cache / (key + ".o")
+                if cached.exists():
+                    os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
+                    shutil.copyfile(cached, obj)
+                    return
+            cpu = children_cpu_seconds()
             original(obj, src, ext, cc_args, extra_postargs, pp_opts)
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = cache / (key + f".{os.getpid()}.tmp")
-            shutil.copyfile(obj, tmp)
-            os.replace(tmp, cached)  # another build may race: each writes whole files
+            record_build_time(src, children_cpu_seconds() - cpu)
+            if cache is not None:
+                cache.mkdir(parents=True, exist_ok=True)
+                tmp = cache / (key + f".{os.getpid()}.tmp")
+                shutil.copyfile(obj, tmp)
+                os.replace(tmp, cached)  # another build may race: each writes whole files
 
         compiler._compile = compile_cached
         compiler._fastadam_cached = True

@@ -223,3 +223,52 @@ def test_this_interpreters_include_folders_get_stand_ins(monkeypatch):
     key = setup.compile_key(["c"], b"", ".c", [[f"-I{d}" for d in dirs]], stand_ins)
     assert setup.compile_key(["c"], b"", ".c", [[f"-I{moved(d)}" for d in dirs]],
                              {moved(k): v for k, v in stand_ins.items()}) == key
+
+
+class _ChildCompiler:
+    """A stand-in for setuptools' compiler: each ``_compile`` runs a child process that spends
+    some CPU (as gcc does) and writes the object."""
+    compiler_so = ["cc"]
+
+    def __init__(self):
+        self.calls = 0
+
+    def _compile(self, obj, src, ext, cc_args, extra_postargs, pp_opts):
+        import subprocess
+        import sys
+        self.calls += 1
+        subprocess.run([sys.executable, "-c", "sum(i * i for i in range(2_000_000))"], check=True)
+        with open(obj, "wb") as fh:
+            fh.write(b"object of " + src.encode())
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_each_compile_records_its_compilers_cpu_seconds(monkeypatch, tmp_path, cached):
+    """FASTADAM_BUILD_TIMES (asv_bench/install_report.py --objects): one line per compile that
+    ran, with the CPU seconds of the compiler process (measured here independently, around the
+    call), none for an object the cache supplied; with or without the object cache."""
+    import resource
+    setup = _setup_module(monkeypatch)
+    from setuptools import Distribution
+    log = tmp_path / "times.txt"
+    monkeypatch.setenv("FASTADAM_BUILD_TIMES", str(log))
+    cmd = setup.build_ext_cached(Distribution({"ext_modules": []}))
+    cmd.compiler = compiler = _ChildCompiler()
+    cmd._wrap_compile(tmp_path / "cache" if cached else None)
+    src = tmp_path / "kernel.c"
+    src.write_text("int f(void) { return 1; }\n")
+
+    def children():
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    before = children()
+    compiler._compile(str(tmp_path / "a.o"), str(src), ".c", ["-O3"], [], [])
+    spent = children() - before
+    seconds, what = log.read_text().splitlines()[0].split("\t")
+    assert what == str(src)
+    assert spent > 0.02 and abs(float(seconds) - spent) < 0.015, (seconds, spent)
+    compiler._compile(str(tmp_path / "b.o"), str(src), ".c", ["-O3"], [], [])
+    assert compiler.calls == (1 if cached else 2)  # a hit copies the object: no compile
+    assert (tmp_path / "b.o").read_bytes() == b"object of " + str(src).encode()
+    assert len(log.read_text().splitlines()) == compiler.calls

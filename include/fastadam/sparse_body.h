@@ -138,8 +138,8 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
     FA_AT_LEVEL(FA_FN(segment_sum))(values, row_size, perm, offsets, s0, s1, out);
 }
 
-/* Lazy and catchup share one loop over segments; KIND, FLAGS, CATCHUP and ROW are constants
- * here.  ROW > 0 is the row length known at compile time (short rows: the loops over a row
+/* Lazy and catchup share one loop over segments; KIND, FLAGS and ROW are constants here,
+ * CATCHUP is not (a test per segment, outside the loops over a row).  ROW > 0 is the row length known at compile time (short rows: the loops over a row
  * become a few whole vectors instead of a scalar remainder of the dispatch width's loop); 0
  * means row_size. */
 static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
@@ -219,8 +219,8 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
  * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
  * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
  * leaves `status` at FA_ERR_UNSUPPORTED, decided before any write.
- * The instantiations of one optimizer make one dispatched function (its flag, catch-up and
- * row-length cases), not one for every optimizer: gcc's time on a function grows faster than
+ * The instantiations of one optimizer make one dispatched function (its flag and row-length
+ * cases), not one for every optimizer: gcc's time on a function grows faster than
  * its size, and the per-optimizer functions compile in about half the time of their union
  * (the same loops; one more indirect call per call, not per row). */
 #define FA_SPARSE_CASE(F, K)                                                                   \
@@ -239,12 +239,11 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     case 8: FA_ROWS(K, F, LAST, T, CU, 8); break;                                              \
     default: FA_ROWS(K, F, LAST, T, CU, 0); break;                                             \
     }
-#define FA_LOOP(K, F)                                                                          \
-    if (last_step) {                                                                           \
-        FA_BY_ROW(K, F, last_step, t, 1)                                                       \
-    } else {                                                                                   \
-        FA_BY_ROW(K, F, NULL, 0, 0)                                                            \
-    }
+/* Catch-up or not is a run-time value (last_step != NULL): it decides once per segment whether
+ * the row's slots decay, and the loops over a row are the same in both modes, so one
+ * instantiation serves both (half the row walks to compile; lazy mode pays one predicted
+ * branch per segment). */
+#define FA_LOOP(K, F) FA_BY_ROW(K, F, last_step, t, last_step != NULL)
 #define FA_ROWS_ARGS                                                                           \
     const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,              \
         ptrdiff_t row_size, const ptrdiff_t *stride, const FA_S *restrict values,              \
