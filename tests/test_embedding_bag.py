@@ -269,6 +269,13 @@ def test_offset_forms_agree():
     rows, grad = embedding_bag_gradient_reference(20, ids, None, g, pooling="mean")
     want, _ = lazy_oracle(_adagrad, x0, {"h": np.zeros_like(x0)}, rows, grad, 1, dict(lr=1e-2))
     np.testing.assert_allclose(runs[0], want, rtol=1e-13)
+    # as many ids as bags, but not one per bag: the bag of each id still counts
+    x, h = x0.copy(), np.zeros_like(x0)
+    ids2, offsets2, g2 = np.array([5, 6, 7, 8]), np.array([0, 0, 1, 3]), rng.standard_normal((4, 4))
+    fastadam.embedding_bag_step_inplace(x, ids2, offsets2, g2, {"h": h}, 1, optimizer="adagrad")
+    rows, grad = embedding_bag_gradient_reference(20, ids2, offsets2, g2)
+    want, _ = lazy_oracle(_adagrad, x0, {"h": np.zeros_like(x0)}, rows, grad, 1, dict(lr=1e-2))
+    np.testing.assert_allclose(x, want, rtol=1e-13)
     # empty bags first and last, and a step without any id
     x, h = x0.copy(), np.zeros_like(x0)
     fastadam.embedding_bag_step_inplace(x, np.array([3, 3]), np.array([0, 0, 2, 2]),

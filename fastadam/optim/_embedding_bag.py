@@ -175,7 +175,7 @@ def _walk_inputs(grad_out, flat, lengths, pooling, weights, perm, dtype):
     values = np.ascontiguousarray(values)
     if values.dtype.byteorder not in "=|":
         values = values.astype(values.dtype.newbyteorder("="))
-    if lengths.shape[0] == flat.shape[0]:  # one id per bag (ids of empty bags: none)
+    if lengths.shape[0] == flat.shape[0] and (lengths == 1).all():  # one id per bag
         return values, perm
     bag_of = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), lengths)
     return values, bag_of.take(perm)
