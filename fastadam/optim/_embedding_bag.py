@@ -18,12 +18,12 @@ that step's, bit for bit, for any thread count.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .._core import _sparse
-from .._core._registry import spec as _spec
+from .._core._registry import OptimizerSpec, spec as _spec
 from .._core._sparse_host import run_threaded
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint
@@ -32,7 +32,7 @@ from ._functional import check_compute_dtype
 from ._guard import sigint_deferred
 from ._sparse_functional import KIND_SPARSE_STEP
 
-__all__ = ["embedding_bag_step_inplace", "POOLINGS"]
+__all__ = ["embedding_bag_slots", "embedding_bag_step_inplace"]
 
 POOLINGS = ("sum", "mean")
 _INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -44,7 +44,7 @@ OPTIMIZER_ALIASES = {"adamw": ("adam", {"decoupled_weight_decay": True}),
 Arrays = Union[np.ndarray, Sequence[np.ndarray]]
 
 
-def resolve_optimizer(optimizer: Any, hyper: Dict[str, Any]):
+def _resolve_optimizer(optimizer: Any, hyper: Dict[str, Any]):
     """(spec, hyper with the alias's keywords and the spec's defaults) of ``optimizer``."""
     if not isinstance(optimizer, str):
         raise TypeError(f"optimizer: expected a name such as 'adam', got "
@@ -56,6 +56,32 @@ def resolve_optimizer(optimizer: Any, hyper: Dict[str, Any]):
             raise ValueError(f"{key}: optimizer={optimizer!r} means {key}={value!r}, "
                              f"got {hyper[key]!r}")
     return spec, {**spec.defaults, **implied, **hyper}
+
+
+def embedding_bag_slots(optimizer: str = "adam", pooling: str = "sum",
+                        **hyper: Any) -> Tuple[OptimizerSpec, Tuple[str, ...]]:
+    """The optimizer and the state :func:`fastadam.embedding_bag_step_inplace` needs.
+
+    Checks ``optimizer`` (a registry name, ``"adamw"`` or ``"sgd"``), ``pooling`` and the
+    hyper-parameters as the step does (its fold at ``t = 1``), and returns the optimizer's
+    :class:`~fastadam.optim.OptimizerSpec` and the names of the state arrays the step reads
+    with these options, in slot order (``("m", "v")`` for Adam, ``("h",)`` for Adagrad ...).
+    For front-ends that allocate the state once (``fastadam.torch.FusedEmbeddingBag``).
+    """
+    spec, _, names = _fold(optimizer, pooling, 1, hyper)
+    return spec, names
+
+
+def _fold(optimizer, pooling, t, hyper):
+    """(spec, coefficient object of step t, state names in slot order), every option checked."""
+    if not isinstance(pooling, str) or pooling not in POOLINGS:
+        raise ValueError(f"pooling: expected one of {POOLINGS}, got {pooling!r}")
+    spec, merged = _resolve_optimizer(optimizer, hyper)
+    coeffs = spec.fold(t, **merged)
+    if coeffs.flags not in spec.sparse_flag_sets():
+        raise ValueError(f"optimizer: {spec.name} with these options (flags {coeffs.flags}) has "
+                         f"no sparse step")
+    return spec, coeffs, tuple(spec.slots[i] for i in spec.slot_indices(coeffs.flags))
 
 
 def _per_table(obj, name, n, single, optional=False):
@@ -259,20 +285,13 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
     array([1.  , 0.85, 1.  , 0.95])
     """
     t = step_number(t)
-    if not isinstance(pooling, str) or pooling not in POOLINGS:
-        raise ValueError(f"pooling: expected one of {POOLINGS}, got {pooling!r}")
     if not isinstance(include_last_offset, (bool, np.bool_)):
         raise TypeError(f"include_last_offset: expected a bool, got "
                         f"{type(include_last_offset).__name__}")
     if "mode" in hyper:
         raise TypeError("mode: the fused bag step is lazy (only touched rows change); use "
                         "pooling= for torch's 'sum' or 'mean'")
-    spec, merged = resolve_optimizer(optimizer, hyper)
-    coeffs = spec.fold(t, **merged)
-    names = [spec.slots[i] for i in spec.slot_indices(coeffs.flags)]
-    if coeffs.flags not in spec.sparse_flag_sets():
-        raise ValueError(f"optimizer: {spec.name} with these options (flags {coeffs.flags}) has "
-                         f"no sparse step")
+    spec, coeffs, names = _fold(optimizer, pooling, t, hyper)
     if not isinstance(state, dict):
         raise TypeError(f"state: expected a dict of state arrays by name {spec.slots}, got "
                         f"{type(state).__name__}")

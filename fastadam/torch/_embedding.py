@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import embedding_bag_step_inplace
-from ..optim._embedding_bag import POOLINGS, resolve_optimizer
+from ..optim import embedding_bag_slots
 from ._optimizer import new_step, numpy_view
 
 __all__ = ["FusedEmbeddingBag", "FusedEmbeddingBagCollection"]
@@ -100,13 +100,14 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
                  initial_accumulator_value: float = 0.0,
                  _weights: Optional[Sequence[torch.Tensor]] = None, **hyper: Any):
         super().__init__()
-        if not isinstance(mode, str) or mode not in POOLINGS:
-            raise ValueError(f"mode: expected one of {POOLINGS}, got {mode!r}")
         if dtype not in _DTYPES:
             raise TypeError(f"dtype: expected torch.float32 or torch.float64, got {dtype}")
-        spec, merged = resolve_optimizer(optimizer, dict(hyper))
-        coeffs = spec.fold(1, **merged)  # the hyper-parameters' checks, once here
-        names = [spec.slots[i] for i in spec.slot_indices(coeffs.flags)]
+        try:  # the step's own checks of the options, once here
+            spec, names = embedding_bag_slots(optimizer, mode, **hyper)
+        except ValueError as exc:
+            if str(exc).startswith("pooling:"):
+                raise ValueError("mode" + str(exc)[len("pooling"):]) from None
+            raise
         keys = (_ADAM_KEYS if spec.name == "adam" else
                 dict(zip(spec.slots, spec.object_slots)))
         self._slots = [(name, keys[name]) for name in names]
