@@ -84,6 +84,13 @@ def _fold(optimizer, pooling, t, hyper):
     return spec, coeffs, tuple(spec.slots[i] for i in spec.slot_indices(coeffs.flags))
 
 
+def _slot_shape(spec, name, shape):
+    """The shape of state ``name`` of a table of ``shape``: the table's, or one value per row
+    for a row-wise optimizer's row slot (``OptimizerSpec.slot_shape`` where the spec has it)."""
+    slot_shape = getattr(spec, "slot_shape", None)
+    return tuple(shape) if slot_shape is None else tuple(slot_shape(name, shape))
+
+
 def _per_table(obj, name, n, single, optional=False):
     """A list of ``n`` entries from one object (one table) or a list (several)."""
     if single:
@@ -250,8 +257,9 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
         The optimizer's state arrays by their functional names (Adam ``m``, ``v``, and
         ``v_max`` for ``amsgrad``; Adagrad ``h``; momentum ``v``; RMSprop ``square_avg``,
         ``momentum_buffer``, ``grad_avg``; Lion ``m``: see
-        :func:`fastadam.optim.optimizer_spec`), each an array like ``weight``, or a list like
-        the list of tables; updated in place.
+        :func:`fastadam.optim.optimizer_spec`), each an array like ``weight`` (one value per
+        row for a row-wise optimizer's per-row state), or a list like the list of tables;
+        updated in place.
     t : int
         The step number (1 for the first step), as in the optimizer's sparse step.
     optimizer : str
@@ -327,7 +335,8 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
                              f"shape {table.shape}")
         check_compute_dtype(coeffs, table.dtype.num, w_name)
         slot_arrays = [check_array(states[name][i], _label(f"state[{name!r}]", i, single),
-                                   table.dtype.num, table.shape, True) for name in names]
+                                   table.dtype.num, _slot_shape(spec, name, table.shape), True)
+                       for name in names]
         flat, lengths = _bags(ids_l[i], offsets_l[i], include_last_offset, table.shape[0],
                               single, i)
         g_name = _label("grad_out", i, single)

@@ -34,6 +34,7 @@ class _Table(torch.nn.Module):
     """One table: ``weight``, the optimizer's state tensors and ``step``, as buffers."""
 
     def __init__(self, num_embeddings, embedding_dim, dtype, slot_keys, initial, weight):
+        """``slot_keys``: (state name, shape given the table's shape) pairs."""
         super().__init__()
         if weight is None:
             weight = torch.empty(num_embeddings, embedding_dim, dtype=dtype)
@@ -46,8 +47,9 @@ class _Table(torch.nn.Module):
                                  f"{getattr(weight, 'shape', type(weight).__name__)}")
             weight = weight.detach().to(dtype=dtype, device="cpu", copy=True).contiguous()
         self.register_buffer("weight", weight)
-        for key in slot_keys:
-            self.register_buffer(key, torch.full_like(weight, initial.get(key, 0.0)))
+        for key, shape_of in slot_keys:
+            self.register_buffer(key, torch.full(shape_of(tuple(weight.shape)),
+                                                 initial.get(key, 0.0), dtype=dtype))
         self.register_buffer("step", new_step())
 
 
@@ -80,7 +82,8 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
     num_threads : int, optional
         As in fastadam's functional steps; the result does not depend on it.
     initial_accumulator_value : float
-        Adagrad's starting ``sum`` (torch's argument of that name).
+        The starting value of the state torch calls ``sum`` (Adagrad's, torch's argument of
+        that name).
     _weights : list of tensors, optional
         Initial tables (copied); default ``normal(0, 1)`` as ``nn.EmbeddingBag``.
     **hyper
@@ -111,8 +114,12 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
         keys = (_ADAM_KEYS if spec.name == "adam" else
                 dict(zip(spec.slots, spec.object_slots)))
         self._slots = [(name, keys[name]) for name in names]
-        initial = {keys[n]: float(initial_accumulator_value) for n in spec.nonnegative_slots
-                   if spec.name == "adagrad" and n in keys}
+        # torch's Adagrad starts its ``sum`` at initial_accumulator_value (so does any
+        # optimizer whose state torch would call ``sum``, as a row-wise Adagrad's)
+        initial = {"sum": float(initial_accumulator_value)}
+        slot_shape = getattr(spec, "slot_shape", None)  # row-wise optimizers: per-row state
+        shaped = [(key, (lambda shape, n=name: tuple(slot_shape(n, shape))) if slot_shape
+                   else (lambda shape: shape)) for name, key in self._slots]
         tables = list(tables)
         weights = [None] * len(tables) if _weights is None else list(_weights)
         if len(weights) != len(tables):
@@ -126,8 +133,7 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
                                  f"{shape!r}") from None
             if num < 1 or dim < 1:
                 raise ValueError(f"tables[{i}]: expected positive sizes, got {(num, dim)}")
-            built.append(_Table(num, dim, dtype, [k for _, k in self._slots], initial,
-                                weights[i]))
+            built.append(_Table(num, dim, dtype, shaped, initial, weights[i]))
         self.tables = torch.nn.ModuleList(built)
         self.mode = mode
         self.optimizer = optimizer
