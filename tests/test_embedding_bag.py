@@ -6,7 +6,6 @@ documented formula, then each optimizer's reference on the touched rows), agains
 against the optimizer's own sparse step on the gradient expanded row per id (for every thread
 count and CPU level).  One test per error message, and all-or-nothing across tables.
 """
-import json
 import os
 import subprocess
 import sys
@@ -175,13 +174,15 @@ import sys, numpy as np, fastadam
 rng = np.random.default_rng(11)
 out = {}
 for dtype in (np.float32, np.float64):
-    for pooling in ("sum", "mean"):
+    for pooling in ("sum", "mean", "weighted"):
         x = rng.standard_normal((500, 33)).astype(dtype)
         m = np.zeros_like(x); v = np.zeros_like(x)
         ids = rng.integers(0, 500, 3000); offsets = np.arange(0, 3000, 7)
         g = rng.standard_normal((len(offsets), 33)).astype(dtype)
+        w = rng.uniform(0, 2, 3000).astype(dtype) if pooling == "weighted" else None
         fastadam.embedding_bag_step_inplace(x, ids, offsets, g, {"m": m, "v": v}, 1, lr=0.1,
-                                            pooling=pooling, num_threads=2)
+                                            pooling="mean" if pooling == "mean" else "sum",
+                                            per_sample_weights=w, num_threads=2)
         out[f"{np.dtype(dtype)}-{pooling}"] = x.tobytes().hex()
 np.savez(sys.argv[1], **{k: np.frombuffer(bytes.fromhex(h), np.uint8) for k, h in out.items()})
 """
@@ -205,7 +206,7 @@ def test_every_cpu_level_gives_the_same_bits(tmp_path):
         with np.load(path) as data:
             results[level] = {k: data[k].tobytes() for k in data.files}
     first, *others = list(results)
-    assert len(results[first]) == 4
+    assert len(results[first]) == 6
     for level in others:
         assert results[level] == results[first], (level, first)
 

@@ -11,10 +11,11 @@ write, and folds the hyper-parameters once with the optimizer's spec
 and the row walk, which sums each touched row's gradient rows in the ids' original order and
 applies the optimizer's element formula.  The walk reads a gradient row through an index
 (``values[source[j]]``), so the bags' rows are never expanded into one row per id: it reads
-``grad_out`` (scaled once per bag for ``"mean"``) through each id's bag.  Only per-sample
-weights, a scale per id, form the ``k x dim`` rows first.  The products and the order of the
-sums are those of the optimizer's own sparse step on the expanded gradient, so the result is
-that step's, bit for bit, for any thread count.
+``grad_out`` (scaled once per bag for ``"mean"``) through each id's bag.  Per-sample
+weights, a scale per id, go through one more compiled call (_bag_kernels.pyx) that sums each
+touched row's ``grad_out[bag] * weight`` without writing the products.  The products and the
+order of the sums are those of the optimizer's own sparse step on the expanded gradient, so
+the result is that step's, bit for bit, for any thread count.
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ import numpy as np
 
 from .._core import _sparse
 from .._core._registry import OptimizerSpec, spec as _spec
-from .._core._sparse_host import run_threaded
+from .._core._sparse_host import KIND_SEGMENT_SUM, run_threaded
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint
 from ._coefficients import step_number
 from ._functional import check_compute_dtype
 from ._guard import sigint_deferred
-from ._sparse_functional import KIND_SPARSE_STEP
+from ._bag_kernels import weighted_segment_sums
+from ._sparse_functional import KIND_SPARSE_STEP, _identity
 
 __all__ = ["embedding_bag_slots", "embedding_bag_step_inplace"]
 
@@ -180,38 +182,35 @@ def _bag_scale(lengths, pooling, dtype):
     return inverse
 
 
-def _row_gradients(grad_out, lengths, pooling, weights, dtype):
-    """The gradient row of each id, ``grad_out[bag] * s`` (``k x dim``), each product rounded
-    once in ``dtype`` as torch's sparse backward rounds it."""
-    bag_of = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), lengths)
-    values = grad_out.take(bag_of, axis=0)
-    inverse = _bag_scale(lengths, pooling, dtype)
-    if inverse is not None:
-        values *= inverse.take(bag_of)[:, None]
-    if weights is not None:
-        values *= weights[:, None]
-    return values
-
-
-def _walk_inputs(grad_out, flat, lengths, pooling, weights, perm, dtype):
-    """(values, source) for the row walk: the walk sums ``values[source[j]]`` over each
-    touched row's ids ``j`` (in their original order) before the optimizer's update.
+def _walk_inputs(grad_out, flat, lengths, pooling, weights, perm, offsets, dtype, nt):
+    """(values, source, offsets) for the row walk, which sums ``values[source[j]]`` over the
+    ``j`` of each touched row's segment, in the ids' original order, before the update.
 
     Without per-sample weights an id's scale is its bag's, so each bag's gradient row is
-    scaled once (``n_bags x dim``) and ``source`` is the bag of each sorted id: the same
-    products, added in the same order, as the expanded ``k x dim`` rows, bit for bit, without
-    writing them.  With per-sample weights the expanded rows are formed (``source = perm``)."""
-    if weights is not None:
-        return _row_gradients(grad_out, lengths, pooling, weights, dtype), perm
+    scaled once (``n_bags x dim``; not at all for "sum" or bags of one id) and ``source`` is
+    the bag of each sorted id.  With per-sample weights each touched row's sum of
+    ``grad_out[bag] * weight`` is formed first (_bag_kernels.pyx) and the walk reads one row
+    per segment.  Either way: the same products, added in the same order from +0, as the
+    optimizer's sparse step on the expanded ``k x dim`` rows, bit for bit, without them."""
+    values = grad_out
     inverse = _bag_scale(lengths, pooling, dtype)
-    values = grad_out * inverse[:, None] if inverse is not None else grad_out
+    if inverse is not None and (lengths > 1).any():
+        values = grad_out * inverse[:, None]  # 1/1 = 1: bags of one id keep their row
     values = np.ascontiguousarray(values)
     if values.dtype.byteorder not in "=|":
         values = values.astype(values.dtype.newbyteorder("="))
     if lengths.shape[0] == flat.shape[0] and (lengths == 1).all():  # one id per bag
-        return values, perm
-    bag_of = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), lengths)
-    return values, bag_of.take(perm)
+        source = perm
+    else:
+        source = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), lengths).take(perm)
+    if weights is None:
+        return values, source, offsets
+    nseg = offsets.shape[0] - 1
+    sums = np.empty((nseg, values.shape[1]), dtype=dtype)
+    run_threaded(weighted_segment_sums,
+                 (values, source, np.ascontiguousarray(weights.take(perm)), offsets, sums),
+                 flat.shape[0] * values.shape[1], nt, KIND_SEGMENT_SUM)
+    return sums, _identity(nseg), _identity(nseg + 1)
 
 
 def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out: Any,
@@ -372,7 +371,8 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
             if flat.shape[0] == 0 or table.size == 0:
                 continue
             perm, rows, offsets = _sparse.sort_segments(flat, table.shape[0])
-            values, source = _walk_inputs(grad, flat, lengths, pooling, psw, perm, table.dtype)
+            values, source, offsets = _walk_inputs(grad, flat, lengths, pooling, psw, perm,
+                                                   offsets, table.dtype, nt)
             args = (coeffs, table, slot_arrays, values, source, rows, offsets, "lazy", None, t)
             run_threaded(_sparse.sparse_step, args, flat.shape[0] * table.shape[1], nt,
                          KIND_SPARSE_STEP["lazy"])
