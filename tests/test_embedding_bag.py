@@ -249,6 +249,29 @@ def test_matches_torch_embedding_bag_with_its_sparse_optimizers(pooling, torch_o
     assert not np.allclose(x, w0)
 
 
+def test_a_step_number_per_table_equals_separate_calls():
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal((30, 5)), rng.standard_normal((20, 5))]
+    ms = [np.abs(rng.standard_normal(x.shape)) for x in xs]
+    vs = [np.abs(rng.standard_normal(x.shape)) for x in xs]
+    ids = [rng.integers(0, 20, 15), rng.integers(0, 20, 9)]
+    offsets = [np.array([0, 4, 9]), np.array([0, 1])]
+    grads = [rng.standard_normal((3, 5)), rng.standard_normal((2, 5))]
+    x0, m0, v0 = [x.copy() for x in xs], [m.copy() for m in ms], [v.copy() for v in vs]
+    want = [x.copy() for x in xs]
+    for i, t in enumerate((2, 7)):
+        fastadam.embedding_bag_step_inplace(want[i], ids[i], offsets[i], grads[i],
+                                            {"m": m0[i].copy(), "v": v0[i].copy()}, t, lr=0.1)
+    fastadam.embedding_bag_step_inplace(xs, ids, offsets, grads, {"m": ms, "v": vs}, [2, 7],
+                                        lr=0.1)
+    for x, w in zip(xs, want):
+        assert x.tobytes() == w.tobytes()
+    at_seven = x0[0].copy()  # the step number matters: table 0 at t=7 ends elsewhere
+    fastadam.embedding_bag_step_inplace(at_seven, ids[0], offsets[0], grads[0],
+                                        {"m": m0[0].copy(), "v": v0[0].copy()}, 7, lr=0.1)
+    assert at_seven.tobytes() != xs[0].tobytes()
+
+
 def test_offset_forms_agree():
     """2-D ids, include_last_offset, int32 ids, empty bags at both ends, and no ids at all."""
     rng = np.random.default_rng(2)
@@ -374,6 +397,9 @@ ERRORS = [
     (_kw(state={"m": 1, "v": 2, "h": 3}), ValueError, r"state: unknown name 'h'"),
     (_kw(grad_out=[np.ones((2, 3))]), ValueError, r"grad_out: expected a list of 2 entries"),
     (_kw(t=1.5), TypeError, r"t: expected an int step number"),
+    (_kw(t=[1, 2, 3]), ValueError, r"t: expected one step number or a list of 2"),
+    (_kw(t=[1, 0]), ValueError, r"lr|t"),  # Adam's t=0 with the tf convention: its fold
+    (_kw(t=[1, "2"]), TypeError, r"t\[1\]: expected an int step number"),
 ]
 
 

@@ -185,6 +185,31 @@ def test_single_table_matches_embedding_bag_and_weight_gradient():
     assert torch.equal(fused.weight, before)
 
 
+def test_a_table_whose_output_is_unused_is_not_stepped():
+    """As torch.optim.SparseAdam skips a parameter without a gradient: the unused table and
+    its step count stay, the used one steps, here and on the next step, as torch's twin."""
+    torch.manual_seed(0)
+    fused = ft.FusedEmbeddingBagCollection(TABLES, lr=0.05, dtype=torch.float64)
+    bags = [torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, dtype=torch.float64,
+                                  _weight=fused.tables[i].weight.clone())
+            for i, (n, d) in enumerate(TABLES)]
+    opt = torch.optim.SparseAdam([b.weight for b in bags], lr=0.05)
+    rng = np.random.default_rng(4)
+    for used in ([0], [0, 1], [1], [0, 1]):
+        ids = [torch.from_numpy(rng.integers(0, n, 12)) for n, _ in TABLES]
+        offsets = [torch.tensor([0, 5, 5]), torch.tensor([0, 2, 9])]
+        g = [torch.from_numpy(rng.standard_normal((3, 6))) for _ in TABLES]
+        out = fused(ids, offsets)
+        sum((out[i] * g[i]).sum() for i in used).backward()
+        opt.zero_grad(set_to_none=True)
+        sum((bags[i](ids[i], offsets[i]) * g[i]).sum() for i in used).backward()
+        opt.step()
+    for i, bag in enumerate(bags):
+        assert float(fused.tables[i].step) == float(opt.state[bag.weight]["step"]) == 3.0
+        torch.testing.assert_close(fused.tables[i].weight, bag.weight.detach(), rtol=1e-10,
+                                   atol=1e-12)
+
+
 def test_a_refused_backward_changes_no_table():
     fused = ft.FusedEmbeddingBagCollection(TABLES, lr=0.1)
     before = [t.weight.clone() for t in fused.tables]

@@ -259,8 +259,9 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
         :func:`fastadam.optim.optimizer_spec`), each an array like ``weight`` (one value per
         row for a row-wise optimizer's per-row state), or a list like the list of tables;
         updated in place.
-    t : int
-        The step number (1 for the first step), as in the optimizer's sparse step.
+    t : int or list of int
+        The step number (1 for the first step), as in the optimizer's sparse step; with
+        several tables, one for all or a list with each table's own.
     optimizer : str
         A registry name (``"adam"``, ``"adagrad"``, ``"momentum"``, ``"rmsprop"``,
         ``"lion"``, and any optimizer registered later), or ``"adamw"`` (``"adam"`` with
@@ -291,14 +292,33 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
     >>> w[:, 0]
     array([1.  , 0.85, 1.  , 0.95])
     """
-    t = step_number(t)
+    single = isinstance(weight, np.ndarray)
+    if not single and not isinstance(weight, (list, tuple)):
+        raise TypeError(f"weight: expected a numpy.ndarray or a list of them, got "
+                        f"{type(weight).__name__}")
+    tables = [weight] if single else list(weight)
+    n = len(tables)
+    if isinstance(t, (list, tuple)) and not single:
+        if len(t) != n:
+            raise ValueError(f"t: expected one step number or a list of {n} (one per table), "
+                             f"got a list of {len(t)}")
+        steps = [step_number(x, f"t[{i}]") for i, x in enumerate(t)]
+    else:
+        steps = [step_number(t)] * n
     if not isinstance(include_last_offset, (bool, np.bool_)):
         raise TypeError(f"include_last_offset: expected a bool, got "
                         f"{type(include_last_offset).__name__}")
     if "mode" in hyper:
         raise TypeError("mode: the fused bag step is lazy (only touched rows change); use "
                         "pooling= for torch's 'sum' or 'mean'")
-    spec, coeffs, names = _fold(optimizer, pooling, t, hyper)
+    spec, coeffs, names = _fold(optimizer, pooling, steps[0] if steps else 1, hyper)
+    folded = {steps[0]: coeffs} if steps else {}
+    for step in steps:  # each step number once (a table's own count: fastadam.torch)
+        if step not in folded:
+            folded[step] = _fold(optimizer, pooling, step, hyper)[1]
+            if folded[step].flags != coeffs.flags:
+                raise ValueError(f"t: steps {steps[0]} and {step} use different options of "
+                                 f"{spec.name}; step these tables in separate calls")
     if not isinstance(state, dict):
         raise TypeError(f"state: expected a dict of state arrays by name {spec.slots}, got "
                         f"{type(state).__name__}")
@@ -311,12 +331,6 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
         raise ValueError(f"state: {spec.name} with these options needs {missing[0]!r} (an "
                          f"array like weight, updated in place; start it at zeros)")
 
-    single = isinstance(weight, np.ndarray)
-    if not single and not isinstance(weight, (list, tuple)):
-        raise TypeError(f"weight: expected a numpy.ndarray or a list of them, got "
-                        f"{type(weight).__name__}")
-    tables = [weight] if single else list(weight)
-    n = len(tables)
     ids_l = _per_table(ids, "ids", n, single)
     offsets_l = _per_table(offsets, "offsets", n, single, optional=True)
     grads_l = _per_table(grad_out, "grad_out", n, single)
@@ -332,7 +346,7 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
         if table.ndim != 2:
             raise ValueError(f"{w_name}: expected a 2-D table (num_embeddings, dim), got "
                              f"shape {table.shape}")
-        check_compute_dtype(coeffs, table.dtype.num, w_name)
+        check_compute_dtype(folded[steps[i]], table.dtype.num, w_name)
         slot_arrays = [check_array(states[name][i], _label(f"state[{name!r}]", i, single),
                                    table.dtype.num, _slot_shape(spec, name, table.shape), True)
                        for name in names]
@@ -354,7 +368,7 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
                 at = int(np.argmin(np.isfinite(psw)))
                 raise ValueError(f"{p_name}: expected finite weights, got {psw[at]} at "
                                  f"position {at}")
-        plans.append((table, slot_arrays, flat, lengths, grad, psw))
+        plans.append((table, slot_arrays, flat, lengths, grad, psw, steps[i]))
 
     groups = [("weight", [p[0] for p in plans], True)]
     groups += [(f"state[{name!r}]", [p[1][s] for p in plans], True)
@@ -367,12 +381,13 @@ def embedding_bag_step_inplace(weight: Arrays, ids: Any, offsets: Any, grad_out:
 
     nt = 0 if num_threads is None else resolve_num_threads(num_threads)  # 0: measured choice
     with sigint_deferred():  # several compiled calls: a Ctrl-C arrives after the last one
-        for table, slot_arrays, flat, lengths, grad, psw in plans:
+        for table, slot_arrays, flat, lengths, grad, psw, step in plans:
             if flat.shape[0] == 0 or table.size == 0:
                 continue
             perm, rows, offsets = _sparse.sort_segments(flat, table.shape[0])
             values, source, offsets = _walk_inputs(grad, flat, lengths, pooling, psw, perm,
                                                    offsets, table.dtype, nt)
-            args = (coeffs, table, slot_arrays, values, source, rows, offsets, "lazy", None, t)
+            args = (folded[step], table, slot_arrays, values, source, rows, offsets, "lazy",
+                    None, step)
             run_threaded(_sparse.sparse_step, args, flat.shape[0] * table.shape[1], nt,
                          KIND_SPARSE_STEP["lazy"])

@@ -21,7 +21,7 @@ import torch
 
 from .. import embedding_bag_step_inplace
 from ..optim import embedding_bag_slots
-from ._optimizer import new_step, numpy_view
+from ._optimizer import new_step, numpy_view, step_count
 
 __all__ = ["FusedEmbeddingBag", "FusedEmbeddingBagCollection"]
 
@@ -59,9 +59,10 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
 
     ``forward`` is ``torch.nn.functional.embedding_bag`` per table (``mode`` ``"sum"`` or
     ``"mean"``, ``per_sample_weights`` with ``"sum"``, torch's ``offsets`` convention).  The
-    backward of the outputs runs :func:`fastadam.embedding_bag_step_inplace` on all tables:
-    the lazy sparse step of ``optimizer`` on the touched rows, ``t`` the number of backward
-    passes so far plus one.  **The tables are buffers, not parameters**: ``parameters()`` does
+    backward of the outputs runs :func:`fastadam.embedding_bag_step_inplace` on all tables
+    whose output has a gradient: the lazy sparse step of ``optimizer`` on the touched rows,
+    ``t`` the table's ``step`` count plus one (a table whose output was not used is not
+    stepped, as torch's optimizers skip a parameter without a gradient).  **The tables are buffers, not parameters**: ``parameters()`` does
     not list them, so the optimizer of the rest of the model never sees them, and their
     ``.grad`` stays None.  Each backward is one step, so run one backward per forward (a
     second forward before the backward steps the tables once per backward, each with its own
@@ -165,15 +166,18 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
             return list(_lookup(self, flat))
 
     def _step(self, flat: list, grads: Sequence[Optional[torch.Tensor]]) -> None:
-        """The fused backward: one :func:`fastadam.embedding_bag_step_inplace` call."""
-        steps = {float(t.step) for t in self.tables}
-        if len(steps) != 1:
-            raise ValueError(f"step: the tables' step counts differ ({sorted(steps)}); they are "
-                             f"stepped together")
-        t = int(steps.pop()) + 1
-        weights, ids, offsets, gouts, psws = [], [], [], [], []
+        """The fused backward: one :func:`fastadam.embedding_bag_step_inplace` call over the
+        tables whose output received a gradient (a table whose output was not used is not
+        stepped, as torch's optimizers skip a parameter without a gradient), each at its own
+        step count."""
+        active = [i for i in range(len(self.tables)) if grads[i] is not None]
+        if not active:
+            return
+        steps, weights, ids, offsets, gouts, psws = [], [], [], [], [], []
         state = {name: [] for name, _ in self._slots}
-        for i, table in enumerate(self.tables):
+        for i in active:
+            table = self.tables[i]
+            steps.append(int(step_count(table.step, f"tables[{i}].step")) + 1)
             w = numpy_view(table.weight, f"tables[{i}].weight")
             weights.append(w)
             for name, key in self._slots:
@@ -182,18 +186,14 @@ class FusedEmbeddingBagCollection(torch.nn.Module):
             ids.append(_index_view(a, f"ids[{i}]"))
             offsets.append(None if o is None else _index_view(o, f"offsets[{i}]"))
             psws.append(None if p is None else p.detach().contiguous().numpy())
-            g = grads[i]
-            n_bags = _bag_count(a, o, self.include_last_offset)
-            if g is None:
-                g = torch.zeros(n_bags, w.shape[1], dtype=table.weight.dtype)
-            gouts.append(g.detach().to(table.weight.dtype).contiguous().numpy())
+            gouts.append(grads[i].detach().to(table.weight.dtype).contiguous().numpy())
         embedding_bag_step_inplace(
-            weights, ids, offsets, gouts, state, t, optimizer=self.optimizer,
+            weights, ids, offsets, gouts, state, steps, optimizer=self.optimizer,
             pooling=self.mode, per_sample_weights=psws,
             include_last_offset=self.include_last_offset, num_threads=self.num_threads,
             **self.hyper)
-        for table in self.tables:
-            table.step.add_(1)
+        for i in active:
+            self.tables[i].step.add_(1)
 
     def extra_repr(self) -> str:
         shapes = [tuple(t.weight.shape) for t in self.tables]
@@ -237,12 +237,6 @@ def _index_view(a: Any, name: str) -> np.ndarray:
     return a.detach().cpu().contiguous().numpy()
 
 
-def _bag_count(ids, offsets, include_last_offset) -> int:
-    if offsets is None:
-        return int(ids.shape[0])
-    return int(offsets.shape[0]) - (1 if include_last_offset else 0)
-
-
 def _lookup(owner: FusedEmbeddingBagCollection, flat: list):
     outs = []
     for i, table in enumerate(owner.tables):
@@ -261,6 +255,7 @@ class _BagLookup(torch.autograd.Function):
     def forward(ctx, owner, anchor, *flat):
         ctx.owner = owner
         ctx.flat = flat
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no step
         return _lookup(owner, list(flat))
 
     @staticmethod
