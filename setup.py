@@ -127,6 +127,7 @@ EXTENSIONS = {
     "fastadam.autodiff._transformer_kernels": ["fastadam/autodiff/_transformer_kernels.pyx",
                                                "include/fastadam/transformer_kernels.c"],
     "fastadam.sparse._csr": ["fastadam/sparse/_csr.pyx"],
+    "fastadam.optim._bag_kernels": ["fastadam/optim/_bag_kernels.pyx"],
     "fastadam.optim._step_path": ["fastadam/optim/_step_path.pyx"],
     "fastadam.sklearn._kernels": ["fastadam/sklearn/_kernels.pyx"],
     "fastadam.bench._yardstick": ["fastadam/bench/_yardstick.pyx", "include/fastadam/yardstick.c"],

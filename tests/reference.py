@@ -288,3 +288,42 @@ def needed_without_y(graph, wanted):
             found.add(k)
             stack.extend(n for n in graph.steps[k].inputs if n)
     return sorted(found)
+
+
+# ============================================================================================
+# Embedding bags (oracle for fastadam.embedding_bag_step_inplace and fastadam.torch's bags)
+# ============================================================================================
+
+def embedding_bag_gradient_reference(n_rows, ids, offsets, grad_out, *, pooling="sum",
+                                     per_sample_weights=None, include_last_offset=False):
+    """(touched rows increasing, their float64 gradients) of a pooled lookup, from torch's
+    ``nn.EmbeddingBag`` documentation: bag ``b`` is ``ids[offsets[b]:offsets[b+1]]`` (the last
+    bag ends at ``len(ids)``; with ``include_last_offset`` the last offset is that end), its
+    output ``sum_j s_j * weight[ids[j]]`` with ``s_j`` 1, the per-sample weight, or
+    ``1 / len(bag)`` for ``"mean"``; so id ``ids[j]`` of bag ``b`` receives
+    ``s_j * grad_out[b]``, summed per row.  ``offsets=None``: 2-D ids, one bag per row."""
+    ids = np.asarray(ids).astype(np.int64)
+    grad_out = np.asarray(grad_out, dtype=np.float64)
+    if offsets is None:
+        n_bags, size = ids.shape
+        bounds = [(b * size, (b + 1) * size) for b in range(n_bags)]
+        ids = ids.reshape(-1)
+    else:
+        ends = list(np.asarray(offsets).astype(np.int64))
+        if not include_last_offset:
+            ends.append(ids.shape[0])
+        bounds = list(zip(ends[:-1], ends[1:]))
+    dense = np.zeros((n_rows, grad_out.shape[1]))
+    touched = np.zeros(n_rows, dtype=bool)
+    for b, (start, end) in enumerate(bounds):
+        for j in range(start, end):
+            if per_sample_weights is not None:
+                s = float(per_sample_weights[j])
+            elif pooling == "mean":
+                s = 1.0 / (end - start)
+            else:
+                s = 1.0
+            dense[ids[j]] += s * grad_out[b]
+            touched[ids[j]] = True
+    rows = np.flatnonzero(touched)
+    return rows, dense[rows]

@@ -23,7 +23,7 @@ def test_openmp_was_not_lost():
 # compiled without it would run every step on one thread and still pass every other test)
 PARALLEL_EXTENSIONS = ("fastadam._core._config", "fastadam._core._dense", "fastadam._core._sparse",
                        "fastadam._core._lowp", "fastadam._core._autodiff_kernels",
-                       "fastadam.autodiff._transformer_kernels")
+                       "fastadam.autodiff._transformer_kernels", "fastadam.optim._bag_kernels")
 
 
 @pytest.mark.parametrize("module", PARALLEL_EXTENSIONS)

@@ -10,6 +10,9 @@
 - ``optimizer_spec(name)`` (public): each optimizer's ``OptimizerSpec`` (slot names for the
   functional steps and the objects, flags, fold, ONNX operator and torch class names), for the
   tables of front-ends (fastadam/_core/_registry.py holds them);
+- ``_embedding_bag.py``: ``embedding_bag_step_inplace``, the backward of pooled embedding
+  lookups (``nn.EmbeddingBag``) fused with a lazy sparse step of any registered optimizer;
+  ``embedding_bag_slots`` (public), the state it needs, for front-ends.
 - ``_prepared.py``: ``prepare_step``, the public prepared step (arrays checked once, then
   fold-and-call per step) for front-ends that step the same arrays many times.
 - ``sigint_deferred`` (public, ``_guard.py``): a context manager that delivers a Ctrl-C arriving
@@ -42,6 +45,7 @@ from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
 from ._prepared import PreparedStep, prepare_step
+from ._embedding_bag import embedding_bag_slots, embedding_bag_step_inplace
 from ._guard import sigint_deferred
 from .._core._lowp_state import QuantizedState
 from .._core._registry import OptimizerSpec, spec as optimizer_spec
@@ -51,5 +55,6 @@ __all__ = ["adagrad_step_inplace", "momentum_step_inplace", "sparse_adagrad_step
 __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inplace",
             "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
             "prepare_step", "QuantizedState", "sigint_deferred"]
+__all__ += ["embedding_bag_slots", "embedding_bag_step_inplace"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "SparseAdam",
             "clip_grad_norm", "global_norm", "schedules"]

@@ -12,6 +12,10 @@ before the first write, and a Ctrl-C arrives after the whole step.  Sparse gradi
 (``nn.Embedding(sparse=True)``) take fastadam's lazy sparse step.  Parameters must be contiguous CPU tensors of float32, float64
 or float16 (float16 computed in float32, state in float16 as torch keeps it).
 
+``FusedEmbeddingBag`` and ``FusedEmbeddingBagCollection`` are pooled embedding tables whose
+backward is the optimizer step (as FBGEMM's table-batched embedding): the tables are buffers
+updated in place, never a gradient.
+
 torch is not a dependency of fastadam: install it yourself (the CPU build:
 ``pip install torch --index-url https://download.pytorch.org/whl/cpu``).
 """
@@ -23,5 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "`pip install torch --index-url https://download.pytorch.org/whl/cpu`") from exc
 
 from ._optimizers import Adagrad, Adam, AdamW, Lion, RMSprop, SGD, SparseAdam
+from ._embedding import FusedEmbeddingBag, FusedEmbeddingBagCollection
 
-__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "SGD", "SparseAdam"]
+__all__ = ["Adagrad", "Adam", "AdamW", "FusedEmbeddingBag", "FusedEmbeddingBagCollection", "Lion",
+           "RMSprop", "SGD", "SparseAdam"]
