@@ -328,8 +328,9 @@ def _mlp_step(graph, errors, grad, layers, loss, x):
         return [y, *grads]
 
     def run(inputs):
-        xd, labels = inputs[0].data, inputs[1].data
-        ws, bs = [t.data for t in inputs[2::2]], [t.data for t in inputs[3::2]]
+        arrays = [t.data for t in inputs]
+        xd, labels = arrays[0], arrays[1]
+        ws, bs = arrays[2::2], arrays[3::2]
         if not ad.mlp_fuses(xd, ws, bs, labels) or (
                 ignore is not None and bool(np.any(labels == ignore))):
             return unfused(inputs)
@@ -343,7 +344,10 @@ def _mlp_step(graph, errors, grad, layers, loss, x):
             value, grads = ad.mlp_loss_and_gradients(xd, ws, bs, labels, relu, need)
         except IndexError as e:  # a label out of range: the loss node's error
             raise graph.relabel(loss, e) from e
-        return [Tensor(value), *[Tensor(grads[i]) for i in order]]
+        out = [Tensor(value)]
+        for i in order:
+            out.append(Tensor(grads[i]))
+        return out
 
     step = copy.copy(loss)
     step.index = grad.index
