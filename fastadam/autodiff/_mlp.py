@@ -13,6 +13,7 @@ Gemm/Relu chain, its SoftmaxCrossEntropyLoss and their Gradient node through it 
 import numpy as np
 
 from . import _kernels as K
+from ._tensor import _wrap
 
 __all__ = ["mlp_fuses", "mlp_loss_and_gradients"]
 
@@ -22,16 +23,17 @@ def mlp_fuses(x, weights, biases, labels):
     floating dtype, ``weights[k]`` (out_k, in_k) and ``biases[k]`` (out_k,) of that dtype
     chaining from D (``in_0 = D``, ``in_{k+1} = out_k``), at least one layer, and ``labels``
     integers of shape (N,)."""
-    dt = x.dtype
-    if dt.kind != "f" or x.ndim != 2 or not weights or len(weights) != len(biases):
+    dt, shape = x.dtype, x.shape
+    if dt.kind != "f" or len(shape) != 2 or labels.shape != shape[:1] or \
+            labels.dtype.kind not in "iu" or not weights or len(weights) != len(biases):
         return False
-    width = x.shape[1]
+    width = shape[1:]
     for w, b in zip(weights, biases):
-        if w.dtype != dt or b.dtype != dt or w.ndim != 2 or b.ndim != 1 or \
-                w.shape[1] != width or b.shape[0] != w.shape[0]:
+        # (a weight (out, width): its shape[1:] is (width,); a bias (out,): w.shape[:1])
+        if w.dtype != dt or b.dtype != dt or w.shape[1:] != width or b.shape != w.shape[:1]:
             return False
-        width = w.shape[0]
-    return labels.dtype.kind in "iu" and labels.shape == x.shape[:1]
+        width = b.shape
+    return True
 
 
 def _explain(x, weights, biases, labels):
@@ -74,8 +76,9 @@ def mlp_loss_and_gradients(x, weights, biases, labels, relu, need=None):
     ``[dW_0, db_0, dW_1, db_1, ...]`` (default: all); the gradients not needed are None and
     not computed (nor is anything below the last layer that needs one).
 
-    Returns ``(loss, grads)``: ``loss`` a 0-d array of ``x``'s dtype, ``grads`` the list
-    above, fresh arrays.  The values are those of ``gemm(h, w, b, trans_b=True)``, ``relu``,
+    Returns ``(loss, grads)`` as :func:`gradient` returns gradients, Tensors that nothing
+    recorded: ``loss`` 0-d, of ``x``'s dtype, ``grads`` the list above (fresh arrays).  The
+    values are those of ``gemm(h, w, b, trans_b=True)``, ``relu``,
     ``softmax_cross_entropy`` recorded on the tape and ``gradient(loss, params)``, bit for bit.
     Operands :func:`mlp_fuses` refuses raise TypeError/ValueError naming the argument; a label
     outside ``[0, C)`` raises IndexError (as ``softmax_cross_entropy``)."""
@@ -107,15 +110,15 @@ def mlp_loss_and_gradients(x, weights, biases, labels, relu, need=None):
         else:
             before_relu.append(None)
             h = z
-    loss = K.softmax_cross_entropy(h, lab)
+    loss = _wrap(K.softmax_cross_entropy(h, lab))
     g = K.softmax_cross_entropy_grad(h, lab, 1.0)  # the loss's seed, 1, folded in
     grads = [None] * (2 * n)
     lowest = need.index(True) // 2 if True in need else n  # the lowest layer that needs one
     for k in range(n - 1, lowest - 1, -1):
         if need[2 * k]:
-            grads[2 * k] = matmul(g.T, inputs[k])
+            grads[2 * k] = _wrap(matmul(g.T, inputs[k]))
         if need[2 * k + 1]:
-            grads[2 * k + 1] = _sum_rows(g)
+            grads[2 * k + 1] = _wrap(_sum_rows(g))
         if k > lowest:
             g = matmul(g, weights[k])
             if before_relu[k - 1] is not None:

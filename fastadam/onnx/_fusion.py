@@ -49,7 +49,6 @@ import copy
 import numpy as np
 
 from .. import autodiff as ad
-from ..autodiff import Tensor
 from ._budget import MemoryBudgetError, reserve
 
 _CORE = ("", "ai.onnx")
@@ -344,10 +343,7 @@ def _mlp_step(graph, errors, grad, layers, loss, x):
             value, grads = ad.mlp_loss_and_gradients(xd, ws, bs, labels, relu, need)
         except IndexError as e:  # a label out of range: the loss node's error
             raise graph.relabel(loss, e) from e
-        out = [Tensor(value)]
-        for i in order:
-            out.append(Tensor(grads[i]))
-        return out
+        return [value, *[grads[i] for i in order]]
 
     step = copy.copy(loss)
     step.index = grad.index

@@ -131,6 +131,12 @@ ADAM_DEFAULTS = dict(alpha=_f32(0.9), beta=_f32(0.999), epsilon=_f32(1e-6),
 ADAGRAD_DEFAULTS = dict(decay_factor=0.0, epsilon=_f32(1e-6), norm_coefficient=0.0)
 
 
+def _same(kept, written):
+    """``kept`` (a list or None) holds the very objects of ``written``, in order."""
+    return kept is not None and len(kept) == len(written) and \
+        all(map(operator.is_, kept, written))
+
+
 def _hyper(cache, lr, make):
     """The keyword dict of a step at rate ``lr``: ``make(lr)``, kept in ``cache`` (when
     given) and reused while the rate stays the same (the attributes do not change)."""
@@ -147,19 +153,23 @@ def _apply(name, t, lists, hyper, cache):
     (checked by ``_groups``): one prepared step per dtype group, every group checked before
     the first one writes.  ``cache``: None, or a dict the caller keeps for one optimizer node
     whose X and state arrays are the same objects at every step (``TrainingSession``'s
-    in-place updates): their prepared steps are kept there and reused while they are."""
+    in-place updates): their prepared steps are kept there and reused while they are (a
+    caller that hands the very ``lists`` object of the last call again, its X and state lists
+    untouched, skips the comparison)."""
     xs, gs, states = lists[0], lists[1], lists[2:]
-    written = list(itertools.chain(xs, *states))
-    kept = cache.get("written") if cache is not None else None
-    if kept is not None and len(kept) == len(written) and all(map(operator.is_, kept, written)):
+    if cache is not None and cache.get("lists") is lists:
         steps = cache["steps"]
     else:
-        slots = optimizer_spec(name).slots
-        steps = [(prepare_step(name, _select(xs, idx),
-                               {slot: _select(s, idx) for slot, s in zip(slots, states)}), idx)
-                 for idx in _by_dtype(lists)]
+        written = list(itertools.chain(xs, *states))
+        if cache is not None and _same(cache.get("written"), written):
+            steps = cache["steps"]
+        else:
+            slots = optimizer_spec(name).slots
+            steps = [(prepare_step(name, _select(xs, idx),
+                                   {slot: _select(s, idx) for slot, s in zip(slots, states)}),
+                      idx) for idx in _by_dtype(lists)]
         if cache is not None:
-            cache.update(written=written, steps=steps)
+            cache.update(written=written, steps=steps, lists=lists)
     if len(steps) > 1:  # one group checks before it writes; several: all before the first
         for step, idx in steps:
             step.check(t, **hyper)
