@@ -168,7 +168,7 @@ def test_errors_name_the_argument(case, error, match):
 
 onnx = pytest.importorskip("onnx")
 import fastadam.onnx as fo  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 
 
 def _model(widths=(64, 16, 10), relu=(True,), dtype=np.float32, bias_shapes=None):
