@@ -201,7 +201,7 @@ def kernels_step(sizes, batch):
 
     def step():
         loss, grads = ad.mlp_loss_and_gradients(X, ws, bs, y, relu)
-        opt.step(grads)
+        opt.step([g.data for g in grads])
         return loss
     return step
 
