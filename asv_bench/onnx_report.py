@@ -34,7 +34,11 @@ session's ``step(feeds)`` against ``loss = module(X, labels); optimizer.step();
 module.lazy_reset_grad()``.  At 1 thread (fastadam: threadpoolctl limits of 1;
 onnxruntime: ``intra_op_num_threads=1``, ``OMP_NUM_THREADS=1``) in CPU time of the stepping
 thread and in wall time, and at all threads (the defaults of both) in wall time; medians of
-interleaved rounds, ``ORT / fastadam`` (>= 1: fastadam is at least as fast).  Then both train
+interleaved rounds, ``ORT / fastadam`` (>= 1: fastadam is at least as fast).  A third line
+per model times, in the same rounds, the arithmetic of fastadam's step alone (``kernels
+only``: ``fastadam.autodiff.mlp_loss_and_gradients``, which the session's step runs for
+these models, then ``fastadam.Adam``; no graph, no checks of feeds, no Tensors): the floor
+that the session's per-step overhead sits on.  Then both train
 the 64-64-10 MLP on scikit-learn's digits (when installed) for a few epochs from the same
 weights on the same batches; the report prints their last-epoch losses, test accuracies and
 the largest parameter difference::
@@ -182,30 +186,55 @@ def _save_inputs(path, sizes, batch):
     np.savez(path, X=X, labels=y, **arrays)
 
 
-def ort_interleaved(step, worker, repeats, min_time):
-    """Medians per step of ``step()`` (this process) and of the worker's step, over
-    ``repeats`` interleaved rounds of about ``min_time`` each: ``{side: {clock: seconds}}``
-    with clocks ``thread`` (CPU time of the stepping thread) and ``wall``."""
-    for _ in range(20):
-        step()
+def kernels_step(sizes, batch):
+    """The floor of a fastadam step on the MLP: the same arithmetic as the session's step
+    (``fastadam.autodiff.mlp_loss_and_gradients``, the kernels the session's fused step
+    calls, then ``fastadam.Adam`` with ONNX's epsilon placement), on the same weights and
+    batch, with no graph, no feeds check and no Tensors around it."""
+    import fastadam
+    import fastadam.autodiff as ad
+    weights, X, y = B._data(sizes, batch)
+    opt = fastadam.Adam(weights, lr=B.LR, betas=(B.BETA1, B.BETA2), eps=B.EPS,
+                        convention="onnx")
+    ws, bs = weights[0::2], weights[1::2]
+    relu = (True,) * (len(ws) - 1)
+
+    def step():
+        loss, grads = ad.mlp_loss_and_gradients(X, ws, bs, y, relu)
+        opt.step([g.data for g in grads])
+        return loss
+    return step
+
+
+def ort_interleaved(steps, worker, repeats, min_time):
+    """Medians per step of each of ``steps`` (``{name: step}``, run in this process) and of
+    the worker's step (``"ort"``), over ``repeats`` interleaved rounds of about ``min_time``
+    each: ``{side: {clock: seconds}}`` with clocks ``thread`` (CPU time of the stepping
+    thread) and ``wall``."""
+    counts = {}
+    for name, step in steps.items():
+        for _ in range(20):
+            step()
+        start = time.perf_counter()
+        for _ in range(5):
+            step()
+        counts[name] = max(5, int(min_time / max((time.perf_counter() - start) / 5, 1e-7)))
     worker.ask(op="time", n=20)
-    start = time.perf_counter()
-    for _ in range(5):
-        step()
-    n_fa = max(5, int(min_time / max((time.perf_counter() - start) / 5, 1e-7)))
     probe = worker.ask(op="time", n=5)
-    n_ort = max(5, int(min_time / max(probe["wall"] / 5, 1e-7)))
-    samples = {"fastadam": {"thread": [], "wall": []}, "ort": {"thread": [], "wall": []}}
+    counts["ort"] = max(5, int(min_time / max(probe["wall"] / 5, 1e-7)))
+    sides = [*steps, "ort"]
+    samples = {side: {"thread": [], "wall": []} for side in sides}
     for r in range(repeats):
-        for side in (("fastadam", "ort") if r % 2 == 0 else ("ort", "fastadam")):
-            if side == "fastadam":
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            n = counts[side]
+            if side == "ort":
+                got = worker.ask(op="time", n=n)
+            else:
+                step = steps[side]
                 t0, w0 = time.thread_time(), time.perf_counter()
-                for _ in range(n_fa):
+                for _ in range(n):
                     step()
                 got = {"thread": time.thread_time() - t0, "wall": time.perf_counter() - w0}
-                n = n_fa
-            else:
-                got, n = worker.ask(op="time", n=n_ort), n_ort
             for clock in ("thread", "wall"):
                 samples[side][clock].append(got[clock] / n)
     return {side: {clock: float(np.median(v)) for clock, v in clocks.items()}
@@ -307,14 +336,18 @@ def ort_report(repeats, min_time):
                         info = worker.ask(op="setup", npz=inputs,
                                           dir=os.path.join(folder, f"artifacts{k}_{threads}"),
                                           threads=threads)
-                        t = ort_interleaved(B.make_step("session", sizes, batch), worker,
-                                            repeats, min_time)
+                        t = ort_interleaved({"fastadam": B.make_step("session", sizes, batch),
+                                             "kernels": kernels_step(sizes, batch)},
+                                            worker, repeats, min_time)
                     finally:
                         worker.close()
                     for clock in clocks:
                         fa, ort = t["fastadam"][clock], t["ort"][clock]
                         print(f"{label:28s} {clock:>7s} {fmt(fa):>11s} {fmt(ort):>13s} "
                               f"{ort / fa:12.2f}x")
+                    floor = t["kernels"][clocks[0]]
+                    print(f"{'  kernels only (the floor)':28s} {clocks[0]:>7s} {fmt(floor):>11s} "
+                          f"{'':13s} {t['ort'][clocks[0]] / floor:12.2f}x")
             finally:
                 undo()
         print("onnxruntime-training: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))

@@ -140,7 +140,8 @@ def test_program_reads_one_line_per_node(digits):
     X, y = digits
     model, _ = mlp_model(16)
     session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
-    session.step({"X": X[:8], "labels": y[:8]})
+    # (the logits asked for: kept, so the chain is not fused and each node has its line)
+    session.step({"X": X[:8], "labels": y[:8]}, ["fastadam.loss", "logits"])
     sched, = _schedules(session)
     text = sched.program.describe()
     print(text)
@@ -158,6 +159,24 @@ def test_program_reads_one_line_per_node(digits):
     assert gemm2.endswith("; drop r")
 
 
+def test_fused_mlp_step_reads_as_one_line(digits):
+    """With the default outputs, the Gemm/Relu chain, the loss and the Gradient node are one
+    operation (``_fusion``): one line naming them all, then the counter and the update."""
+    X, y = digits
+    model, _ = mlp_model(16)
+    session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
+    session.step({"X": X[:8], "labels": y[:8]})
+    sched, = _schedules(session)
+    lines = sched.program.describe().splitlines()
+    assert len(lines) == 3
+    assert lines[0] == (
+        "node 'fastadam.gradient' (Gradient) (fused with node #0 (Gemm), node #1 (Relu), "
+        "node #2 (Gemm), node 'fastadam.loss' (SoftmaxCrossEntropyLoss)): X@2, labels@3, W1@4, "
+        "b1@5, W2@6, b2@7 -> fastadam.loss@19, fastadam.grad.b2@23, fastadam.grad.W2@21, "
+        "fastadam.grad.b1@22, fastadam.grad.W1@20")
+    assert lines[2].startswith("node 'fastadam.adam' (Adam)")
+
+
 def test_missing_input_names_the_node_that_reads_it():
     from fastadam.onnx._graph import Program
     model, _ = mlp_model(16)
@@ -169,23 +188,30 @@ def test_missing_input_names_the_node_that_reads_it():
         program.load(env)
 
 
-def test_compiled_step_runs_the_forward_pass_once(digits, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiled_step_runs_the_forward_pass_once(fused, digits, monkeypatch):
     """The Gradient node differentiates the forward pass the step just ran: each Gemm runs once
-    per step (a re-evaluation of the sub-graph would run it twice)."""
+    per step (a re-evaluation of the sub-graph would run it twice).  With the logits kept
+    (asked for) the nodes run as they are; otherwise the chain, the loss and the Gradient
+    node run as one ``mlp_loss_and_gradients`` call per step (``_fusion``) and no Gemm."""
     import fastadam.autodiff as ad
-    calls = []
-    real = ad.gemm
+    calls = {"gemm": 0, "mlp": 0}
 
-    def counting_gemm(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(ad, "gemm", counting_gemm)  # before the runners bind it
+    def counting(name, real):
+        def fun(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return fun
+    monkeypatch.setattr(ad, "gemm", counting("gemm", ad.gemm))  # before the runners bind it
+    monkeypatch.setattr(ad, "mlp_loss_and_gradients",
+                        counting("mlp", ad.mlp_loss_and_gradients))
     X, y = digits
     model, _ = mlp_model(16)
     session = fo.TrainingSession(fo.make_training_model(model, lr=1e-2))
+    outputs = None if fused else ["fastadam.loss", "logits"]
     for k in range(3):
-        session.step({"X": X[:16], "labels": y[:16]})
-        assert len(calls) == 2 * (k + 1)
+        session.step({"X": X[:16], "labels": y[:16]}, outputs)
+        assert calls == ({"gemm": 0, "mlp": k + 1} if fused else {"gemm": 2 * (k + 1), "mlp": 0})
 
 
 def test_compiled_step_restores_the_grad_mode(digits):

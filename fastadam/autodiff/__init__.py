@@ -8,6 +8,7 @@ and check them with ``check_grads``.  See ``_engine`` for the walk, ``_tensor`` 
 from . import _methods  # noqa: F401  (attaches Tensor operators)
 from ._check_grads import check_grads
 from ._engine import backward, gradient
+from ._mlp import mlp_fuses, mlp_loss_and_gradients
 from ._nn import conv2d, log_softmax, mse, softmax, softmax_cross_entropy, take
 from ._ops import (abs, add, broadcast_to, clip, concatenate, divide, exp, gemm, getitem, log,
                    matmul, matmul_add, max, mean, multiply, negative, power, relu, reshape,
@@ -31,4 +32,6 @@ __all__ = [
     "take_along_axis",
     # _ops_transformer (added for transformers exported from PyTorch)
     "attention", "attention_fuses", "erf", "gelu", "layer_norm", "maximum", "minimum",
+    # _mlp (an MLP's training step without a tape, for the ONNX front-end)
+    "mlp_fuses", "mlp_loss_and_gradients",
 ]

@@ -26,6 +26,20 @@ into the product's own buffer and the tape records one operation instead of two,
 bits of the two nodes (values and gradients).  Otherwise the two nodes run.  Attention
 patterns are found first and keep their MatMul and Add.
 
+Training a multi-layer perceptron.  A Gradient node of ``y`` in ``xs`` whose sub-graph is a
+chain ``Gemm`` (``transB=1``, ``alpha = beta = 1``, a bias ``C``) [``Relu``] ... ``Gemm``
+feeding a ``SoftmaxCrossEntropyLoss`` (``reduction="mean"``, no weights) whose output is
+``y``, each ``xs`` a weight or bias of those Gemms, each intermediate read by the next node
+only and ``y`` by the Gradient node only (and the caller), and no other Gradient node in the
+graph, runs with the nodes of the chain as one step at the Gradient node's place:
+``fastadam.autodiff.mlp_loss_and_gradients``, the forward pass and the backward walk without a
+tape, with the bits of the nodes (values and gradients).  Outputs: the loss, then the
+Gradient node's.  The step decides at each run: where ``mlp_fuses`` says the function does
+not take the operands (another dtype in one of them, a bias to broadcast, ...) or a label
+equals the loss's ``ignore_index``, it runs the nodes as they are, then the backward walk.
+The Gemm nodes' outputs are budgeted as the nodes budget them, and a label out of range is
+the loss node's error.
+
 Only programs that know what the caller reads after them (``keep``) are fused: the session's
 steps.  ``fastadam.onnx.run`` and a Gradient node's re-evaluated sub-graph may be asked for any
 tensor, so they run every node.
@@ -35,7 +49,7 @@ import copy
 import numpy as np
 
 from .. import autodiff as ad
-from ._budget import reserve
+from ._budget import MemoryBudgetError, reserve
 
 _CORE = ("", "ai.onnx")
 
@@ -61,6 +75,7 @@ def fuse(graph, steps, keep, errors):
     def only_read_by_next(name):
         return readers.get(name) == 1 and name not in keep and name not in graph.grad_names
 
+    steps = _fuse_mlp_training(graph, steps, keep, readers, producer, only_read_by_next, errors)
     fused, dropped = {}, set()
     taken = lambda s: id(s) in dropped or id(s) in fused  # noqa: E731
     for s4 in steps:
@@ -211,6 +226,130 @@ def _attention_step(graph, errors, s1, s2, s3, s4, scales, mask, scores_first):
     step.inputs = [n for mul, name in zip(scales, s1.inputs)
                    for n in ([name] if mul is None else mul.inputs)] + [mask, s4.inputs[1]]
     step.outputs = list(s4.outputs)
+    step.attrs = {}
+    step.run = run
+    return step
+
+
+def _is_linear(step):
+    """A Gemm of a linear layer: ``A @ B.T + C`` (transB=1, alpha = beta = 1, a bias)."""
+    a = step.attrs
+    return _is(step, "Gemm", 3) and not a.get("transA", 0) and a.get("transB", 0) == 1 and \
+        a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0
+
+
+def _mlp_chain(grad, producer, present, only_read_by_next):
+    """``(layers, loss_step, x)`` of a Gradient node that trains an MLP (see the module
+    note): ``layers`` the (Gemm, Relu or None) pairs from the input up, ``x`` the chain's
+    input name; None when ``grad`` is not one."""
+    loss = producer.get(grad.y)
+    if loss is None or id(loss) not in present or not _is(loss, "SoftmaxCrossEntropyLoss", 2) \
+            or loss.attrs.get("reduction", "mean") != "mean":
+        return None
+    layers, name, relu = [], loss.inputs[0], None
+    while True:
+        s = producer.get(name)
+        if s is None or id(s) not in present or not only_read_by_next(name):
+            break
+        if _is_linear(s):
+            layers.append((s, relu))
+            relu = None
+        elif _is(s, "Relu", 1) and relu is None and layers:
+            relu = s
+        else:
+            break
+        name = s.inputs[0]
+    if not layers or relu is not None:  # (a Relu on the input: not a layer's)
+        return None
+    layers.reverse()
+    params = [n for gemm, _ in layers for n in gemm.inputs[1:]]
+    nodes = [s for pair in layers for s in pair if s is not None] + [loss]
+    # distinct parameters, input and labels; gradients of parameters only; the sub-graph is
+    # the chain and the loss, nothing else
+    if len({*params, name, loss.inputs[1]}) != len(params) + 2 or \
+            not set(grad.xs) <= set(params) or \
+            sorted(grad.subgraph) != sorted(s.index for s in nodes):
+        return None
+    return layers, loss, name
+
+
+def _fuse_mlp_training(graph, steps, keep, readers, producer, only_read_by_next, errors):
+    """``steps`` with each Gradient node that trains an MLP (see the module note) and the
+    nodes of its chain replaced by one step."""
+    if graph.retain_graph:  # another Gradient node walks the same tape
+        return steps
+    present = {id(s) for s in steps}
+    fused, dropped = {}, set()
+    for grad in steps:
+        if grad.kind != "gradient" or grad.differentiated or grad.inputs != grad.xs + grad.zs \
+                or any(n in graph.grad_names for n in grad.outputs) or \
+                readers.get(grad.y) != 1 or grad.y in graph.grad_names:
+            continue
+        found = _mlp_chain(grad, producer, present, only_read_by_next)
+        if found is None:
+            continue
+        layers, loss, x = found
+        fused[id(grad)] = _mlp_step(graph, errors, grad, layers, loss, x)
+        dropped.update(id(s) for gemm, relu in layers for s in (gemm, relu, loss)
+                       if s is not None)
+    if not fused:
+        return steps
+    return [fused.get(id(s), s) for s in steps if id(s) not in dropped]
+
+
+def _mlp_step(graph, errors, grad, layers, loss, x):
+    """The step that runs ``layers`` (Gemm, Relu or None), ``loss`` and the Gradient node
+    ``grad`` as ``fastadam.autodiff.mlp_loss_and_gradients`` when it takes the operands at run
+    time, else as the nodes (see the module note).  Inputs: ``x``, the labels, then each
+    layer's weight and bias; outputs: the loss, then ``grad``'s."""
+    params = [n for gemm, _ in layers for n in gemm.inputs[1:]]
+    need = tuple(n in grad.xs for n in params)
+    order = [params.index(n) for n in grad.xs]  # the gradient of grad.xs[j]
+    relu = tuple(r is not None for _, r in layers[:-1])
+    ignore = loss.attrs.get("ignore_index")
+    gemms = [gemm for gemm, _ in layers]
+    nodes = [s for gemm, relu_step in layers for s in (gemm, relu_step) if s is not None]
+    differentiate = graph._differentiation(grad)
+    position = {n: i for i, n in enumerate([x, loss.inputs[1], *params])}
+    xs_at = [position[n] for n in grad.xs]
+    zs_at = [position.get(n) for n in grad.zs]  # (a z outside the chain's inputs: a constant)
+
+    def unfused(inputs):
+        env = dict(zip([x, loss.inputs[1], *params], inputs))
+        for s in nodes + [loss]:
+            env[s.outputs[0]] = _call(graph, errors, s, [env[n] for n in s.inputs])[0]
+        y = env[loss.outputs[0]]
+        try:
+            grads = differentiate(y, [inputs[i] for i in xs_at],
+                                  [inputs[i] for i in zs_at if i is not None])
+        except errors as e:
+            raise graph.relabel(grad, e) from e
+        return [y, *grads]
+
+    def run(inputs):
+        arrays = [t.data for t in inputs]
+        xd, labels = arrays[0], arrays[1]
+        ws, bs = arrays[2::2], arrays[3::2]
+        if not ad.mlp_fuses(xd, ws, bs, labels) or (
+                ignore is not None and bool(np.any(labels == ignore))):
+            return unfused(inputs)
+        rows, dtype = xd.shape[0], xd.dtype
+        for gemm, w in zip(gemms, ws):  # each Gemm node's output, as the node budgets it
+            try:
+                reserve("Gemm", (rows, w.shape[0]), dtype)
+            except MemoryBudgetError as e:
+                raise graph.relabel(gemm, e) from e
+        try:
+            value, grads = ad.mlp_loss_and_gradients(xd, ws, bs, labels, relu, need)
+        except IndexError as e:  # a label out of range: the loss node's error
+            raise graph.relabel(loss, e) from e
+        return [value, *[grads[i] for i in order]]
+
+    step = copy.copy(loss)
+    step.index = grad.index
+    step.label = f"{grad.label} (fused with {', '.join(s.label for s in nodes + [loss])})"
+    step.inputs = [x, loss.inputs[1], *params]
+    step.outputs = [loss.outputs[0], *grad.outputs]
     step.attrs = {}
     step.run = run
     return step

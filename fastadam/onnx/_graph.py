@@ -673,15 +673,29 @@ class Program:
         inputs_of = operator.itemgetter(*[self.slot[name] for name in step.inputs])
         split = operator.itemgetter(*[slice(2 + k * n, 2 + (k + 1) * n) for k in range(per)])
         new_values = operator.itemgetter(*[2 + k * n + i for k in written for i in range(n)])
+        grads = slice(2 + n, 2 + 2 * n)
         data, attrs = operator.attrgetter("data"), step.attrs
         cache = {}  # the prepared steps of this node's arrays (_training_ops._apply)
+        last = [None, None]  # the inputs but R, T and G of the last step, and its lists
 
         def op(slots):
             inputs = inputs_of(slots)
-            arrays = list(map(data, inputs))
-            lists = list(split(arrays))  # X, G, then the states
-            lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
-            apply(arrays[0], arrays[1], lists, cache=cache, **attrs)
+            lists = last[1]
+            if lists is not None and all(map(operator.is_, last[0], inputs[2:2 + n])) and \
+                    all(map(operator.is_, last[0][n:], inputs[2 + 2 * n:])):
+                # the same Tensors as the last step: the same arrays (the session replaces
+                # a state Tensor whenever it replaces its array)
+                lists[1] = list(map(contiguous, map(data, inputs[grads])))
+            else:
+                arrays = list(map(data, inputs))
+                lists = list(split(arrays))  # X, G, then the states
+                lists[1] = list(map(contiguous, lists[1]))  # gradients are only read
+                last[0] = inputs[2:2 + n] + inputs[2 + 2 * n:]
+                last[1] = lists
+            try:
+                apply(inputs[0].data, inputs[1].data, lists, cache=cache, **attrs)
+            finally:
+                lists[1] = None  # (the gradients are not kept past the step)
             if outs:
                 for i, value in zip(outs, new_values(inputs)):
                     slots[i] = value

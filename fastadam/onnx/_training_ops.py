@@ -15,6 +15,7 @@ so a step over several dtypes is all or nothing.  Which optimizer an operator ru
 state slots its V/H inputs are, is read from the registry (``fastadam.optim.optimizer_spec``,
 its ``onnx_op`` and ``slots``).
 """
+import itertools
 import numbers
 import operator
 
@@ -130,24 +131,45 @@ ADAM_DEFAULTS = dict(alpha=_f32(0.9), beta=_f32(0.999), epsilon=_f32(1e-6),
 ADAGRAD_DEFAULTS = dict(decay_factor=0.0, epsilon=_f32(1e-6), norm_coefficient=0.0)
 
 
+def _same(kept, written):
+    """``kept`` (a list or None) holds the very objects of ``written``, in order."""
+    return kept is not None and len(kept) == len(written) and \
+        all(map(operator.is_, kept, written))
+
+
+def _hyper(cache, lr, make):
+    """The keyword dict of a step at rate ``lr``: ``make(lr)``, kept in ``cache`` (when
+    given) and reused while the rate stays the same (the attributes do not change)."""
+    if cache is None:
+        return make(lr)
+    hyper = cache.get("hyper")
+    if hyper is None or hyper["lr"] != lr:
+        hyper = cache["hyper"] = make(lr)
+    return hyper
+
+
 def _apply(name, t, lists, hyper, cache):
     """The update of registry optimizer ``name`` in place on ``lists = [X, G, states...]``
     (checked by ``_groups``): one prepared step per dtype group, every group checked before
     the first one writes.  ``cache``: None, or a dict the caller keeps for one optimizer node
     whose X and state arrays are the same objects at every step (``TrainingSession``'s
-    in-place updates): their prepared steps are kept there and reused while they are."""
+    in-place updates): their prepared steps are kept there and reused while they are (a
+    caller that hands the very ``lists`` object of the last call again, its X and state lists
+    untouched, skips the comparison)."""
     xs, gs, states = lists[0], lists[1], lists[2:]
-    written = [a for k, lst in enumerate(lists) if k != 1 for a in lst]
-    kept = cache.get("written") if cache is not None else None
-    if kept is not None and len(kept) == len(written) and all(map(operator.is_, kept, written)):
+    if cache is not None and cache.get("lists") is lists:
         steps = cache["steps"]
     else:
-        slots = optimizer_spec(name).slots
-        steps = [(prepare_step(name, _select(xs, idx),
-                               {slot: _select(s, idx) for slot, s in zip(slots, states)}), idx)
-                 for idx in _by_dtype(lists)]
+        written = list(itertools.chain(xs, *states))
+        if cache is not None and _same(cache.get("written"), written):
+            steps = cache["steps"]
+        else:
+            slots = optimizer_spec(name).slots
+            steps = [(prepare_step(name, _select(xs, idx),
+                                   {slot: _select(s, idx) for slot, s in zip(slots, states)}),
+                      idx) for idx in _by_dtype(lists)]
         if cache is not None:
-            cache.update(written=written, steps=steps)
+            cache.update(written=written, steps=steps, lists=lists)
     if len(steps) > 1:  # one group checks before it writes; several: all before the first
         for step, idx in steps:
             step.check(t, **hyper)
@@ -164,9 +186,9 @@ def apply_adam(R, T, lists, *, alpha, beta, epsilon, norm_coefficient, norm_coef
                cache=None):
     """The Adam update in place on ``lists = [X, G, V, H]`` (checked by ``_groups``)."""
     lr, t = _rate("Adam", R), _scalar(T, "T", "int")
-    _apply("adam", t, lists, dict(lr=lr, beta1=alpha, beta2=beta, eps=epsilon, convention="onnx",
-                                  weight_decay=_norm("Adam", norm_coefficient),
-                                  post_decay=norm_coefficient_post), cache)
+    _apply("adam", t, lists, _hyper(cache, lr, lambda lr: dict(
+        lr=lr, beta1=alpha, beta2=beta, eps=epsilon, convention="onnx",
+        weight_decay=_norm("Adam", norm_coefficient), post_decay=norm_coefficient_post)), cache)
 
 
 def adam(R, T, *inputs, alpha=ADAM_DEFAULTS["alpha"], beta=ADAM_DEFAULTS["beta"],
