@@ -755,6 +755,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         dict raises and leaves the optimizer as it was."""
         self._check_state_dict(state_dict)
         super().load_state_dict(state_dict)
+        self._restore_formats(state_dict)
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state.get(p)
@@ -802,6 +803,73 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 if not s:
                     continue
                 self._check_saved_state(s, p, keys, name)
+                self._check_saved_formats(s, p, merged, keys, name)
+
+    def _saved_formats(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
+                       name: str) -> Dict[str, torch.dtype]:
+        """The state keys whose dtype is the group's state format, not the parameter's (torch's
+        ``load_state_dict`` casts every state tensor to the parameter's dtype), by key."""
+        sd, mw = check_state_options(group)
+        fmt, use_master = state_format(p, sd, mw, name)
+        out: Dict[str, torch.dtype] = {}
+        if fmt is not None:
+            for k in keys:
+                out[k] = _formats.expected_dtype(p, fmt)
+                if fmt == "int8":
+                    out[_formats.scales_key(k)] = torch.float32
+        if use_master:
+            out[MASTER_KEY] = torch.float32
+        return out
+
+    def _check_saved_formats(self, s: Dict[str, Any], p: torch.Tensor, group: Dict[str, Any],
+                             keys: Tuple[str, ...], name: str) -> None:
+        """The saved state tensors are in the format the saved group's ``state_dtype`` and
+        ``master_weights`` say (an 8-bit state loaded as floats would be garbage)."""
+        try:
+            wanted = self._saved_formats(p, group, keys, name)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"state_dict: {exc}") from None
+        for k in keys:
+            v = s.get(k)
+            if isinstance(v, torch.Tensor) and k not in wanted and not (
+                    v.is_floating_point() or v.is_complex()):
+                raise ValueError(f"{name}[{k!r}]: has dtype {v.dtype}; a state of the "
+                                 f"parameter's dtype (state_dtype=None in its group) must be "
+                                 f"floating point (an 8-bit state needs state_dtype='int8')")
+        for k, dtype in wanted.items():
+            v = s.get(k)
+            label = f"{name}[{k!r}]"
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(f"{label}: missing (the group's state_dtype "
+                                 f"{group.get('state_dtype')!r}, master_weights "
+                                 f"{bool(group.get('master_weights', False))})")
+            if v.dtype != dtype or v.layout is not torch.strided:
+                raise ValueError(f"{label}: expected a dense {dtype} tensor, got {v.dtype}")
+        for k in keys:
+            sk = _formats.scales_key(k)
+            if sk in wanted:
+                try:
+                    _formats.QuantizedState(
+                        s[k].detach().cpu().contiguous().numpy(),
+                        s[sk].detach().cpu().contiguous().numpy().copy(), _formats.BLOCK_SIZE,
+                        _formats.QUANT_MAP,
+                        _formats.signed_slot(self._spec_name, self._slot_names[k]))
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{name}[{k!r}]: {exc}") from None
+
+    def _restore_formats(self, state_dict: Dict[str, Any]) -> None:
+        """Undo torch's cast of the state tensors whose dtype is the state format's (checked
+        by ``_check_saved_formats``): copies of the saved tensors, contiguous."""
+        for gi, (group, saved) in enumerate(zip(self.param_groups,
+                                                state_dict["param_groups"])):
+            keys = self._slot_keys(group)
+            for i, (pid, p) in enumerate(zip(saved["params"], group["params"])):
+                s, state = state_dict["state"].get(pid), self.state.get(p)
+                if not s or not state:
+                    continue
+                for k in self._saved_formats(p, group, keys, param_name(gi, i)):
+                    state[k] = s[k].detach().to(p.device).clone(
+                        memory_format=torch.contiguous_format)
 
     def _check_saved_state(self, s: Dict[str, Any], p: torch.Tensor, keys: Tuple[str, ...],
                            name: str) -> None:
@@ -822,6 +890,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
         if tuple(v.shape) != tuple(p.shape):
             raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {tuple(p.shape)} "
                              f"(the parameter's)")
-        if v.layout is not torch.strided or v.is_complex() or v.dtype == torch.bool:
-            raise TypeError(f"{label}: expected a dense real tensor, got {v.dtype} "
+        if v.layout is not torch.strided or v.is_complex() != p.is_complex() \
+                or v.dtype == torch.bool:
+            kind = "complex" if p.is_complex() else "real"
+            raise TypeError(f"{label}: expected a dense {kind} tensor, got {v.dtype} "
                             f"({v.layout})")
