@@ -178,6 +178,16 @@ def step_count(value: Any, name: str) -> float:
     return v
 
 
+_KINDS: Dict[Tuple[Any, Any, bool], Tuple[Any, Any, bool]] = {}
+
+
+def _kind(dtype: Any, fmt: Optional[str], master: bool) -> Tuple[Any, Any, bool]:
+    """One tuple object per (array dtype, state format, master): entries compare by
+    identity in every step."""
+    key = (dtype, fmt, master)
+    return _KINDS.setdefault(key, key)
+
+
 class _Entry:
     """One parameter as the kernels see it: its NumPy view and its state tensors' views, with
     the tensor objects (``step`` included) and the data pointers they were made from (an entry
@@ -191,7 +201,7 @@ class _Entry:
                  fresh, written, kind=None, tmp=None, master=None, formats=(None, False)):
         self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
         # what splits the compiled calls: (array dtype, state format, master copy)
-        self.kind = kind if kind is not None else (x.dtype, None, False)
+        self.kind = kind if kind is not None else _kind(x.dtype, None, False)
         self.tmp = tmp  # the contiguous copy a non-contiguous parameter steps through
         self.master = master  # the float32 master's array (master_weights), else None
         # the gradient is seen as ``grad.numpy()`` (a real dtype)
@@ -462,7 +472,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         """One call per (step count, dtype) of a group's dense gradients, each with the
         prepared step of its parameters (kept while they are the same entries)."""
         kind = ents[0].kind
-        if ts.count(ts[0]) == len(ts) and all(e.kind == kind for e in ents):
+        if ts.count(ts[0]) == len(ts) and all(e.kind is kind for e in ents):
             parts = {(ts[0], kind): list(range(len(ents)))}
         else:
             parts = {}
@@ -640,7 +650,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
             else:
                 number_step = True
         e = _Entry(p, x, state, keys, tensor_keys, tuple(tensors), views, step_view,
-                   number_step, fresh, tuple(written), kind=(x.dtype, fmt, use_master),
+                   number_step, fresh, tuple(written), kind=_kind(x.dtype, fmt, use_master),
                    tmp=tmp, master=master, formats=formats)
         self._entries[id(p)] = e
         return e

@@ -306,8 +306,10 @@ class Adagrad(FastadamOptimizer):
                     maximize=flag(group["maximize"], "maximize"))
 
     def _new_slot(self, p, key):
-        return torch.full_like(p, number(self.defaults["initial_accumulator_value"],
-                                         "initial_accumulator_value"),
+        value = number(self.defaults["initial_accumulator_value"], "initial_accumulator_value")
+        # torch fills a complex parameter's accumulator with value + value*1j (both halves of
+        # its view_as_real)
+        return torch.full_like(p, complex(value, value) if p.is_complex() else value,
                                memory_format=torch.contiguous_format)
 
     def _state_init(self, p, group):
