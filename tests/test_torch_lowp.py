@@ -422,3 +422,33 @@ def test_bfloat16_transformer_training_follows_torch():
     assert ours[-1] < 0.5 * ours[0]
     assert abs(ours[-1] - fused[-1]) <= 0.005 * fused[-1], (ours[-1], fused[-1])
     assert abs(ours[-1] - plain[-1]) <= 0.02 * plain[-1], (ours[-1], plain[-1])
+
+
+@pytest.mark.parametrize("first", ["bf16-params", "int8-states", "master"])
+def test_refused_step_with_low_precision_formats_writes_nothing(first):
+    """All or nothing across formats: a step refused by its last group (a NaN eps) leaves the
+    bfloat16 parameters, their 8-bit / bfloat16 states, masters and step counts as they were,
+    and creates no state for a parameter stepping for the first time."""
+    torch.manual_seed(0)
+    dtype = torch.float32 if first == "int8-states" else torch.bfloat16
+    a = torch.nn.Parameter(torch.randn(5000).to(dtype))
+    b = torch.nn.Parameter(torch.randn(300).to(torch.bfloat16))
+    c = torch.nn.Parameter(torch.randn(4096).to(dtype))
+    opts = {"int8-states": dict(state_dtype="int8"),
+            "master": dict(master_weights=True)}.get(first, {})
+    opt = ft.Adam([{"params": [c], **opts}, {"params": [a], **opts},
+                   {"params": [b], "state_dtype": "bfloat16"}], lr=1e-2)
+    a.grad, b.grad = torch.randn(5000).to(dtype), torch.randn(300).to(torch.bfloat16)
+    opt.step()  # c has no gradient yet
+    c.grad = torch.randn(4096).to(dtype)
+    before = {id(p): (p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()})
+              for p in (a, b)}
+    opt.param_groups[2]["eps"] = float("nan")
+    with pytest.raises(ValueError, match="eps"):
+        opt.step()
+    assert c not in opt.state  # planned (a new state made), never installed
+    for p in (a, b):
+        x, s = before[id(p)]
+        assert torch.equal(p.detach(), x)
+        assert s.keys() == opt.state[p].keys()
+        assert all(torch.equal(opt.state[p][k], v) for k, v in s.items())
