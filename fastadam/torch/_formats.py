@@ -54,8 +54,13 @@ def bfloat16_dtype() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_BF16: list = []  # the ml_dtypes dtype, once imported
+
+
 def _bf16_view(t: torch.Tensor) -> np.ndarray:
-    return t.view(torch.int16).numpy().view(bfloat16_dtype())
+    if not _BF16:
+        _BF16.append(bfloat16_dtype())
+    return t.view(torch.int16).numpy().view(_BF16[0])
 
 
 def _real_view(t: torch.Tensor) -> np.ndarray:

@@ -195,7 +195,7 @@ class _Entry:
 
     __slots__ = ("p", "ptr", "x", "state", "keys", "slots", "views", "step_view",
                  "number_step", "fresh", "written", "kind", "tmp", "master", "plain_grad",
-                 "formats")
+                 "grad_view", "formats")
 
     def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
                  fresh, written, kind=None, tmp=None, master=None, formats=(None, False)):
@@ -204,8 +204,9 @@ class _Entry:
         self.kind = kind if kind is not None else _kind(x.dtype, None, False)
         self.tmp = tmp  # the contiguous copy a non-contiguous parameter steps through
         self.master = master  # the float32 master's array (master_weights), else None
-        # the gradient is seen as ``grad.numpy()`` (a real dtype)
+        # the gradient is seen as ``grad.numpy()`` (a real dtype), else through grad_view
         self.plain_grad = p.dtype in REAL_DTYPES
+        self.grad_view = _formats.KERNEL_VIEWS[p.dtype]
         self.formats = formats  # the group's (state_dtype, master_weights) it was made for
         self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
         self.views = views  # of the state tensors of ``keys``, in the kernel's order
@@ -423,8 +424,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                                          f"since its state was made")
                     e.tmp.copy_(p.detach())
                     self._writes_back.append(e)
-                g = (grad.numpy() if e.plain_grad and grad.is_contiguous()
-                     else self._grad_view(grad, gi, i))
+                if grad.is_contiguous() and grad.dtype is p.dtype:
+                    g = grad.numpy() if e.plain_grad else e.grad_view(grad)
+                else:
+                    g = self._grad_view(grad, gi, i)
                 if g.dtype != x.dtype or g.shape != x.shape:
                     raise ValueError(f"{param_name(gi, i)}: its gradient has dtype "
                                      f"{grad.dtype} and shape {tuple(grad.shape)}, expected "
