@@ -424,8 +424,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                                          f"since its state was made")
                     e.tmp.copy_(p.detach())
                     self._writes_back.append(e)
-                if grad.is_contiguous() and grad.dtype is p.dtype:
-                    g = grad.numpy() if e.plain_grad else e.grad_view(grad)
+                if e.plain_grad:  # a real dtype: the gradient's own array
+                    g = grad.numpy() if grad.is_contiguous() else self._grad_view(grad, gi, i)
+                elif grad.is_contiguous() and grad.dtype is p.dtype:
+                    g = e.grad_view(grad)  # bfloat16 bits, complex parts
                 else:
                     g = self._grad_view(grad, gi, i)
                 if g.dtype != x.dtype or g.shape != x.shape:
