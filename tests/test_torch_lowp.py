@@ -351,6 +351,8 @@ def test_refusals_name_the_argument():
         ft.Adam([torch.nn.Parameter(torch.zeros(4))], master_weights="yes")
     with pytest.raises(TypeError, match="state_dtype"):
         ft.SparseAdam([torch.nn.Parameter(torch.zeros(4))], state_dtype="int8")
+    with pytest.raises(ValueError, match="SparseAdam keeps its states in the parameter's"):
+        ft.SparseAdam([{"params": [torch.nn.Parameter(torch.zeros(4))], "state_dtype": "int8"}])
     with pytest.raises(ValueError, match="differentiable"):
         ft.Adam([torch.nn.Parameter(torch.zeros(4))], differentiable=True)
     emb = torch.nn.Embedding(10, 3, sparse=True)

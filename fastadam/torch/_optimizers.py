@@ -239,6 +239,10 @@ class SparseAdam(FastadamOptimizer):
                          num_threads)
 
     def _check_group(self, group):
+        if group.get("state_dtype") is not None or group.get("master_weights"):
+            raise ValueError("state_dtype, master_weights: SparseAdam keeps its states in the "
+                             "parameter's dtype (the lazy sparse step); use "
+                             "fastadam.torch.Adam for low-precision states")
         beta1, beta2 = _betas(group)
         return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0, None),
                     beta1=beta1, beta2=beta2,
