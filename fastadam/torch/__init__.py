@@ -9,8 +9,22 @@ The parameters and the state tensors are updated in place through NumPy views of
 (no copy); the state keeps torch's names, so checkpoints move between ``torch.optim`` and
 ``fastadam.torch`` both ways.  A step is all or nothing: every check of every group runs
 before the first write, and a Ctrl-C arrives after the whole step.  Sparse gradients
-(``nn.Embedding(sparse=True)``) take fastadam's lazy sparse step.  Parameters must be contiguous CPU tensors of float32, float64
-or float16 (float16 computed in float32, state in float16 as torch keeps it).
+(``nn.Embedding(sparse=True)``) take fastadam's lazy sparse step.
+
+Parameters are CPU tensors of float32, float64, float16, bfloat16 or complex dtype:
+
+- float16 and bfloat16 are computed in float32 with states in the parameter's dtype, rounded to
+  nearest even, as ``torch.optim.Adam(fused=True)`` does (bfloat16 needs ``ml_dtypes``, the
+  ``bfloat16`` extra); ``state_dtype="float32"`` keeps float32 states and
+  ``master_weights=True`` a float32 master copy (``state["master_param"]``) of bfloat16
+  parameters;
+- complex parameters step as torch steps them (``torch.view_as_real``);
+- non-contiguous parameters (channels_last convolution weights, transposed views) step through
+  a contiguous copy written back after the step.
+
+``state_dtype="bfloat16"`` or ``"int8"`` (float32 or bfloat16 parameters) keeps smaller
+states: bfloat16 tensors, or uint8 codes with float32 ``<name>_scales`` (block-wise 8-bit,
+parameters of 4096 elements or more); the state dicts save and load with ``torch.save``.
 
 ``FusedEmbeddingBag`` and ``FusedEmbeddingBagCollection`` are pooled embedding tables whose
 backward is the optimizer step (as FBGEMM's table-batched embedding): the tables are buffers

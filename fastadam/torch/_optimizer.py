@@ -42,9 +42,9 @@ import torch
 
 from .. import IndexedSlices
 from ..optim import prepare_step, sigint_deferred
-
-#: dtypes the compiled kernels take (float16 is computed in float32)
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16)
+from . import _formats
+from ._formats import (MASTER_KEY, REAL_DTYPES, SUPPORTED_DTYPES, check_state_options,
+                       kernel_array, memory_span, state_format, strides_non_overlapping)
 #: torch option keys kept in the groups for checkpoint compatibility, accepted only at their
 #: no-op values (fastadam is its own fused, multi-threaded implementation)
 TORCH_ONLY_FLAGS = ("capturable", "differentiable")
@@ -118,8 +118,8 @@ def param_name(gi: int, i: int) -> str:
     return f"param_groups[{gi}]['params'][{i}]"
 
 
-def numpy_view(tensor: Any, name: str) -> np.ndarray:
-    """A NumPy array sharing ``tensor``'s memory (CPU, contiguous, a supported dtype)."""
+def check_tensor(tensor: Any, name: str, dtypes: Tuple[Any, ...] = SUPPORTED_DTYPES) -> None:
+    """A dense CPU tensor of a dtype the kernels step (see ``_formats.py``)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
@@ -128,14 +128,36 @@ def numpy_view(tensor: Any, name: str) -> np.ndarray:
     if tensor.layout is not torch.strided:
         raise ValueError(f"{name}: expected a dense (strided) tensor, got layout "
                          f"{tensor.layout}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in dtypes:
         raise TypeError(f"{name}: dtype {tensor.dtype} is not supported by fastadam's kernels "
-                        f"(float32, float64 and float16 are); keep such parameters in a "
-                        f"torch.optim optimizer")
+                        f"(float32, float64, float16, bfloat16 and complex are); keep such "
+                        f"parameters in a torch.optim optimizer")
+
+
+def check_param(p: Any, name: str) -> None:
+    """A parameter fastadam.torch can step (a non-contiguous one through a contiguous copy,
+    if no two of its elements share memory)."""
+    check_tensor(p, name)
+    if not p.is_contiguous() and (any(st < 0 for st in p.stride())
+                                  or not strides_non_overlapping(p)):
+        raise ValueError(f"{name}: its elements overlap in memory (strides {p.stride()}); "
+                         f"an optimizer step needs one memory location per element")
+
+
+def numpy_view(tensor: Any, name: str, dtypes: Tuple[Any, ...] = SUPPORTED_DTYPES
+               ) -> np.ndarray:
+    """The array the kernels write, sharing ``tensor``'s memory (CPU, contiguous, a supported
+    dtype; bfloat16 and complex tensors as ``_formats.kernel_array`` sees them)."""
+    check_tensor(tensor, name, dtypes)
     if not tensor.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (fastadam updates it in place "
                          f"through a NumPy view), got strides {tensor.stride()}")
-    return tensor.detach().numpy()
+    return kernel_array(tensor.detach())
+
+
+#: the dtypes of the state tensors of low-precision formats besides the parameters' (8-bit
+#: codes)
+STATE_TENSOR_DTYPES = SUPPORTED_DTYPES + (torch.uint8,)
 
 
 def step_count(value: Any, name: str) -> float:
@@ -156,17 +178,36 @@ def step_count(value: Any, name: str) -> float:
     return v
 
 
+_KINDS: Dict[Tuple[Any, Any, bool], Tuple[Any, Any, bool]] = {}
+
+
+def _kind(dtype: Any, fmt: Optional[str], master: bool) -> Tuple[Any, Any, bool]:
+    """One tuple object per (array dtype, state format, master): entries compare by
+    identity in every step."""
+    key = (dtype, fmt, master)
+    return _KINDS.setdefault(key, key)
+
+
 class _Entry:
     """One parameter as the kernels see it: its NumPy view and its state tensors' views, with
     the tensor objects (``step`` included) and the data pointers they were made from (an entry
     is valid while all are unchanged: checked at every step)."""
 
     __slots__ = ("p", "ptr", "x", "state", "keys", "slots", "views", "step_view",
-                 "number_step", "fresh", "written")
+                 "number_step", "fresh", "written", "kind", "tmp", "master", "plain_grad",
+                 "grad_view", "formats")
 
     def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
-                 fresh, written):
+                 fresh, written, kind=None, tmp=None, master=None, formats=(None, False)):
         self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
+        # what splits the compiled calls: (array dtype, state format, master copy)
+        self.kind = kind if kind is not None else _kind(x.dtype, None, False)
+        self.tmp = tmp  # the contiguous copy a non-contiguous parameter steps through
+        self.master = master  # the float32 master's array (master_weights), else None
+        # the gradient is seen as ``grad.numpy()`` (a real dtype), else through grad_view
+        self.plain_grad = p.dtype in REAL_DTYPES
+        self.grad_view = _formats.KERNEL_VIEWS[p.dtype]
+        self.formats = formats  # the group's (state_dtype, master_weights) it was made for
         self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
         self.views = views  # of the state tensors of ``keys``, in the kernel's order
         self.step_view = step_view  # None: no step tensor
@@ -192,7 +233,15 @@ class FastadamOptimizer(torch.optim.Optimizer):
     #: torch's group defaults filled in by ``__setstate__`` (a state dict of an older torch)
     _group_fill: Dict[str, Any] = {}
 
-    def __init__(self, params: Any, defaults: Dict[str, Any], num_threads: Optional[int]):
+    def __init__(self, params: Any, defaults: Dict[str, Any], num_threads: Optional[int],
+                 state_dtype: Optional[str] = None, master_weights: bool = False):
+        # fastadam's state options join the groups only when asked for (a state dict without
+        # them is torch's)
+        if state_dtype is not None:
+            defaults["state_dtype"] = state_dtype
+        if master_weights is not False:
+            defaults["master_weights"] = master_weights
+        check_state_options(defaults)
         for key in TORCH_ONLY_FLAGS:
             if defaults.get(key):
                 raise ValueError(f"{key}: fastadam.torch optimizers do not support "
@@ -208,6 +257,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         self._written_ranges = None  # see _check_before_writes
         self._sparse_seen: set = set()
         self._warned_dense_after_sparse = False
+        self._writes_back: list = []  # the step's entries stepped through a contiguous copy
 
     # ---- hooks for subclasses ----------------------------------------------------------------
     def _check_group(self, group: Dict[str, Any]) -> Dict[str, Any]:
@@ -249,8 +299,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             self._check_group(group)  # refuse bad values now, not at the first step
+            sd, mw = check_state_options(group)
             for i, p in enumerate(group["params"]):
-                numpy_view(p, f"params[{i}]")
+                check_param(p, f"params[{i}]")
+                state_format(p, sd, mw, f"params[{i}]")
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -291,7 +343,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 loss = closure()
         try:
             calls, fresh = self._plan()
-            if len(calls) == 1:  # its own checks (the gradients') run before it writes
+            if len(calls) == 1 and not self._writes_back:  # its checks run before it writes
                 self._apply(calls, fresh)
             elif calls:
                 self._check_before_writes(calls)
@@ -310,6 +362,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         calls: list = []
         dense: list = []
         fresh: list = []
+        self._writes_back = []  # entries stepped through a contiguous copy
         rebuilt = False
         entries, state_of, strided = self._entries, self.state, torch.strided
         counts = self._counts_steps
@@ -319,6 +372,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 calls.append(self._plain_call(gi, group, h))
                 continue
             keys = self._slot_keys(group)
+            formats = check_state_options(group)
             ents: list = []
             xs: list = []
             gs: list = []
@@ -333,7 +387,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 # the entry is valid while the parameter, its state dict, the tensors in it
                 # (``step`` included) and their memory are the ones it was built from
                 if (e is None or e.p is not p or e.state is not state or e.keys != keys
-                        or e.ptr != p.data_ptr() or not p.is_contiguous()
+                        or e.ptr != p.data_ptr() or p.is_contiguous() != (e.tmp is None)
+                        or e.formats != formats
                         or (e.number_step and isinstance(state.get("step"), torch.Tensor))):
                     e = None
                 else:
@@ -342,7 +397,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                             e = None
                             break
                 if e is None:
-                    e = self._entry(p, group, keys, gi, i)
+                    e = self._entry(p, group, keys, gi, i, formats)
                     if not rebuilt:  # no prepared step keeps the replaced tensors alive
                         self._prepared.clear()
                         self._written_ranges = None
@@ -363,7 +418,18 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 if self._sparse_seen and p in self._sparse_seen:
                     self._warn_dense_after_sparse(gi, i)
                 x = e.x
-                g = grad.numpy() if grad.is_contiguous() else self._grad_view(grad, gi, i)
+                if e.tmp is not None:  # stepped through its contiguous copy (our memory)
+                    if tuple(e.tmp.shape) != tuple(p.shape) or e.tmp.dtype != p.dtype:
+                        raise ValueError(f"{param_name(gi, i)}: its shape or dtype changed "
+                                         f"since its state was made")
+                    e.tmp.copy_(p.detach())
+                    self._writes_back.append(e)
+                if e.plain_grad:  # a real dtype: the gradient's own array
+                    g = grad.numpy() if grad.is_contiguous() else self._grad_view(grad, gi, i)
+                elif grad.is_contiguous() and grad.dtype is p.dtype:
+                    g = e.grad_view(grad)  # bfloat16 bits, complex parts
+                else:
+                    g = self._grad_view(grad, gi, i)
                 if g.dtype != x.dtype or g.shape != x.shape:
                     raise ValueError(f"{param_name(gi, i)}: its gradient has dtype "
                                      f"{grad.dtype} and shape {tuple(grad.shape)}, expected "
@@ -395,7 +461,9 @@ class FastadamOptimizer(torch.optim.Optimizer):
         name = f"{param_name(gi, i)}.grad"
         if grad.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got one on {grad.device}")
-        return grad.contiguous().numpy()
+        if grad.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name}: its dtype {grad.dtype} is not the parameter's")
+        return kernel_array(grad.detach().contiguous())
 
     def _warn_dense_after_sparse(self, gi: int, i: int) -> None:
         if not self._warned_dense_after_sparse:
@@ -408,13 +476,13 @@ class FastadamOptimizer(torch.optim.Optimizer):
     def _dense_calls(self, calls, gi, h, ents, xs, gs, grads, ts) -> None:
         """One call per (step count, dtype) of a group's dense gradients, each with the
         prepared step of its parameters (kept while they are the same entries)."""
-        dtype = xs[0].dtype
-        if ts.count(ts[0]) == len(ts) and all(x.dtype == dtype for x in xs):
-            parts = {(ts[0], dtype): list(range(len(ents)))}
+        kind = ents[0].kind
+        if ts.count(ts[0]) == len(ts) and all(e.kind is kind for e in ents):
+            parts = {(ts[0], kind): list(range(len(ents)))}
         else:
             parts = {}
-            for k, (tv, x) in enumerate(zip(ts, xs)):
-                parts.setdefault((tv, x.dtype), []).append(k)
+            for k, (tv, e) in enumerate(zip(ts, ents)):
+                parts.setdefault((tv, e.kind), []).append(k)
         hyper = self._hyper(h)
         for (tv, dt), idx in parts.items():
             if not 0.0 <= tv < MAX_STEP or tv != math.floor(tv):  # edited in place, NaN ...
@@ -449,8 +517,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
             out.setdefault(new, []).append(e)
         return list(out.items())
 
-    def _prepared_for(self, gi: int, dtype: Any, ents: list, xs: list):
-        kept = self._prepared.setdefault((gi, dtype), [])
+    def _prepared_for(self, gi: int, kind: Any, ents: list, xs: list):
+        kept = self._prepared.setdefault((gi, kind), [])
         for k, (members, prepared) in enumerate(kept):
             if members == ents:
                 if k:
@@ -459,7 +527,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
         keys = ents[0].keys
         slots = {self._slot_names[key]: [e.views[j] for e in ents]
                  for j, key in enumerate(keys)}
-        prepared = prepare_step(self._spec_name, xs, slots, num_threads=self.num_threads)
+        master = [e.master for e in ents] if kind[2] else None
+        prepared = prepare_step(self._spec_name, xs, slots, num_threads=self.num_threads,
+                                master=master, block_size=_formats.BLOCK_SIZE,
+                                quant_map=_formats.QUANT_MAP)
         kept.insert(0, (list(ents), prepared))
         del kept[_PREPARED_KEPT:]
         return prepared
@@ -479,6 +550,9 @@ class FastadamOptimizer(torch.optim.Optimizer):
         if p.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name}: a sparse gradient steps float32 or float64 parameters "
                             f"(fastadam's sparse kernels), got {p.dtype}")
+        if e.kind[1] is not None or e.kind[2] or e.tmp is not None:
+            raise ValueError(f"{name}: a sparse gradient steps a contiguous parameter with "
+                             f"states in its own dtype (state_dtype=None, no master_weights)")
         step_count(tv, f"state of {name}: 'step'")
         return ("sparse", e, self._indexed_slices(grad, p, name), int(tv) + 1, h, tv + 1.0)
 
@@ -510,39 +584,59 @@ class FastadamOptimizer(torch.optim.Optimizer):
                              tuple(p.shape))
 
     def _entry(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
-               gi: int, i: int) -> _Entry:
-        """A new entry for ``p``: its view, its state tensors' views (checked like ``p``), its
-        step count; a parameter without state gets new state, installed only when the step
-        is applied."""
+               gi: int, i: int, formats: Tuple[Optional[str], bool] = (None, False)) -> _Entry:
+        """A new entry for ``p``: its view, its state tensors' views (checked like ``p``, in
+        the group's state format), its step count; a parameter without state gets new state,
+        installed only when the step is applied."""
         name = param_name(gi, i)
-        x = numpy_view(p, name)
+        check_param(p, name)
+        fmt, use_master = state_format(p, formats[0], formats[1], name)
+        tmp = None
+        if p.is_contiguous():
+            x = kernel_array(p.detach())
+        else:  # stepped through a contiguous copy, written back after the step's calls
+            tmp = p.detach().contiguous()
+            x = kernel_array(tmp)
         state = self.state.get(p)
         if state is not None and not isinstance(state, dict):
             raise TypeError(f"state of {name}: expected a dict, got {type(state).__name__}")
         fresh = not state
         if fresh:
-            state = self._state_init(p, group)
-        missing = [k for k in keys if state.get(k) is None]
+            state = self._make_state(p, group, fmt, use_master)
+        wanted = keys + ((MASTER_KEY,) if use_master else ())
+        missing = [k for k in wanted if state.get(k) is None]
         if missing and not fresh:
             # e.g. amsgrad switched on after the first step: a new state dict, installed at
             # the apply phase like a new parameter's
             state = dict(state)
             for k in missing:
-                state[k] = self._new_slot(p, k)
+                state.update(self._format_slot(p, k, fmt, use_master))
             fresh = True
-        tensors, views, written = [], [], [(p.data_ptr(), x.nbytes, name)]
+        span = x.nbytes if tmp is None else memory_span(p)
+        tensors, views, written, tensor_keys = [], [], [(p.data_ptr(), span, name)], []
         for k in keys:
-            tk = state[k]
-            label = f"state of {name}: {k!r}"
-            view = numpy_view(tk, label)
-            if tk.dtype != p.dtype or tuple(tk.shape) != tuple(p.shape):
-                raise ValueError(f"{label}: expected dtype {p.dtype} and shape "
-                                 f"{tuple(p.shape)} (like the parameter), got {tk.dtype} and "
-                                 f"{tuple(tk.shape)}")
-            tensors.append(tk)
+            view, parts = _formats.state_view(
+                state, k, p, fmt, _formats.signed_slot(self._spec_name or "adam",
+                                                       self._slot_names.get(k, k)),
+                f"state of {name}: {k!r}",
+                lambda t, label: numpy_view(t, label, STATE_TENSOR_DTYPES))
             views.append(view)
-            written.append((tk.data_ptr(), view.nbytes, label))
-        tensor_keys, step_view, number_step = keys, None, False
+            for key, tk, label in parts:
+                tensor_keys.append(key)
+                tensors.append(tk)
+                written.append((tk.data_ptr(), tk.numel() * tk.element_size(), label))
+        master = None
+        if use_master:
+            tm = state[MASTER_KEY]
+            label = f"state of {name}: {MASTER_KEY!r}"
+            master = numpy_view(tm, label)
+            if tm.dtype != torch.float32 or tuple(tm.shape) != tuple(p.shape):
+                raise ValueError(f"{label}: expected a float32 tensor of shape "
+                                 f"{tuple(p.shape)}, got {tm.dtype} and {tuple(tm.shape)}")
+            tensor_keys.append(MASTER_KEY)
+            tensors.append(tm)
+            written.append((tm.data_ptr(), master.nbytes, label))
+        tensor_keys, step_view, number_step = tuple(tensor_keys), None, False
         if self._counts_steps:
             step = state.get("step")
             label = f"state of {name}: 'step'"
@@ -555,18 +649,42 @@ class FastadamOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{label}: expected a CPU tensor of a real dtype, got "
                                      f"{step.dtype} on {step.device}")
                 step_view = step.detach().numpy().reshape(())
-                tensor_keys = keys + ("step",)
+                tensor_keys = tensor_keys + ("step",)
                 tensors.append(step)
                 written.append((step.data_ptr(), step.element_size(), label))
             else:
                 number_step = True
         e = _Entry(p, x, state, keys, tensor_keys, tuple(tensors), views, step_view,
-                   number_step, fresh, tuple(written))
+                   number_step, fresh, tuple(written), kind=_kind(x.dtype, fmt, use_master),
+                   tmp=tmp, master=master, formats=formats)
         self._entries[id(p)] = e
         return e
 
     def _new_slot(self, p: torch.Tensor, key: str) -> torch.Tensor:
         return torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _format_slot(self, p: torch.Tensor, key: str, fmt: Optional[str],
+                     use_master: bool) -> Dict[str, Any]:
+        """The state tensors of a new slot ``key`` (or the master copy) in format ``fmt``."""
+        if key == MASTER_KEY:
+            return {key: p.detach().to(torch.float32, memory_format=torch.contiguous_format)}
+        t = self._new_slot(p, key)
+        if fmt is None:
+            return {key: t}
+        return _formats.convert_state(t, fmt, key, _formats.signed_slot(
+            self._spec_name, self._slot_names[key]))
+
+    def _make_state(self, p: torch.Tensor, group: Dict[str, Any], fmt: Optional[str] = None,
+                    use_master: bool = False) -> Dict[str, Any]:
+        """A new parameter's state (``_state_init``) in its state format, with its master."""
+        state = self._state_init(p, group)
+        if fmt is not None:
+            for k in self._slot_keys(group):
+                state.update(_formats.convert_state(state[k], fmt, k, _formats.signed_slot(
+                    self._spec_name, self._slot_names[k])))
+        if use_master:
+            state.update(self._format_slot(p, MASTER_KEY, None, True))
+        return state
 
     def _check_before_writes(self, calls: list) -> None:
         """The checks a multi-call step needs before its first write: each call's
@@ -634,6 +752,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
                         sv[()] = new
                     else:  # a number, as torch's SparseAdam keeps it
                         e.state["step"] = type(e.state["step"])(new)
+        for e in self._writes_back:  # every call has run: the copies go back
+            e.p.detach().copy_(e.tmp)
         state_of = self.state
         for e in fresh:
             current = state_of.get(e.p)
@@ -650,6 +770,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         dict raises and leaves the optimizer as it was."""
         self._check_state_dict(state_dict)
         super().load_state_dict(state_dict)
+        self._restore_formats(state_dict)
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state.get(p)
@@ -697,6 +818,73 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 if not s:
                     continue
                 self._check_saved_state(s, p, keys, name)
+                self._check_saved_formats(s, p, merged, keys, name)
+
+    def _saved_formats(self, p: torch.Tensor, group: Dict[str, Any], keys: Tuple[str, ...],
+                       name: str) -> Dict[str, torch.dtype]:
+        """The state keys whose dtype is the group's state format, not the parameter's (torch's
+        ``load_state_dict`` casts every state tensor to the parameter's dtype), by key."""
+        sd, mw = check_state_options(group)
+        fmt, use_master = state_format(p, sd, mw, name)
+        out: Dict[str, torch.dtype] = {}
+        if fmt is not None:
+            for k in keys:
+                out[k] = _formats.expected_dtype(p, fmt)
+                if fmt == "int8":
+                    out[_formats.scales_key(k)] = torch.float32
+        if use_master:
+            out[MASTER_KEY] = torch.float32
+        return out
+
+    def _check_saved_formats(self, s: Dict[str, Any], p: torch.Tensor, group: Dict[str, Any],
+                             keys: Tuple[str, ...], name: str) -> None:
+        """The saved state tensors are in the format the saved group's ``state_dtype`` and
+        ``master_weights`` say (an 8-bit state loaded as floats would be garbage)."""
+        try:
+            wanted = self._saved_formats(p, group, keys, name)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"state_dict: {exc}") from None
+        for k in keys:
+            v = s.get(k)
+            if isinstance(v, torch.Tensor) and k not in wanted and not (
+                    v.is_floating_point() or v.is_complex()):
+                raise ValueError(f"{name}[{k!r}]: has dtype {v.dtype}; a state of the "
+                                 f"parameter's dtype (state_dtype=None in its group) must be "
+                                 f"floating point (an 8-bit state needs state_dtype='int8')")
+        for k, dtype in wanted.items():
+            v = s.get(k)
+            label = f"{name}[{k!r}]"
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(f"{label}: missing (the group's state_dtype "
+                                 f"{group.get('state_dtype')!r}, master_weights "
+                                 f"{bool(group.get('master_weights', False))})")
+            if v.dtype != dtype or v.layout is not torch.strided:
+                raise ValueError(f"{label}: expected a dense {dtype} tensor, got {v.dtype}")
+        for k in keys:
+            sk = _formats.scales_key(k)
+            if sk in wanted:
+                try:
+                    _formats.QuantizedState(
+                        s[k].detach().cpu().contiguous().numpy(),
+                        s[sk].detach().cpu().contiguous().numpy().copy(), _formats.BLOCK_SIZE,
+                        _formats.QUANT_MAP,
+                        _formats.signed_slot(self._spec_name, self._slot_names[k]))
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{name}[{k!r}]: {exc}") from None
+
+    def _restore_formats(self, state_dict: Dict[str, Any]) -> None:
+        """Undo torch's cast of the state tensors whose dtype is the state format's (checked
+        by ``_check_saved_formats``): copies of the saved tensors, contiguous."""
+        for gi, (group, saved) in enumerate(zip(self.param_groups,
+                                                state_dict["param_groups"])):
+            keys = self._slot_keys(group)
+            for i, (pid, p) in enumerate(zip(saved["params"], group["params"])):
+                s, state = state_dict["state"].get(pid), self.state.get(p)
+                if not s or not state:
+                    continue
+                for k in self._saved_formats(p, group, keys, param_name(gi, i)):
+                    state[k] = s[k].detach().to(p.device).clone(
+                        memory_format=torch.contiguous_format)
 
     def _check_saved_state(self, s: Dict[str, Any], p: torch.Tensor, keys: Tuple[str, ...],
                            name: str) -> None:
@@ -717,6 +905,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
         if tuple(v.shape) != tuple(p.shape):
             raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {tuple(p.shape)} "
                              f"(the parameter's)")
-        if v.layout is not torch.strided or v.is_complex() or v.dtype == torch.bool:
-            raise TypeError(f"{label}: expected a dense real tensor, got {v.dtype} "
+        if v.layout is not torch.strided or v.is_complex() != p.is_complex() \
+                or v.dtype == torch.bool:
+            kind = "complex" if p.is_complex() else "real"
+            raise TypeError(f"{label}: expected a dense {kind} tensor, got {v.dtype} "
                             f"({v.layout})")

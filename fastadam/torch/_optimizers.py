@@ -15,6 +15,7 @@ import torch
 
 from .. import (sparse_adagrad_step_inplace, sparse_lion_step_inplace,
                 sparse_momentum_step_inplace, sparse_rmsprop_step_inplace, sparse_step_inplace)
+from ._formats import check_state_options, state_format
 from ._optimizer import FastadamOptimizer, check_range, flag, new_step, number, param_name
 
 __all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "SGD", "SparseAdam"]
@@ -129,13 +130,14 @@ class Adam(FastadamOptimizer):
                  foreach: Optional[bool] = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: bool = False,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: Optional[str] = None,
+                 master_weights: bool = False):
         _torch_adam_checks(lr, betas, eps, weight_decay, foreach, capturable)
         defaults = dict(lr=lr, betas=_scalar_betas(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize, foreach=foreach,
                         capturable=capturable, differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, state_dtype, master_weights)
 
     def _check_group(self, group):
         beta1, beta2 = _betas(group)
@@ -179,11 +181,13 @@ class AdamW(Adam):
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, foreach: Optional[bool] = None,
                  capturable: bool = False, differentiable: bool = False,
-                 fused: Optional[bool] = None, num_threads: Optional[int] = None):
+                 fused: Optional[bool] = None, num_threads: Optional[int] = None,
+                 state_dtype: Optional[str] = None, master_weights: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable,
                          differentiable=differentiable, fused=fused,
-                         decoupled_weight_decay=True, num_threads=num_threads)
+                         decoupled_weight_decay=True, num_threads=num_threads,
+                         state_dtype=state_dtype, master_weights=master_weights)
 
     def _check_group(self, group):
         group["decoupled_weight_decay"] = True
@@ -235,6 +239,10 @@ class SparseAdam(FastadamOptimizer):
                          num_threads)
 
     def _check_group(self, group):
+        if group.get("state_dtype") is not None or group.get("master_weights"):
+            raise ValueError("state_dtype, master_weights: SparseAdam keeps its states in the "
+                             "parameter's dtype (the lazy sparse step); use "
+                             "fastadam.torch.Adam for low-precision states")
         beta1, beta2 = _betas(group)
         return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0, None),
                     beta1=beta1, beta2=beta2,
@@ -272,7 +280,8 @@ class Adagrad(FastadamOptimizer):
                  weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
                  eps: float = 1e-10, foreach: Optional[bool] = None, *, maximize: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: Optional[str] = None,
+                 master_weights: bool = False):
         _torch_lr(lr)
         _torch_min(lr_decay, "lr_decay", "lr_decay value")
         _torch_min(weight_decay, "weight_decay", "weight_decay value")
@@ -284,10 +293,12 @@ class Adagrad(FastadamOptimizer):
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, foreach=foreach,
                         maximize=maximize, differentiable=differentiable, fused=fused)
-        super().__init__(params, defaults, num_threads)
-        for group in self.param_groups:  # torch fills the state when the optimizer is built
-            for p in group["params"]:
-                self.state[p] = self._state_init(p, group)
+        super().__init__(params, defaults, num_threads, state_dtype, master_weights)
+        for gi, group in enumerate(self.param_groups):  # torch fills the state now
+            formats = check_state_options(group)
+            for i, p in enumerate(group["params"]):
+                self.state[p] = self._make_state(
+                    p, group, *state_format(p, *formats, param_name(gi, i)))
 
     def _check_group(self, group):
         return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0),
@@ -299,8 +310,10 @@ class Adagrad(FastadamOptimizer):
                     maximize=flag(group["maximize"], "maximize"))
 
     def _new_slot(self, p, key):
-        return torch.full_like(p, number(self.defaults["initial_accumulator_value"],
-                                         "initial_accumulator_value"),
+        value = number(self.defaults["initial_accumulator_value"], "initial_accumulator_value")
+        # torch fills a complex parameter's accumulator with value + value*1j (both halves of
+        # its view_as_real)
+        return torch.full_like(p, complex(value, value) if p.is_complex() else value,
                                memory_format=torch.contiguous_format)
 
     def _state_init(self, p, group):
@@ -335,7 +348,8 @@ class SGD(FastadamOptimizer):
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
                  maximize: bool = False, foreach: Optional[bool] = None,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: Optional[str] = None,
+                 master_weights: bool = False):
         _torch_lr(lr)
         _torch_min(momentum, "momentum", "momentum value")
         _torch_min(weight_decay, "weight_decay", "weight_decay value")
@@ -347,7 +361,7 @@ class SGD(FastadamOptimizer):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                         foreach=foreach, differentiable=differentiable, fused=fused)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, state_dtype, master_weights)
 
     def _check_group(self, group):
         h = dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0),
@@ -442,7 +456,8 @@ class RMSprop(FastadamOptimizer):
                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
                  capturable: bool = False, foreach: Optional[bool] = None,
                  maximize: bool = False, differentiable: bool = False, *,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: Optional[str] = None,
+                 master_weights: bool = False):
         _torch_lr(lr)
         _torch_min(eps, "eps", "epsilon value")
         _torch_min(momentum, "momentum", "momentum value")
@@ -451,7 +466,7 @@ class RMSprop(FastadamOptimizer):
         defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
                         momentum=momentum, centered=centered, capturable=capturable,
                         foreach=foreach, maximize=maximize, differentiable=differentiable)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, state_dtype, master_weights)
 
     def _check_group(self, group):
         return dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0),
@@ -504,9 +519,11 @@ class Lion(FastadamOptimizer):
 
     def __init__(self, params: Any, lr: Any = 1e-4, betas: Tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0, maximize: bool = False, *,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, state_dtype: Optional[str] = None,
+                 master_weights: bool = False):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay,
-                                      maximize=maximize), num_threads)
+                                      maximize=maximize), num_threads, state_dtype,
+                         master_weights)
 
     def _check_group(self, group):
         beta1, beta2 = _betas(group, closed=True)  # fastadam.Lion's HYPER_RULES: [0, 1]
