@@ -270,7 +270,8 @@ class Optimizer:
         specs = self.slot_specs(hyper)
         masters: List[Optional[np.ndarray]] = [None] * len(arrays)
         if self._lowp is None:
-            new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
+            new_slots = {name: [_new_slot(a, fill, self._slot_shape(name, a.shape))
+                                for a in arrays] for name, fill in specs}
         else:
             spec = _lowp_objects._spec(self.spec_name)
             new_slots = {name: [_lowp_objects.new_slot(self._lowp, spec, name, a, fill)
@@ -288,6 +289,12 @@ class Optimizer:
         self._groups.append(hyper)
         self._group_params.append(list(range(start, start + len(plist))))
         self._rebuild_buckets()
+
+    def _slot_shape(self, name: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The shape of state slot ``name`` of a parameter of ``shape``: the spec's (one value
+        per row for a row-wise optimizer's row slots), else ``shape``."""
+        return shape if self.spec_name is None else registry_spec(self.spec_name).slot_shape(
+            name, shape)
 
     def _enable_lowp(self) -> None:
         """Route this optimizer's steps through the low-precision driver (_lowp_objects.py)."""
@@ -634,7 +641,8 @@ class Optimizer:
         for i in sparse:
             x = self._arrays[i]
             rows = (0,) + x.shape[1:]
-            empty = {name: np.empty(rows, x.dtype) for name in self._slots}
+            empty = {name: np.empty(self._slot_shape(name, rows), x.dtype)
+                     for name in self._slots}
             gi = self._group_of[i]
             self.sparse_step(np.empty(rows, x.dtype),
                              (np.empty(0, np.int64), np.empty(rows, x.dtype)), empty, self.t,
@@ -730,6 +738,12 @@ class Optimizer:
             hypers = ", ".join(f"{k}={v!r}" for k, v in h.items())
             lines.append(f"  group {gi}: {len(idx)} params ({kinds}): {hypers}")
         return "\n".join(lines)
+
+
+def _new_slot(a: np.ndarray, fill: float, shape: Tuple[int, ...]) -> np.ndarray:
+    """A float state slot of parameter ``a`` filled with ``fill``: like ``a``, or of ``shape``
+    (one value per row) for a row-wise optimizer's row slot."""
+    return np.full_like(a, fill) if shape == a.shape else np.full(shape, fill, a.dtype)
 
 
 def _as_list(params: Any) -> Any:
