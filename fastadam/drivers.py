@@ -13,7 +13,12 @@ Optimizer kinds (the ``kind`` of a coefficient object, as the C kernels number t
   optimizer's name to its kind (``include/fastadam/optimizers.def``);
 - ``spec_of_kind(kind)``: the optimizer's registration spec (its coefficient fields, slots);
 - ``dense_supported(kind, flags)``, ``sparse_supported(kind, flags)``: whether the compiled
-  kernel table has that (optimizer, flag set) pair.
+  kernel table has that (optimizer, flag set) pair (the element kernels: False for a row-wise
+  optimizer);
+- ``ROWWISE_KINDS``: the kinds of the row-wise optimizers (one state value per row of the
+  parameter, ``FA_ROWWISE_OPTIMIZER`` rows); ``rowwise_supported(kind, flags, sparse)``: whether
+  their dense kernel (``sparse=False``) or sparse row walk takes that flag set.  They have no
+  element kernel, so no GPU kernel yet.
 
 Arrays of the sparse steps:
 
@@ -25,9 +30,13 @@ Arrays of the sparse steps:
   ``TypeError``/``ValueError`` naming ``name``.
 """
 from ._core._coeffs import KIND_ADAGRAD, KIND_ADAM, KIND_MOMENTUM
-from ._core._dense import dense_supported, sparse_supported
+from ._core._dense import dense_supported, registry as _registry_rows, rowwise_supported
+from ._core._dense import sparse_supported
 from ._core._registry import KINDS, spec_of_kind
 from ._core._validation import INDEX_TYPES, ROW_TYPES, check_rows
 
-__all__ = ["INDEX_TYPES", "KINDS", "KIND_ADAGRAD", "KIND_ADAM", "KIND_MOMENTUM", "ROW_TYPES",
-           "check_rows", "dense_supported", "sparse_supported", "spec_of_kind"]
+__all__ = ["INDEX_TYPES", "KINDS", "KIND_ADAGRAD", "KIND_ADAM", "KIND_MOMENTUM", "ROWWISE_KINDS",
+           "ROW_TYPES", "check_rows", "dense_supported", "rowwise_supported", "sparse_supported",
+           "spec_of_kind"]
+
+ROWWISE_KINDS = frozenset(row["kind"] for row in _registry_rows() if row["rowwise"])

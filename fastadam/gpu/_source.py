@@ -13,8 +13,9 @@ from pathlib import Path
 
 from .. import drivers
 
-# The optimizers of the registration list (include/fastadam/optimizers.def), by name.
-KINDS = dict(drivers.KINDS)
+# The optimizers of the registration list (include/fastadam/optimizers.def) that have element
+# kernels, by name (the row-wise ones, drivers.ROWWISE_KINDS, have no GPU kernel yet).
+KINDS = {name: kind for name, kind in drivers.KINDS.items() if kind not in drivers.ROWWISE_KINDS}
 # Storage types of the kernels: float16 is held as its bits and computed in float32.
 STORAGE = {"float16": "unsigned short", "float32": "float", "float64": "double"}
 

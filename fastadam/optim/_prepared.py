@@ -75,6 +75,9 @@ class PreparedStep:
                  block_size: int = 256, quant_map: str = "dynamic",
                  param_rounding: str = "nearest", seed: int = 0):
         self._spec = _spec(optimizer)
+        if self._spec.row_slots:  # one state value per row: its own driver, no plan yet
+            raise ValueError(f"optimizer: {optimizer!r} is row-wise and has no prepared step "
+                             f"yet; call its functional step (fastadam.{optimizer}_step_inplace)")
         self.optimizer = optimizer
         if not isinstance(slots, dict):
             raise TypeError(f"slots: expected a dict of state arrays by name "

@@ -243,6 +243,11 @@ class FastadamOptimizer(torch.optim.Optimizer):
         """Why these hyper-parameters take no sparse gradient (None: they do)."""
         return None
 
+    def _slot_shape(self, shape: Tuple[int, ...], key: str) -> Tuple[int, ...]:
+        """The shape of state tensor ``key`` of a parameter of ``shape`` (a row-wise
+        optimizer's: one value per row, ``shape[:1]``)."""
+        return tuple(shape)
+
     # ---- torch.optim.Optimizer -------------------------------------------------------------
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -535,9 +540,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
             tk = state[k]
             label = f"state of {name}: {k!r}"
             view = numpy_view(tk, label)
-            if tk.dtype != p.dtype or tuple(tk.shape) != tuple(p.shape):
+            want = self._slot_shape(tuple(p.shape), k)
+            if tk.dtype != p.dtype or tuple(tk.shape) != want:
                 raise ValueError(f"{label}: expected dtype {p.dtype} and shape "
-                                 f"{tuple(p.shape)} (like the parameter), got {tk.dtype} and "
+                                 f"{want} (like the parameter), got {tk.dtype} and "
                                  f"{tuple(tk.shape)}")
             tensors.append(tk)
             views.append(view)
@@ -608,7 +614,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 rows = (0,) + x.shape[1:]
                 self._step_sparse(np.empty(rows, x.dtype),
                                   (np.empty(0, np.int64), np.empty(rows, x.dtype)),
-                                  [np.empty(rows, x.dtype) for _ in e.views], t, h)
+                                  [np.empty(self._slot_shape(rows, k), x.dtype)
+                                   for k in e.keys], t, h)
 
     # ---- phase 2: apply ----------------------------------------------------------------------
     def _apply(self, calls: list, fresh: list) -> None:
@@ -708,14 +715,17 @@ class FastadamOptimizer(torch.optim.Optimizer):
             v = s.get(k)
             if v is None:
                 raise ValueError(f"{name}: missing {k!r}")
-            self._check_saved_tensor(v, p, f"{name}[{k!r}]")
+            self._check_saved_tensor(v, p, f"{name}[{k!r}]",
+                                     self._slot_shape(tuple(p.shape), k))
 
     @staticmethod
-    def _check_saved_tensor(v: Any, p: torch.Tensor, label: str) -> None:
+    def _check_saved_tensor(v: Any, p: torch.Tensor, label: str,
+                            shape: Optional[Tuple[int, ...]] = None) -> None:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"{label}: expected a tensor, got {type(v).__name__}")
-        if tuple(v.shape) != tuple(p.shape):
-            raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {tuple(p.shape)} "
+        want = tuple(p.shape) if shape is None else shape
+        if tuple(v.shape) != want:
+            raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {want} "
                              f"(the parameter's)")
         if v.layout is not torch.strided or v.is_complex() or v.dtype == torch.bool:
             raise TypeError(f"{label}: expected a dense real tensor, got {v.dtype} "
