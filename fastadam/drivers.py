@@ -18,7 +18,7 @@ Optimizer kinds (the ``kind`` of a coefficient object, as the C kernels number t
 - ``ROWWISE_KINDS``: the kinds of the row-wise optimizers (one state value per row of the
   parameter, ``FA_ROWWISE_OPTIMIZER`` rows); ``rowwise_supported(kind, flags, sparse)``: whether
   their dense kernel (``sparse=False``) or sparse row walk takes that flag set.  They have no
-  element kernel, so no GPU kernel yet.
+  element kernel: their GPU kernels are a family of their own (``fastadam/gpu/_source.py``).
 
 Arrays of the sparse steps:
 

@@ -46,6 +46,11 @@ def test_row_wise_kinds_stay_out_of_the_element_kernels():
     assert [f for f in range(16) if _dense.rowwise_supported(kind, f, True)] == [0, 1]
     assert not _dense.rowwise_supported(_registry.KINDS["adagrad"], 0, False)
     assert kind not in _source.KINDS.values()
+    assert _source.ROWWISE_KINDS == {"rowwise_adagrad": kind}
+    names = _source.module_names("rowwise", "float32", kind)
+    assert "fa_rowwise_dense<float, %d, 3>" % kind in names
+    assert "fa_rowwise_rows<float, %d, 1, 1>" % kind in names
+    assert ("rowwise", "float64", kind) in _source.all_modules()
     from fastadam.optim._functional import dense_step
     c = _registry.spec("rowwise_adagrad").fold(1, lr=0.1)
     x = np.ones((2, 3))

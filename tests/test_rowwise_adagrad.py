@@ -417,3 +417,82 @@ def test_torch_class_refuses_bad_hyperparameters():
         ft.RowWiseAdagrad([p], weight_decay_mode="l1")
     with pytest.raises(TypeError, match=r"float32 or float64 parameters, got torch.float16"):
         ft.RowWiseAdagrad([torch.nn.Parameter(torch.ones(3, 2, dtype=torch.float16))])
+
+
+# ---- the GPU kernels, run on the host (tests/gpu_emulation.cpp) -------------------------------
+@pytest.fixture(scope="module")
+def emu():
+    from gpu_emulation_build import BuildError, build
+    try:
+        return build()
+    except BuildError as exc:
+        if "g++" in str(exc) or "_Float16" in str(exc):
+            pytest.skip(str(exc).splitlines()[0])
+        pytest.fail(f"building the emulation failed:\n{exc}")
+
+
+def _ptr(a):
+    import ctypes
+    return ctypes.c_void_p(a.ctypes.data if a is not None else 0)
+
+
+def _gpu_head(options, t):
+    from fastadam.gpu import _layout
+    coeffs = fastadam.optim.optimizer_spec("rowwise_adagrad").fold(t, **options)
+    return coeffs, _layout.coefficient_bytes(coeffs, np.zeros(_layout.HEADER_BYTES, np.uint8))
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_dense_kernel_equals_cpu(emu, rng, dtype, options):
+    import ctypes
+    ll = ctypes.c_longlong
+    for shape in [(9, 13), (4, 64), (3, 1), (2, 0)]:
+        x = rng.standard_normal(shape).astype(dtype)
+        g = rng.standard_normal(shape).astype(dtype)
+        acc = np.abs(rng.standard_normal(shape[0])).astype(dtype)
+        dx, dacc = x.copy(), acc.copy()
+        coeffs, head = _gpu_head(options, 2)
+        emu.emu_rowwise(1 if dtype == np.float32 else 2, coeffs.kind, coeffs.flags, -1,
+                        _ptr(head), _ptr(dx), _ptr(g), _ptr(dacc), _ptr(None), ll(shape[0]),
+                        ll(shape[1]), _ptr(None), ll(0), _ptr(None), ll(0), 4)
+        fastadam.rowwise_adagrad_step_inplace(x, g, acc, 2, **options)
+        np.testing.assert_array_equal(dx, x, err_msg=str(shape))
+        np.testing.assert_array_equal(dacc, acc, err_msg=str(shape))
+
+
+@pytest.mark.parametrize("mode", ["lazy", "dense", "catchup"])
+def test_gpu_sparse_kernels_equal_cpu(emu, rng, mode):
+    import ctypes
+    from fastadam.gpu._layout import sort_segments
+    ll = ctypes.c_longlong
+    n_rows, row, t = 30, 11, 7
+    options = dict(lr=0.05, weight_decay=0.1)
+    x = rng.standard_normal((n_rows, row)).astype(np.float32)
+    acc = np.abs(rng.standard_normal(n_rows)).astype(np.float32)
+    indices = rng.integers(0, n_rows, 50)
+    values = rng.standard_normal((50, row)).astype(np.float32)
+    last = rng.integers(0, t, n_rows).astype(np.int64) if mode == "catchup" else None
+    dx, dacc = x.copy(), acc.copy()
+    dlast = None if last is None else last.copy()
+    coeffs, head = _gpu_head(options, t)
+    perm, rows, offsets = sort_segments(np, indices.astype(np.int64))
+    nseg = rows.shape[0]
+    sums = np.empty((nseg, row), np.float32)
+    emu.emu_segment_sum(1, _ptr(values), ll(row), _ptr(perm), _ptr(offsets), ll(nseg),
+                        _ptr(sums), 3)
+    if mode == "dense":
+        target = np.full(n_rows, -1, np.int64)
+        target[rows] = np.arange(nseg)
+    else:
+        target = rows
+    zeros = np.zeros(row, np.float32)
+    emu.emu_rowwise(1, coeffs.kind, coeffs.flags, {"lazy": 0, "dense": 1, "catchup": 2}[mode],
+                    _ptr(head), _ptr(dx), _ptr(sums), _ptr(dacc), _ptr(zeros), ll(n_rows),
+                    ll(row), _ptr(target), ll(nseg), _ptr(dlast), ll(t), 4)
+    fastadam.sparse_rowwise_adagrad_step_inplace(x, (indices, values), acc, t, mode=mode,
+                                                 last_step=last, **options)
+    np.testing.assert_array_equal(dx, x)
+    np.testing.assert_array_equal(dacc, acc)
+    if last is not None:
+        np.testing.assert_array_equal(dlast, last)
