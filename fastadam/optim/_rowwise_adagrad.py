@@ -157,8 +157,10 @@ def rowwise_adagrad_step_inplace(x: Arrays, g: Arrays, acc: Arrays, t: int, *,
 def rowwise_dense_step(coeffs, x, g, acc, skip_nonfinite, num_threads):
     """Validate and run one dense step of the row-wise optimizer ``coeffs`` describes (all
     checks before any write)."""
-    if _gpu.holds_device_array(x) or _gpu.holds_device_array(g) or _gpu.holds_device_array(acc):
-        raise TypeError("x: row-wise Adagrad has no CuPy (GPU) path yet; use NumPy arrays")
+    if _gpu.holds_device_array(x):  # CuPy: fastadam/gpu/_rowwise.py
+        return _gpu.rowwise_dense_step(coeffs, x, g, acc, skip_nonfinite)
+    if _gpu.holds_device_array(g) or _gpu.holds_device_array(acc):
+        _gpu.explain_mix([("g", g), ("acc", acc)])
     nt = None if num_threads is None else resolve_num_threads(num_threads)
     xs, single = as_array_list(x, "x")
     gs, single_g = as_array_list(g, "g")

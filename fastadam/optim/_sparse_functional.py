@@ -236,7 +236,7 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
     if _gpu.is_device_array(x):  # CuPy: fastadam/gpu
         if _ROWWISE.get(coeffs.kind, False):
-            raise TypeError("x: a row-wise optimizer has no CuPy (GPU) path yet; use NumPy arrays")
+            return _gpu.rowwise_sparse_step(coeffs, x, grad, slots[0][1], t, mode, last_step)
         return _gpu.sparse_step(coeffs, x, grad, slots, t, mode, last_step)
     try:
         return _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
