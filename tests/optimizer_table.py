@@ -272,7 +272,8 @@ OPTIMIZERS = [
         sparse_ok=lambda o: not o.get("grad_scale"),
         error_inputs=rule_errors(LION_RULES), torch_class="Lion", torch_options=_lion_torch),
     OptimizerInfo(
-        name="rowwise_adagrad", dense=lambda x, g, s, t, **kw: fastadam.rowwise_adagrad_step_inplace(
+        name="rowwise_adagrad",
+        dense=lambda x, g, s, t, **kw: fastadam.rowwise_adagrad_step_inplace(
             x, g, s["acc"], t, **kw),
         sparse=lambda x, grad, s, t, **kw: fastadam.sparse_rowwise_adagrad_step_inplace(
             x, grad, s["acc"], t, **kw),

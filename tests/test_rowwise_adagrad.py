@@ -56,7 +56,11 @@ def exact_oracle(x, g, acc, t, *, lr=1e-2, lr_decay=0.0, eps=1e-8, weight_decay=
     return x2.reshape(x.shape), a.reshape(acc.shape)
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def options_id(options):
+    return ",".join(f"{k}={v}" for k, v in options.items())
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=options_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dense_step_is_the_contract_bit_for_bit_and_follows_the_float64_oracle(rng, dtype,
                                                                             options):
@@ -442,7 +446,7 @@ def _gpu_head(options, t):
     return coeffs, _layout.coefficient_bytes(coeffs, np.zeros(_layout.HEADER_BYTES, np.uint8))
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("options", OPTIONS, ids=options_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gpu_dense_kernel_equals_cpu(emu, rng, dtype, options):
     import ctypes

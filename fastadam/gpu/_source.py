@@ -37,9 +37,11 @@ SPARSE_FLAGS = {kind: sparse_flags(kind) for kind in KINDS.values()}
 # float32 and float64), by name, and the flag sets of their dense and sparse kernels.
 ROWWISE_KINDS = {name: kind for name, kind in drivers.KINDS.items()
                  if kind in drivers.ROWWISE_KINDS}
-ROWWISE_DENSE_FLAGS = {kind: tuple(f for f in range(16) if drivers.rowwise_supported(kind, f, False))
+ROWWISE_DENSE_FLAGS = {kind: tuple(f for f in range(16)
+                                   if drivers.rowwise_supported(kind, f, False))
                        for kind in ROWWISE_KINDS.values()}
-ROWWISE_SPARSE_FLAGS = {kind: tuple(f for f in range(16) if drivers.rowwise_supported(kind, f, True))
+ROWWISE_SPARSE_FLAGS = {kind: tuple(f for f in range(16)
+                                    if drivers.rowwise_supported(kind, f, True))
                         for kind in ROWWISE_KINDS.values()}
 
 
