@@ -16,7 +16,7 @@ from fastadam.sparse import IndexedSlices
 from reference import rowwise_adagrad_reference
 
 OPTIONS = [dict(lr=0.05), dict(lr=0.05, weight_decay=0.1),
-           dict(lr=0.05, weight_decay=0.1, weight_decay_mode="decoupled"),
+           dict(lr=0.05, weight_decay=0.1, weight_decay_mode="decoupled", lr_decay=0.2),
            dict(lr=0.05, maximize=True, grad_scale=4.0, eps=1e-6),
            dict(lr=0.05, lr_decay=0.1, weight_decay=0.01)]
 WIDTHS = [0, 1, 7, 8, 9, 33, 64, 67]
