@@ -291,6 +291,9 @@ OPTIMIZERS = [
 ]
 
 CASES = [(info, options) for info in OPTIMIZERS for options in info.option_sets]
+#: the cases of the element-wise optimizers: the prepared step and the low-precision states
+#: (which a row-wise optimizer does not have) sweep these
+ELEMENT_CASES = [c for c in CASES if c[0].element_wise]
 
 
 def case_id(case):

@@ -391,6 +391,18 @@ def test_rowwise_adagrad_dense_equals_cpu(rng, dtype, options):
         fastadam.rowwise_adagrad_step_inplace(dxs[0], dgs[0], cp.zeros((9, 13), dtype), 3)
 
 
+def test_rowwise_adagrad_object_on_cupy_parameters_equals_cpu(rng):
+    w = rng.standard_normal((7, 5)).astype(np.float32)
+    dw = cp.asarray(w)
+    opt, dopt = fastadam.RowWiseAdagrad([w], lr=0.1), fastadam.RowWiseAdagrad([dw], lr=0.1)
+    assert isinstance(dopt.state(0)["sum"], cp.ndarray) and dopt.state(0)["sum"].shape == (7,)
+    for _ in range(2):
+        g = rng.standard_normal(w.shape).astype(np.float32)
+        opt.step([g])
+        dopt.step([cp.asarray(g)])
+    assert_bitwise([dw, dopt.state(0)["sum"]], [w, opt.state(0)["sum"]])
+
+
 @pytest.mark.parametrize("mode", ["lazy", "dense", "catchup"])
 def test_sparse_rowwise_adagrad_equals_cpu(rng, mode):
     x, s, _, indices, values = _sparse_case(rng, np.float32, row_shape=(3, 5))

@@ -743,7 +743,7 @@ class Optimizer:
 def _new_slot(a: np.ndarray, fill: float, shape: Tuple[int, ...]) -> np.ndarray:
     """A float state slot of parameter ``a`` filled with ``fill``: like ``a``, or of ``shape``
     (one value per row) for a row-wise optimizer's row slot."""
-    return np.full_like(a, fill) if shape == a.shape else np.full(shape, fill, a.dtype)
+    return np.full_like(a, fill) if shape == a.shape else np.full_like(a, fill, shape=shape)
 
 
 def _as_list(params: Any) -> Any:
