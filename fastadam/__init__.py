@@ -25,14 +25,19 @@ from .optim import (Adagrad, Adam, AdamW, Optimizer, SGD, SparseAdam, clip_grad_
 from .optim import (Lion, RMSprop, lion_step_inplace, rmsprop_step_inplace,
                     sparse_lion_step_inplace, sparse_rmsprop_step_inplace)
 from .optim import embedding_bag_step_inplace
+from .optim import (RowWiseAdagrad, rowwise_adagrad_step_inplace,
+                    sparse_rowwise_adagrad_step_inplace)
 from . import autodiff
 
-__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "MemoryPool", "Optimizer", "RMSprop", "SGD",
+__all__ = ["Adagrad", "Adam", "AdamW", "IndexedSlices", "Lion", "MemoryPool", "Optimizer", "RMSprop",
+           "RowWiseAdagrad", "SGD",
            "SparseAdam",
            "adagrad_step_inplace", "autodiff", "clip_grad_norm", "config",
            "embedding_bag_step_inplace", "keep_freed_memory",
-           "lion_step_inplace", "momentum_step_inplace", "rmsprop_step_inplace", "schedules",
+           "lion_step_inplace", "momentum_step_inplace", "rmsprop_step_inplace",
+           "rowwise_adagrad_step_inplace", "schedules",
            "segment_sum", "show_config",
            "sparse_adagrad_step_inplace", "sparse_lion_step_inplace",
-           "sparse_momentum_step_inplace", "sparse_rmsprop_step_inplace", "sparse_step_inplace",
+           "sparse_momentum_step_inplace", "sparse_rmsprop_step_inplace",
+           "sparse_rowwise_adagrad_step_inplace", "sparse_step_inplace",
            "step_inplace"]

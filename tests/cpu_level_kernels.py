@@ -5,7 +5,8 @@ every output, for tests/test_cpu_levels.py, which runs it once per level and com
 
 Kernels: the dense step of every optimizer option set of tests/optimizer_table.py (every row of
 the C registration list), float32 and float64, at a size with a SIMD tail and with non-finite
-checks (grad_scale, skip_nonfinite); the sparse step in lazy, catchup and dense modes at row
+checks (grad_scale, skip_nonfinite); row-wise Adagrad on 2-D tables (dense at row widths 1 to
+67, sparse in every mode); the sparse step in lazy, catchup and dense modes at row
 widths 4 (a short-row loop), 64 and 67; segment_sum; the autodiff kernels (relu, sigmoid, their
 gradients, tanh's gradient, column sums, softmax cross-entropy) and the transformer's erf,
 GELU, softmax, layer normalisation and fused attention; the bandwidth yardstick; the low-precision steps (_lowp: every option set with bfloat16
@@ -85,6 +86,39 @@ def sparse_steps(out):
             out[f"segment_sum/row{width}/{np.dtype(dtype).name}"] = sums
 
 
+def rowwise_steps(out):
+    """Row-wise Adagrad on 2-D tables (the row's fixed-order sum of squares): dense at row
+    widths around the vector widths and past them, sparse lazy, catchup and dense modes."""
+    options = [dict(lr=0.05), dict(lr=0.05, weight_decay=0.1, grad_scale=3.0),
+               dict(lr=0.05, weight_decay=0.1, weight_decay_mode="decoupled", maximize=True)]
+    for dtype in (np.float32, np.float64):
+        name = np.dtype(dtype).name
+        for width in (1, 7, 8, 9, 16, 64, 67):
+            for k, kw in enumerate(options):
+                rng = np.random.default_rng(width + 100 * k)
+                x = rng.standard_normal((23, width)).astype(dtype)
+                acc = np.zeros(23, dtype)
+                for t in (1, 2, 3):
+                    g = rng.standard_normal((23, width)).astype(dtype)
+                    fastadam.rowwise_adagrad_step_inplace(x, g, acc, t, num_threads=1, **kw)
+                out[f"rowwise/dense/row{width}/{k}/{name}"] = np.concatenate([x.ravel(), acc])
+        for width in (4, 64, 67):
+            for mode in ("lazy", "catchup", "dense"):
+                rng = np.random.default_rng(width)
+                rows = 300
+                x = rng.standard_normal((rows, width)).astype(dtype)
+                acc = np.zeros(rows, dtype)
+                last = np.zeros(rows, np.int64) if mode == "catchup" else None
+                for t in (1, 2, 5):
+                    idx = np.minimum(rng.zipf(1.3, 500) - 1, rows - 1).astype(np.int64)
+                    vals = rng.standard_normal((500, width)).astype(dtype)
+                    fastadam.sparse_rowwise_adagrad_step_inplace(
+                        x, (idx, vals), acc, t, mode=mode, last_step=last, lr=0.01,
+                        weight_decay=0.01, num_threads=1)
+                out[f"rowwise/sparse/{mode}/row{width}/{name}"] = np.concatenate(
+                    [x.ravel(), acc])
+
+
 def autodiff_kernels(out):
     for dtype in (np.float32, np.float64):
         rng = np.random.default_rng(11)
@@ -146,6 +180,8 @@ def lowp_steps(out):
     block = 64
     for case in CASES:
         info, options = case
+        if not info.element_wise:  # a row-wise optimizer has no low-precision states
+            continue
         names = info.slots(options)
         signed = tuple(n not in NONNEGATIVE[info.name] for n in names)
         for state_fmt in (_lowp.FMT_BF16, _lowp.FMT_Q8):
@@ -206,6 +242,7 @@ def main(path):
     dense_steps(out)
     lowp_steps(out)
     sparse_steps(out)
+    rowwise_steps(out)
     autodiff_kernels(out)
     cfg = fastadam.config()
     facts = {"modules": {name: mod.simd_level_in_use() for name, mod in MODULES.items()},

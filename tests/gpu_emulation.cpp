@@ -247,7 +247,85 @@ template <int ROWS> static void lowp_state(int state, int kind, int flags, const
     if (state == FA_FMT_Q8) lowp_kind<FA_FMT_Q8, ROWS>(kind, flags, a);
 }
 
+// The row-wise kernels (fa_rowwise_*, one thread per row): runtime (storage, kind, flags) ->
+// instantiation, the flag sets of the kind's DENSE_MASK or SPARSE_MASK.
+struct RowwiseArgs {
+    int mode;  // -1 the dense step; 0 lazy, 1 dense mode, 2 catchup (the sparse step)
+    const unsigned char *coeffs;
+    void *x;
+    const void *g;  // the dense step's gradient, or the segment sums of the sparse step
+    void *acc;
+    const void *zeros;  // dense mode: a row of +0
+    long long n_rows, row_size;
+    const long long *rows_or_seg;
+    long long nseg;
+    long long *last_step;
+    long long t;
+    unsigned threads;
+};
+
+template <typename S, int KIND, int MASK, int... F>
+static void rowwise_flags(int flags, std::integer_sequence<int, F...>, const RowwiseArgs &a)
+{
+    auto one = [&](auto fc) {
+        constexpr int FL = decltype(fc)::value;
+        if constexpr ((FL & ~MASK) == 0) {
+            if (flags != FL) return;
+            S *x = (S *)a.x, *acc = (S *)a.acc;
+            const S *g = (const S *)a.g;
+            const long long grid = ((a.mode == 0 || a.mode == 2 ? a.nseg : a.n_rows)
+                                    + a.threads - 1) / a.threads;
+            if (a.mode == -1)
+                launch(grid, a.threads, [&] {
+                    fa_rowwise_dense<S, KIND, FL>(a.coeffs, x, g, acc, a.n_rows, a.row_size);
+                });
+            if (a.mode == 0)
+                launch(grid, a.threads, [&] {
+                    fa_rowwise_rows<S, KIND, FL, 0>(a.coeffs, x, acc, a.row_size, g,
+                                                    a.rows_or_seg, a.nseg, a.last_step, a.t);
+                });
+            if (a.mode == 2)
+                launch(grid, a.threads, [&] {
+                    fa_rowwise_rows<S, KIND, FL, 1>(a.coeffs, x, acc, a.row_size, g,
+                                                    a.rows_or_seg, a.nseg, a.last_step, a.t);
+                });
+            if (a.mode == 1)
+                launch(grid, a.threads, [&] {
+                    fa_rowwise_all<S, KIND, FL>(a.coeffs, x, acc, a.row_size, a.n_rows, g,
+                                                (const S *)a.zeros, a.rows_or_seg);
+                });
+        }
+    };
+    (one(std::integral_constant<int, F>()), ...);
+}
+
+template <typename S> static void rowwise_kind(int kind, int flags, const RowwiseArgs &a)
+{
+    const auto all = std::make_integer_sequence<int, 16>();
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)
+#define FA_ROWWISE_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                 \
+    if (kind == FA_OPT_##K && a.mode < 0)                                                      \
+        rowwise_flags<S, FA_OPT_##K, DENSE_MASK>(flags, all, a);                               \
+    if (kind == FA_OPT_##K && a.mode >= 0)                                                     \
+        rowwise_flags<S, FA_OPT_##K, SPARSE_MASK>(flags, all, a);
+#include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
+#undef FA_OPTIMIZER
+}
+
 extern "C" {
+
+// storage: 1 float32, 2 float64; mode as RowwiseArgs
+void emu_rowwise(int storage, int kind, int flags, int mode, const unsigned char *coeffs,
+                 void *x, const void *g, void *acc, const void *zeros, long long n_rows,
+                 long long row_size, const long long *rows_or_seg, long long nseg,
+                 long long *last_step, long long t, unsigned threads)
+{
+    const RowwiseArgs a = {mode, coeffs, x, g, acc, zeros, n_rows, row_size, rows_or_seg, nseg,
+                           last_step, t, threads};
+    if (storage == 1) rowwise_kind<float>(kind, flags, a);
+    if (storage == 2) rowwise_kind<double>(kind, flags, a);
+}
 
 void emu_lowp_dense(int state, int kind, int flags, const unsigned char *table, int n,
                     long long nblocks, const int *skip, int check, unsigned threads)

@@ -10,8 +10,9 @@ import fastadam
 from fastadam._core._registry import spec
 from fastadam.optim._lion import HYPER_RULES as LION_RULES
 from fastadam.optim._rmsprop import HYPER_RULES as RMSPROP_RULES
+from fastadam.optim._rowwise_adagrad import HYPER_RULES as ROWWISE_RULES
 from reference import (adagrad_reference, adam_reference, lion_reference, momentum_reference,
-                       rmsprop_reference)
+                       rmsprop_reference, rowwise_adagrad_reference)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ class OptimizerInfo:
     and its constructor keywords for an option set (None: the set has no object form).
     sparse_ok(options): whether the sparse walk has the set.  first_t: the first step number.
     error_inputs: bad hyper-parameters that every entry point refuses alike.  torch_class /
-    torch_options(options): the fastadam.torch class and its keywords (None: none)."""
+    torch_options(options): the fastadam.torch class and its keywords (None: none).
+    element_wise: False for a row-wise optimizer (one state value per row): no prepared step,
+    no low-precision states, no GPU kernel yet; its slots are shaped by the spec."""
 
     name: str
     dense: Callable
@@ -68,6 +71,11 @@ class OptimizerInfo:
     error_inputs: List[ErrorInput] = field(default_factory=list)
     torch_class: Optional[str] = None
     torch_options: Callable = lambda options: None
+    element_wise: bool = True
+
+    def slot_shape(self, name, shape):
+        """The shape of functional slot ``name`` of a parameter of ``shape``."""
+        return spec(self.name).slot_shape(name, shape)
 
     def slots(self, options) -> Tuple[str, ...]:
         """The functional slot names this option set uses, in kernel order."""
@@ -190,6 +198,15 @@ def _momentum_reference(x, g, s, t, **kw):
     return x, {"v": v}
 
 
+def _rowwise_adagrad_reference(x, g, s, t, **kw):
+    x, acc = rowwise_adagrad_reference(x, g, s["acc"], t, **kw)
+    return x, {"acc": acc}
+
+
+def _rowwise_object(o):
+    return None if o.get("grad_scale") is not None else dict(o)
+
+
 def _rmsprop_sets():
     sets = []
     for convention in ("torch", "keras"):
@@ -254,9 +271,29 @@ OPTIMIZERS = [
         cls=fastadam.Lion, object_options=_lion_object,
         sparse_ok=lambda o: not o.get("grad_scale"),
         error_inputs=rule_errors(LION_RULES), torch_class="Lion", torch_options=_lion_torch),
+    OptimizerInfo(
+        name="rowwise_adagrad",
+        dense=lambda x, g, s, t, **kw: fastadam.rowwise_adagrad_step_inplace(
+            x, g, s["acc"], t, **kw),
+        sparse=lambda x, grad, s, t, **kw: fastadam.sparse_rowwise_adagrad_step_inplace(
+            x, grad, s["acc"], t, **kw),
+        reference=_rowwise_adagrad_reference,
+        option_sets=[dict(lr=0.05), dict(lr=0.05, eps=1e-6, weight_decay=0.1, lr_decay=0.01),
+                     dict(lr=0.05, weight_decay=0.1, weight_decay_mode="decoupled",
+                          maximize=True),
+                     dict(lr=0.05, weight_decay=0.1, grad_scale=4.0)],
+        cls=fastadam.RowWiseAdagrad, object_options=_rowwise_object,
+        sparse_ok=lambda o: not o.get("grad_scale"),
+        error_inputs=rule_errors(ROWWISE_RULES) + [
+            ErrorInput({"eps": 0.0}, ValueError, "eps"),
+            ErrorInput({"weight_decay_mode": "l1"}, ValueError, "weight_decay_mode")],
+        torch_class="RowWiseAdagrad", torch_options=_rowwise_object, element_wise=False),
 ]
 
 CASES = [(info, options) for info in OPTIMIZERS for options in info.option_sets]
+#: the cases of the element-wise optimizers: the prepared step and the low-precision states
+#: (which a row-wise optimizer does not have) sweep these
+ELEMENT_CASES = [c for c in CASES if c[0].element_wise]
 
 
 def case_id(case):
@@ -267,7 +304,7 @@ def case_id(case):
 
 ERROR_CASES = [(info, row) for info in OPTIMIZERS for row in info.error_inputs]
 #: the optimizers' tables of closed ranges (their ends must be legal in every entry point)
-RULES = {"rmsprop": RMSPROP_RULES, "lion": LION_RULES}
+RULES = {"rmsprop": RMSPROP_RULES, "lion": LION_RULES, "rowwise_adagrad": ROWWISE_RULES}
 
 
 def error_case_id(case):

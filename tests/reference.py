@@ -198,6 +198,39 @@ def adagrad_reference(x, g, h, t, *, lr=1e-2, lr_decay=0.0, eps=1e-10, weight_de
     return x - rate * g / denom, h
 
 
+def rowwise_adagrad_reference(x, g, acc, t, *, lr=1e-2, lr_decay=0.0, eps=1e-8,
+                              weight_decay=0.0, weight_decay_mode="l2", maximize=False,
+                              grad_scale=None):
+    """One row-wise Adagrad step in float64; returns new (x, acc).  Written from FBGEMM's
+    EXACT_ROWWISE_ADAGRAD update (its ``split_weight_update_cpu``: ``momentum1[row] +=
+    mean(d**2)``, ``multiplier = lr / (sqrt(momentum1) + eps)``, ``x = correction * x -
+    multiplier * g`` with ``correction`` 1 - multiplier * wd (L2) or 1 - lr * wd (DECOUPLED)),
+    plus TorchRec's ``lr_decay`` and torch's maximize/grad_scale conventions.  Rows are the
+    first axis (a 0-d x is one row); a row of zero elements is left alone."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    shape = x.shape
+    rows = shape[0] if x.ndim else 1
+    x2 = x.reshape(rows, -1) if rows else x.reshape(0, int(np.prod(shape[1:])))
+    g2 = np.asarray(g, dtype=np.float64).reshape(x2.shape)
+    if grad_scale is not None:
+        g2 = g2 / grad_scale
+    if maximize:
+        g2 = -g2
+    acc = np.asarray(acc, dtype=np.float64).reshape(-1).copy()
+    if x2.shape[1] == 0:
+        return x, acc.reshape(shape[:1])
+    rate = lr / (1.0 + (t - 1) * lr_decay)
+    l2 = weight_decay if weight_decay_mode == "l2" else 0.0
+    acc = acc + np.mean((g2 + l2 * x2) ** 2, axis=1)
+    m = rate / (np.sqrt(acc) + eps)
+    if weight_decay_mode == "l2":
+        c = 1.0 - m * weight_decay
+    else:
+        c = np.full_like(m, 1.0 - rate * weight_decay)
+    x2 = c[:, None] * x2 - m[:, None] * g2
+    return x2.reshape(shape), acc.reshape(shape[:1])
+
+
 def momentum_reference(x, g, v, t, *, lr=1e-2, momentum=0.9, dampening=0.0, nesterov=False,
                        weight_decay=0.0, maximize=False, convention="torch", grad_scale=None):
     """One SGD-with-momentum step in float64; returns new (x, v).  Written from

@@ -367,6 +367,56 @@ def test_sparse_adagrad_momentum_equal_cpu(rng, mode, which):
     assert_bitwise([dx, ds, dl], [x, s, last])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("options", [dict(lr=0.05), dict(lr=0.05, weight_decay=0.1),
+                                     dict(lr=0.05, weight_decay=0.1, weight_decay_mode="decoupled",
+                                          maximize=True, grad_scale=2.0)],
+                         ids=["plain", "l2", "decoupled"])
+def test_rowwise_adagrad_dense_equals_cpu(rng, dtype, options):
+    shapes = [(9, 13), (4, 64), (6,), (2, 0)]
+    xs = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    gs = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    accs = [np.abs(rng.standard_normal(s[:1])).astype(dtype) for s in shapes]
+    dxs, dgs, daccs = on_gpu(*xs), on_gpu(*gs), on_gpu(*accs)
+    assert fastadam.rowwise_adagrad_step_inplace(dxs, dgs, daccs, 2, **options) is True
+    fastadam.rowwise_adagrad_step_inplace(xs, gs, accs, 2, **options)
+    assert_bitwise(dxs + daccs, xs + accs)
+    bad = gs[0].copy()
+    bad[1, 2] = np.inf
+    before = cp.asnumpy(dxs[0])
+    assert fastadam.rowwise_adagrad_step_inplace(dxs[0], cp.asarray(bad), daccs[0], 3,
+                                                 skip_nonfinite=True) is False
+    np.testing.assert_array_equal(cp.asnumpy(dxs[0]), before)
+    with pytest.raises(ValueError, match=r"^acc: expected shape \(9,\)"):
+        fastadam.rowwise_adagrad_step_inplace(dxs[0], dgs[0], cp.zeros((9, 13), dtype), 3)
+
+
+def test_rowwise_adagrad_object_on_cupy_parameters_equals_cpu(rng):
+    w = rng.standard_normal((7, 5)).astype(np.float32)
+    dw = cp.asarray(w)
+    opt, dopt = fastadam.RowWiseAdagrad([w], lr=0.1), fastadam.RowWiseAdagrad([dw], lr=0.1)
+    assert isinstance(dopt.state(0)["sum"], cp.ndarray) and dopt.state(0)["sum"].shape == (7,)
+    for _ in range(2):
+        g = rng.standard_normal(w.shape).astype(np.float32)
+        opt.step([g])
+        dopt.step([cp.asarray(g)])
+    assert_bitwise([dw, dopt.state(0)["sum"]], [w, opt.state(0)["sum"]])
+
+
+@pytest.mark.parametrize("mode", ["lazy", "dense", "catchup"])
+def test_sparse_rowwise_adagrad_equals_cpu(rng, mode):
+    x, s, _, indices, values = _sparse_case(rng, np.float32, row_shape=(3, 5))
+    acc = np.abs(s.reshape(s.shape[0], -1)[:, 0]).copy()
+    last = rng.integers(0, 4, x.shape[0]).astype(np.int64) if mode == "catchup" else None
+    kw = dict(mode=mode, lr=0.05, weight_decay=0.01)
+    dx, dacc, dl = on_gpu(x, acc, last)
+    grad = fastadam.IndexedSlices(cp.asarray(values), cp.asarray(indices), x.shape)
+    fastadam.sparse_rowwise_adagrad_step_inplace(dx, grad, dacc, 4, last_step=dl, **kw)
+    fastadam.sparse_rowwise_adagrad_step_inplace(x, (indices, values), acc, 4, last_step=last,
+                                                 **kw)
+    assert_bitwise([dx, dacc, dl], [x, acc, last])
+
+
 def test_sparse_dense_mode_equals_the_dense_step_on_the_densified_gradient(rng):
     x, m, v, indices, values = _sparse_case(rng, np.float32)
     dense_g = np.zeros_like(x)

@@ -17,7 +17,7 @@ from fastadam._core._registry import spec
 from lowp_reference import (NONNEGATIVE, Stored, bf16_nearest, bf16_stochastic, bf16_to_f32,
                             codes_of, dequantize, dynamic_map, linear_map, midpoints,
                             quant_map, quantize, sr_bits, sr_key)
-from optimizer_table import CASES, case_id, fold_options
+from optimizer_table import ELEMENT_CASES as CASES, case_id, fold_options  # no row-wise lowp
 
 FMT = {"f32": _lowp.FMT_F32, "bf16": _lowp.FMT_BF16, "q8": _lowp.FMT_Q8}
 STATE_FORMATS = [("f32", 0), ("bf16", 0), ("q8", _lowp.MAP_DYNAMIC), ("q8", _lowp.MAP_LINEAR)]

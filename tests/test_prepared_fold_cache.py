@@ -11,7 +11,7 @@ import pytest
 
 import fastadam
 from fastadam.optim import prepare_step, schedules
-from optimizer_table import CASES, case_id
+from optimizer_table import ELEMENT_CASES as CASES, case_id  # row-wise: no prepared step
 
 
 def _state(rng, info, options, shapes):

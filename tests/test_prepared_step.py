@@ -5,7 +5,7 @@ import pytest
 
 import fastadam
 from fastadam.optim import prepare_step
-from optimizer_table import CASES, case_id
+from optimizer_table import ELEMENT_CASES as CASES, case_id  # row-wise: no prepared step
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -27,9 +27,51 @@ def header_struct(name):
 
 
 def test_the_list_names_every_registered_spec_and_no_other():
-    listed = re.findall(r"^FA_OPTIMIZER\((\w+),", (HEADERS / "optimizers.def").read_text(), re.M)
+    text = (HEADERS / "optimizers.def").read_text()
+    listed = re.findall(r"^FA_(?:ROWWISE_)?OPTIMIZER\((\w+),", text, re.M)
     assert listed == [row["name"] for row in _dense.registry()]
     assert set(listed) == set(_registry.SPECS)
+    rowwise = re.findall(r"^FA_ROWWISE_OPTIMIZER\((\w+),", text, re.M)
+    assert rowwise == [row["name"] for row in _dense.registry() if row["rowwise"]]
+    assert rowwise == [name for name, s in _registry.SPECS.items() if s.row_slots]
+
+
+def test_row_wise_kinds_stay_out_of_the_element_kernels():
+    """A row-wise optimizer has no element kernel: the dense driver, the GPU lists and the
+    sparse support query (the element walk's) never name it; its own kernels take its masks."""
+    kind = _registry.KINDS["rowwise_adagrad"]
+    assert not any(_dense.dense_supported(kind, f) or _dense.sparse_supported(kind, f)
+                   for f in range(16))
+    assert [f for f in range(16) if _dense.rowwise_supported(kind, f, False)] == [0, 1, 2, 3]
+    assert [f for f in range(16) if _dense.rowwise_supported(kind, f, True)] == [0, 1]
+    assert not _dense.rowwise_supported(_registry.KINDS["adagrad"], 0, False)
+    assert kind not in _source.KINDS.values()
+    assert _source.ROWWISE_KINDS == {"rowwise_adagrad": kind}
+    names = _source.module_names("rowwise", "float32", kind)
+    assert "fa_rowwise_dense<float, %d, 3>" % kind in names
+    assert "fa_rowwise_rows<float, %d, 1, 1>" % kind in names
+    assert ("rowwise", "float64", kind) in _source.all_modules()
+    from fastadam.optim._functional import dense_step
+    c = _registry.spec("rowwise_adagrad").fold(1, lr=0.1)
+    x = np.ones((2, 3))
+    with pytest.raises(ValueError, match=r"^the dense step has no kernel for optimizer kind"):
+        dense_step(c, x, np.ones((2, 3)), [("acc", np.zeros((2, 3)))], False, 1)
+    np.testing.assert_array_equal(x, 1)
+
+
+def test_a_row_wise_spec_must_match_its_row():
+    with pytest.raises(ValueError, match=r"^lion: a row-wise optimizer \(FA_ROWWISE_OPTIMIZER\) "
+                                         r"has row_slots and no other has"):
+        _registry.register(_registry.OptimizerSpec(
+            name="lion", fields=_lion.FIELDS, slots=("m",), object_slots=("exp_avg",),
+            row_slots=("m",), fold=None))
+    with pytest.raises(ValueError, match=r"row_slots names 'z', which is not one of its slots"):
+        _registry.OptimizerSpec(name="lion", fields=(), slots=("m",), object_slots=("exp_avg",),
+                                row_slots=("z",), fold=None)
+    s = _registry.spec("rowwise_adagrad")
+    assert s.rowwise and not _registry.spec("adagrad").rowwise
+    assert s.slot_shape("sum", (5, 3)) == (5,) and s.slot_shape("acc", ()) == ()
+    assert _registry.spec("adagrad").slot_shape("sum", (5, 3)) == (5, 3)
 
 
 @pytest.mark.parametrize("name", sorted(_registry.SPECS))

@@ -41,6 +41,12 @@ cdef extern from "fastadam/dense.h":
     int fa_registry_nslots(int kind, int flags)
     int fa_dense_supported(int kind, int flags)
     int fa_sparse_supported(int kind, int flags)
+    int fa_registry_rowwise(int kind)
+    int fa_rowwise_supported(int kind, int flags, int sparse)
+    int fa_rowwise_dense_f32(int kind, const void *coeffs, float *x, const float *g, float *a,
+                             Py_ssize_t n_rows, Py_ssize_t row_size) nogil
+    int fa_rowwise_dense_f64(int kind, const void *coeffs, double *x, const double *g,
+                             double *a, Py_ssize_t n_rows, Py_ssize_t row_size) nogil
 
 # Elements per chunk: 32768 (128 KiB of float32 per array) keeps chunks cheap to schedule and
 # large enough to amortize the call; below PARALLEL_MIN total elements the step runs serially,
@@ -86,7 +92,14 @@ def registry():
     """The optimizers of include/fastadam/optimizers.def, in kind order: one dict per kind with
     its ``name``, ``kind`` and the size in bytes of its coefficient struct (``coeffs_size``)."""
     return [dict(name=fa_registry_name(k).decode(), kind=k,
-                 coeffs_size=fa_registry_coeffs_size(k)) for k in range(fa_registry_count())]
+                 coeffs_size=fa_registry_coeffs_size(k), rowwise=bool(fa_registry_rowwise(k)))
+            for k in range(fa_registry_count())]
+
+
+def rowwise_supported(int kind, int flags, bint sparse):
+    """True if row-wise optimizer ``kind`` takes ``flags`` in its dense kernel (``sparse``
+    False) or in the sparse row walk (True); False for any other kind."""
+    return bool(fa_rowwise_supported(kind, flags, sparse))
 
 
 def nslots(int kind, int flags):
@@ -200,3 +213,108 @@ cpdef object dense_step(Coefficients coeffs, list xs, list gs, list slots, int t
     finally:
         free(chunks)
     return nbad == 0
+
+
+cdef struct RowChunk:
+    char *x
+    char *g
+    char *a
+    Py_ssize_t n_rows
+    Py_ssize_t row_size
+
+
+def rowwise_step(Coefficients coeffs, list xs, list gs, list accs, int typenum,
+                 bint skip_nonfinite, int num_threads):
+    """One dense step of a row-wise optimizer (fa_rowwise_dense, include/fastadam/dense.h)
+    over validated float32/float64 tensors: ``xs[i]``, ``gs[i]`` C-contiguous of one shape,
+    ``accs[i]`` C-contiguous with one value per row (rows: the first axis; a 0-d tensor is one
+    row).  Each tensor is cut into chunks of whole rows (about CHUNK elements), split
+    statically over ``num_threads`` (>= 1) threads; a row is always computed alike, so the
+    result does not depend on the split.  Flags the registration list does not give the
+    kernel raise ValueError before anything is written.  Returns False (nothing written) if
+    ``skip_nonfinite`` found a non-finite gradient."""
+    if not fa_rowwise_supported(coeffs.kind, coeffs.flags, 0):
+        raise ValueError(f"the row-wise dense step has no kernel for optimizer kind "
+                         f"{coeffs.kind} with flags {coeffs.flags} "
+                         f"(include/fastadam/optimizers.def)")
+    cdef int dtype
+    if typenum == cnp.NPY_FLOAT:
+        dtype = FA_F32
+    elif typenum == cnp.NPY_DOUBLE:
+        dtype = FA_F64
+    else:
+        raise TypeError(f"no row-wise kernel for dtype {cnp.PyArray_DescrFromType(typenum)}")
+    cdef Py_ssize_t ntensors = len(xs), nchunks = 0, total = 0, i, k, n_rows, row_size, r, per
+    cdef cnp.ndarray a
+    for i in range(ntensors):
+        a = <cnp.ndarray>xs[i]
+        n_rows = a.shape[0] if a.ndim else 1
+        row_size = cnp.PyArray_SIZE(a) // n_rows if n_rows else 0
+        if n_rows and row_size:
+            per = max(1, CHUNK // row_size)
+            nchunks += (n_rows + per - 1) // per
+            total += n_rows * row_size
+    if nchunks == 0:
+        return True
+    cdef RowChunk *chunks = <RowChunk *>malloc(nchunks * sizeof(RowChunk))
+    if chunks == NULL:
+        raise MemoryError()
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(<cnp.ndarray>xs[0])
+    cdef char *px
+    cdef char *pg
+    cdef char *pa
+    k = 0
+    for i in range(ntensors):
+        a = <cnp.ndarray>xs[i]
+        n_rows = a.shape[0] if a.ndim else 1
+        row_size = cnp.PyArray_SIZE(a) // n_rows if n_rows else 0
+        if not (n_rows and row_size):
+            continue
+        per = max(1, CHUNK // row_size)
+        px = <char *>cnp.PyArray_DATA(a)
+        pg = <char *>cnp.PyArray_DATA(<cnp.ndarray>gs[i])
+        pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>accs[i])
+        r = 0
+        while r < n_rows:
+            chunks[k].x = px + r * row_size * itemsize
+            chunks[k].g = pg + r * row_size * itemsize
+            chunks[k].a = pa + r * itemsize
+            chunks[k].n_rows = min(per, n_rows - r)
+            chunks[k].row_size = row_size
+            r += per
+            k += 1
+    cdef int nt = num_threads, nbad = 0, nerr = 0, kind = coeffs.kind
+    cdef const void *c = coeffs.data
+    cdef double grad_scale = coeffs.grad_scale
+    if total < _PARALLEL_MIN or nt < 1:
+        nt = 1
+    if nt > nchunks:
+        nt = <int>nchunks
+    try:
+        with nogil:
+            if skip_nonfinite:
+                for k in range(nchunks):
+                    if fa_all_finite(dtype, chunks[k].g, chunks[k].n_rows * chunks[k].row_size,
+                                     grad_scale) != 1:
+                        nbad = 1
+                        break
+            if nbad == 0:
+                if nt == 1:
+                    for k in range(nchunks):
+                        nerr += _rowwise_chunk(kind, c, dtype, &chunks[k]) != 0
+                else:
+                    for k in prange(nchunks, schedule="static", num_threads=nt):
+                        nerr += _rowwise_chunk(kind, c, dtype, &chunks[k]) != 0
+    finally:
+        free(chunks)
+    if nerr:  # unreachable after fa_rowwise_supported: the kernel decides before any write
+        raise ValueError(f"the row-wise dense step has no kernel for optimizer kind {kind}")
+    return nbad == 0
+
+
+cdef inline int _rowwise_chunk(int kind, const void *c, int dtype, RowChunk *ch) noexcept nogil:
+    if dtype == FA_F32:
+        return fa_rowwise_dense_f32(kind, c, <float *>ch.x, <const float *>ch.g, <float *>ch.a,
+                                    ch.n_rows, ch.row_size)
+    return fa_rowwise_dense_f64(kind, c, <double *>ch.x, <const double *>ch.g, <double *>ch.a,
+                                ch.n_rows, ch.row_size)

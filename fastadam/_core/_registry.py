@@ -55,6 +55,11 @@ class OptimizerSpec:
         The functional slot names whose values never go negative (Adam ``v`` and ``v_max``,
         Adagrad ``h``, RMSprop ``square_avg``): 8-bit states store them with the unsigned
         quantization map, every other slot with the signed one.
+    row_slots : tuple of str
+        The functional slot names that hold one value per row of the parameter (rows: the
+        first axis; shape ``x.shape[:1]``) instead of one per element: a row-wise optimizer's
+        (a ``FA_ROWWISE_OPTIMIZER`` row of optimizers.def).  The optimizer objects and the
+        sparse step shape these slots from it.
     onnx_op, torch_name : str or None
         The operator (``ai.onnx.preview.training``) and ``torch.optim`` class
         that compute the same update, or None.
@@ -72,12 +77,26 @@ class OptimizerSpec:
     torch_name: Optional[str] = None
     defaults: Dict[str, object] = field(default_factory=dict)
     nonnegative_slots: Tuple[str, ...] = ()
+    row_slots: Tuple[str, ...] = ()
 
     def __post_init__(self):
-        unknown = [n for n in self.nonnegative_slots if n not in self.slots]
-        if unknown:
-            raise ValueError(f"{self.name}: nonnegative_slots names {unknown[0]!r}, which is "
-                             f"not one of its slots {self.slots}")
+        for attr in ("nonnegative_slots", "row_slots"):
+            unknown = [n for n in getattr(self, attr) if n not in self.slots]
+            if unknown:
+                raise ValueError(f"{self.name}: {attr} names {unknown[0]!r}, which is "
+                                 f"not one of its slots {self.slots}")
+
+    @property
+    def rowwise(self) -> bool:
+        """True for a row-wise optimizer (a FA_ROWWISE_OPTIMIZER row of optimizers.def)."""
+        return bool(_C_ROWS[self.name].get("rowwise"))
+
+    def slot_shape(self, name: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The shape of slot ``name`` (functional or object name) of a parameter of ``shape``:
+        ``shape[:1]`` for a row slot, else ``shape``."""
+        rows = set(self.row_slots)
+        rows.update(o for f, o in zip(self.slots, self.object_slots) if f in self.row_slots)
+        return tuple(shape[:1]) if name in rows else tuple(shape)
 
     @property
     def kind(self) -> int:
@@ -112,6 +131,9 @@ def register(spec: OptimizerSpec) -> OptimizerSpec:
     if size != row["coeffs_size"]:
         raise ValueError(f"{spec.name}: {len(spec.fields)} float64 fields and flags take {size} "
                          f"bytes, but fa_{spec.name}_coeffs has {row['coeffs_size']}")
+    if bool(row.get("rowwise")) != bool(spec.row_slots):
+        raise ValueError(f"{spec.name}: a row-wise optimizer (FA_ROWWISE_OPTIMIZER) has row_slots "
+                         f"and no other has (row_slots={spec.row_slots})")
     SPECS[spec.name] = spec
     _BY_KIND[spec.kind] = spec
     return spec

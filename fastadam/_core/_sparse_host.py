@@ -13,7 +13,8 @@ from . import _sparse
 from ._threads import adaptive_threads
 
 
-# Kinds of work for the measured thread choice (the sparse steps use 2 to 4).
+# Kinds of work for the measured thread choice (the sparse steps use 2 to 4, the row-wise dense
+# step 5: fastadam/optim/_rowwise_adagrad.py).
 KIND_SEGMENT_SUM = 1
 
 

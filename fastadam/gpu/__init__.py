@@ -42,7 +42,8 @@ _register(_sys.modules[__name__])  # the GPU rows of the driver registry (_plan.
 
 __all__ = ["is_device_array", "holds_device_array", "available", "describe", "explain_mix",
            "address", "check_parameter", "check_gradient",
-           "dense_step", "sparse_step", "segment_sum", "lowp_dense_step", "lowp_rows_step"]
+           "dense_step", "sparse_step", "segment_sum", "lowp_dense_step", "lowp_rows_step",
+           "rowwise_dense_step", "rowwise_sparse_step"]
 
 
 def holds_device_array(obj):
@@ -116,6 +117,20 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step):
     import_cupy("x")
     from ._sparse import sparse_step as run
     return run(coeffs, x, grad, slots, t, mode, last_step)
+
+
+def rowwise_dense_step(coeffs, x, g, acc, skip_nonfinite):
+    """One dense step of a row-wise optimizer on device arrays (see _rowwise.py)."""
+    import_cupy("x")
+    from ._rowwise import dense_step as run
+    return run(coeffs, x, g, acc, skip_nonfinite)
+
+
+def rowwise_sparse_step(coeffs, x, grad, acc, t, mode, last_step):
+    """One sparse step of a row-wise optimizer on device arrays (see _rowwise.py)."""
+    import_cupy("x")
+    from ._rowwise import sparse_step as run
+    return run(coeffs, x, grad, acc, t, mode, last_step)
 
 
 def segment_sum(indices, values):

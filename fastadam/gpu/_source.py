@@ -13,8 +13,9 @@ from pathlib import Path
 
 from .. import drivers
 
-# The optimizers of the registration list (include/fastadam/optimizers.def), by name.
-KINDS = dict(drivers.KINDS)
+# The optimizers of the registration list (include/fastadam/optimizers.def) that have element
+# kernels, by name (the row-wise ones, drivers.ROWWISE_KINDS, have the "rowwise" family below).
+KINDS = {name: kind for name, kind in drivers.KINDS.items() if kind not in drivers.ROWWISE_KINDS}
 # Storage types of the kernels: float16 is held as its bits and computed in float32.
 STORAGE = {"float16": "unsigned short", "float32": "float", "float64": "double"}
 
@@ -31,6 +32,17 @@ def sparse_flags(kind):
 
 DENSE_FLAGS = {kind: dense_flags(kind) for kind in KINDS.values()}
 SPARSE_FLAGS = {kind: sparse_flags(kind) for kind in KINDS.values()}
+
+# The row-wise optimizers (one state value per row: fa_rowwise_* kernels, one thread per row,
+# float32 and float64), by name, and the flag sets of their dense and sparse kernels.
+ROWWISE_KINDS = {name: kind for name, kind in drivers.KINDS.items()
+                 if kind in drivers.ROWWISE_KINDS}
+ROWWISE_DENSE_FLAGS = {kind: tuple(f for f in range(16)
+                                   if drivers.rowwise_supported(kind, f, False))
+                       for kind in ROWWISE_KINDS.values()}
+ROWWISE_SPARSE_FLAGS = {kind: tuple(f for f in range(16)
+                                    if drivers.rowwise_supported(kind, f, True))
+                        for kind in ROWWISE_KINDS.values()}
 
 
 # The state formats of the low-precision kernels (fa_lowp_*; FA_FMT_* of fastadam/lowp.h), and
@@ -75,6 +87,18 @@ def sparse_dense_name(storage, kind, flags):
     return f"fa_sparse_dense<{STORAGE[storage]}, {kind}, {flags}>"
 
 
+def rowwise_dense_name(storage, kind, flags):
+    return f"fa_rowwise_dense<{STORAGE[storage]}, {kind}, {flags}>"
+
+
+def rowwise_rows_name(storage, kind, flags, catchup):
+    return f"fa_rowwise_rows<{STORAGE[storage]}, {kind}, {flags}, {int(catchup)}>"
+
+
+def rowwise_all_name(storage, kind, flags):
+    return f"fa_rowwise_all<{STORAGE[storage]}, {kind}, {flags}>"
+
+
 def lowp_dense_name(state, kind, flags):
     return f"fa_lowp_dense<{LOWP_STATES[state]}, {kind}, {flags}>"
 
@@ -92,7 +116,8 @@ def module_names(family, storage, kind=None):
     steps for every flag combination, and the non-finite reduction), "sparse" (a kind's lazy,
     catch-up and dense-mode sparse steps), "segment" (the segment sum) and "lowp" (a kind's
     low-precision dense and lazy-rows steps for the state format ``storage``, every flag
-    combination, and the non-finite reductions of both gradient formats)."""
+    combination, and the non-finite reductions of both gradient formats) and "rowwise" (a
+    row-wise optimizer's dense, lazy, catch-up and dense-mode steps)."""
     if family == "lowp":
         return ([lowp_dense_name(storage, kind, f) for f in DENSE_FLAGS[kind]]
                 + [lowp_rows_name(storage, kind, f) for f in SPARSE_FLAGS[kind]]
@@ -107,7 +132,13 @@ def module_names(family, storage, kind=None):
         return names
     if family == "segment":
         return [segment_sum_name(storage)]
-    raise ValueError(f"family: expected 'dense', 'sparse', 'segment' or 'lowp', got "
+    if family == "rowwise":
+        names = [rowwise_dense_name(storage, kind, f) for f in ROWWISE_DENSE_FLAGS[kind]]
+        for f in ROWWISE_SPARSE_FLAGS[kind]:
+            names += [rowwise_rows_name(storage, kind, f, c) for c in (0, 1)]
+            names.append(rowwise_all_name(storage, kind, f))
+        return names
+    raise ValueError(f"family: expected 'dense', 'sparse', 'segment', 'rowwise' or 'lowp', got "
                      f"{family!r}")
 
 
@@ -124,6 +155,9 @@ def all_modules():
     for state in LOWP_STATES:
         for kind in KINDS.values():
             mods.append(("lowp", state, kind))
+    for storage in ("float32", "float64"):
+        for kind in ROWWISE_KINDS.values():
+            mods.append(("rowwise", storage, kind))
     return mods
 
 

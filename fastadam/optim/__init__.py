@@ -31,7 +31,8 @@ one row in the registration list ``include/fastadam/optimizers.def`` (which gene
 tables, the sparse switch and the CUDA dispatch), and one module here holding its fold, its
 spec (``fastadam/_core/_registry.py``), its functional steps and its class on ``Optimizer``
 (``_rmsprop.py`` and ``_lion.py`` are the examples), then exports the public names here and in
-``fastadam/__init__.py``.
+``fastadam/__init__.py``.  A row-wise optimizer (one state value per row) writes a row function
+instead of an element function and a ``FA_ROWWISE_OPTIMIZER`` row (``_rowwise_adagrad.py``).
 """
 from ._functional import adagrad_step_inplace, momentum_step_inplace, step_inplace
 from ._sparse_functional import (sparse_adagrad_step_inplace, sparse_momentum_step_inplace,
@@ -44,6 +45,8 @@ from ._clip import clip_grad_norm, global_norm
 from ._sgd import SGD
 from ._rmsprop import RMSprop, rmsprop_step_inplace, sparse_rmsprop_step_inplace
 from ._lion import Lion, lion_step_inplace, sparse_lion_step_inplace
+from ._rowwise_adagrad import (RowWiseAdagrad, rowwise_adagrad_step_inplace,
+                               sparse_rowwise_adagrad_step_inplace)
 from ._prepared import PreparedStep, prepare_step
 from ._embedding_bag import embedding_bag_slots, embedding_bag_step_inplace
 from ._guard import sigint_deferred
@@ -56,5 +59,7 @@ __all__ += ["lion_step_inplace", "rmsprop_step_inplace", "sparse_lion_step_inpla
             "sparse_rmsprop_step_inplace", "Lion", "OptimizerSpec", "PreparedStep", "RMSprop", "optimizer_spec",
             "prepare_step", "QuantizedState", "sigint_deferred"]
 __all__ += ["embedding_bag_slots", "embedding_bag_step_inplace"]
+__all__ += ["RowWiseAdagrad", "rowwise_adagrad_step_inplace",
+            "sparse_rowwise_adagrad_step_inplace"]
 __all__ += ["Adagrad", "Adam", "AdamW", "Optimizer", "ParamGroup", "SGD", "SparseAdam",
             "clip_grad_norm", "global_norm", "schedules"]

@@ -224,7 +224,7 @@ class Optimizer:
                                 f"state_dtype; this one keeps float32 states")
             _lowp_objects.check_params(self._lowp_options, self._arrays + arrays,
                                        self._labels + labels)
-            self._lowp = self._lowp_options
+            self._enable_lowp()
         elif self._lowp is not None:
             _lowp_objects.check_params(self._lowp, self._arrays + arrays, self._labels + labels)
         try:
@@ -237,7 +237,8 @@ class Optimizer:
         specs = self.slot_specs(hyper)
         masters: List[Optional[np.ndarray]] = [None] * len(arrays)
         if self._lowp is None:
-            new_slots = {name: [np.full_like(a, fill) for a in arrays] for name, fill in specs}
+            new_slots = {name: [_new_slot(a, fill, self._slot_shape(name, a.shape))
+                                for a in arrays] for name, fill in specs}
         else:
             spec = registry_spec(self.spec_name)
             new_slots = {name: [_lowp_objects.new_slot(self._lowp, spec, name, a, fill)
@@ -255,6 +256,16 @@ class Optimizer:
         self._groups.append(hyper)
         self._group_params.append(list(range(start, start + len(plist))))
         self._rebuild_buckets()
+
+    def _slot_shape(self, name: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The shape of state slot ``name`` of a parameter of ``shape``: the spec's (one value
+        per row for a row-wise optimizer's row slots), else ``shape``."""
+        return shape if self.spec_name is None else registry_spec(self.spec_name).slot_shape(
+            name, shape)
+
+    def _enable_lowp(self) -> None:
+        """Keep low-precision states or parameters (an optimizer that has none refuses)."""
+        self._lowp = self._lowp_options
 
     @property
     def _masters(self) -> Dict[int, np.ndarray]:
@@ -631,6 +642,12 @@ class Optimizer:
             hypers = ", ".join(f"{k}={v!r}" for k, v in h.items())
             lines.append(f"  group {gi}: {len(idx)} params ({kinds}): {hypers}")
         return "\n".join(lines)
+
+
+def _new_slot(a: np.ndarray, fill: float, shape: Tuple[int, ...]) -> np.ndarray:
+    """A float state slot of parameter ``a`` filled with ``fill``: like ``a``, or of ``shape``
+    (one value per row) for a row-wise optimizer's row slot."""
+    return np.full_like(a, fill) if shape == a.shape else np.full_like(a, fill, shape=shape)
 
 
 def _as_list(params: Any) -> Any:

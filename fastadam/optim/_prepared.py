@@ -209,8 +209,10 @@ class PreparedStep:
         state = next((v for v in slots.values() if v is not None), None)
         if isinstance(state, (list, tuple)):
             state = state[0] if state else None
-        row = find_driver(device.name, device.classify(first),
-                          "float" if state is None else device.classify(state))
+        state_format = "float" if state is None else device.classify(state)
+        if self._spec.row_slots:  # one state value per row (a row-wise optimizer's layout)
+            state_format = "rows"
+        row = find_driver(device.name, device.classify(first), state_format)
         self.device = device.name
         self.driver = (row.device, row.param_format, row.state_format)
         self._names_by_flags = {}

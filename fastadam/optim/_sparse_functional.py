@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import gpu as _gpu
-from .._core import _sparse
+from .._core import _dense, _sparse
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint, check_indices, check_rows
 from ..sparse import IndexedSlices
@@ -24,6 +24,8 @@ from ._coefficients import (adagrad_coefficients, adam_coefficients,
 from ._functional import check_compute_dtype
 
 MODES = ("lazy", "dense", "catchup")
+# kind -> True for a row-wise optimizer (one state value per row: include/fastadam/optimizers.def)
+_ROWWISE = {row["kind"]: row["rowwise"] for row in _dense.registry()}
 _VALUE_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _KERNEL_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native byte order
 
@@ -233,6 +235,8 @@ def sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
     if mode == "catchup" and t < 1:
         raise ValueError(f"t: catchup mode counts steps from 1, got t={t}")
     if _gpu.is_device_array(x):  # CuPy: fastadam/gpu
+        if _ROWWISE.get(coeffs.kind, False):
+            return _gpu.rowwise_sparse_step(coeffs, x, grad, slots[0][1], t, mode, last_step)
         return _gpu.sparse_step(coeffs, x, grad, slots, t, mode, last_step)
     try:
         return _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
@@ -255,10 +259,16 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         raise TypeError(f"x: expected float32 or float64 (sparse kernels), got {x.dtype}")
     typenum = x.dtype.num
     check_compute_dtype(coeffs, typenum)
-    slot_arrays = [_check_table(a, name, typenum, x.shape) for name, a in slots]
+    # a row-wise optimizer's slot: one value per row (x.shape[:1]), contiguous
+    row_wise = _ROWWISE.get(coeffs.kind, False)
+    slot_arrays = [check_array(a, name, typenum, x.shape[:1], True) if row_wise
+                   else _check_table(a, name, typenum, x.shape) for name, a in slots]
     strided = not all(a.flags.c_contiguous for a in [x] + slot_arrays)
 
     indices, values, element_wise = _gradient_rows(x, grad)
+    if element_wise and row_wise:
+        raise TypeError("grad: a CSR gradient is element-wise; a row-wise optimizer needs "
+                        "whole rows: pass an IndexedSlices or an (indices, values) pair")
     if element_wise and strided:
         raise ValueError("grad: a CSR gradient (element-wise indices) needs C-contiguous x and "
                          "state arrays, got row-strided ones")
@@ -312,7 +322,8 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         # (the compiled step has nothing to walk and returns at once)
         last_step.reshape(-1)[rows] = t
         return
-    args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, row_size) for a in slot_arrays],
+    slot_width = 1 if row_wise else row_size
+    args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, slot_width) for a in slot_arrays],
             values.reshape(values.shape[0], row_size), perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)
     work = (n_rows if mode == "dense" else values.shape[0]) * row_size

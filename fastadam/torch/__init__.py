@@ -40,8 +40,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "fastadam.torch needs PyTorch; install the CPU build with "
         "`pip install torch --index-url https://download.pytorch.org/whl/cpu`") from exc
 
-from ._optimizers import Adagrad, Adam, AdamW, Lion, RMSprop, SGD, SparseAdam
+from ._optimizers import Adagrad, Adam, AdamW, Lion, RMSprop, RowWiseAdagrad, SGD, SparseAdam
 from ._embedding import FusedEmbeddingBag, FusedEmbeddingBagCollection
 
 __all__ = ["Adagrad", "Adam", "AdamW", "FusedEmbeddingBag", "FusedEmbeddingBagCollection", "Lion",
-           "RMSprop", "SGD", "SparseAdam"]
+           "RMSprop", "RowWiseAdagrad", "SGD", "SparseAdam"]

@@ -156,15 +156,18 @@ def expected_dtype(p: torch.Tensor, fmt: Optional[str]) -> torch.dtype:
 
 
 def state_view(state: Dict[str, Any], key: str, p: torch.Tensor, fmt: Optional[str],
-               signed: bool, label: str, numpy_view) -> Tuple[Any, list]:
+               signed: bool, label: str, numpy_view,
+               shape: Optional[Tuple[int, ...]] = None) -> Tuple[Any, list]:
     """``(kernel view, [(key, tensor, label)])`` of state ``key`` in format ``fmt``, checked
-    like the parameter (``numpy_view`` checks a tensor and returns its array)."""
+    like the parameter, of ``shape`` (default the parameter's; a row-wise optimizer's row
+    state has one value per row) (``numpy_view`` checks a tensor and returns its array)."""
     tk = state[key]
     view = numpy_view(tk, label)
     want = expected_dtype(p, fmt)
-    if tk.dtype != want or tuple(tk.shape) != tuple(p.shape):
+    shape = tuple(p.shape) if shape is None else tuple(shape)
+    if tk.dtype != want or tuple(tk.shape) != shape:
         why = "" if fmt is None else f" (state_dtype {fmt!r})"
-        raise ValueError(f"{label}: expected dtype {want} and shape {tuple(p.shape)}{why}, "
+        raise ValueError(f"{label}: expected dtype {want} and shape {shape}{why}, "
                          f"got {tk.dtype} and {tuple(tk.shape)}")
     parts = [(key, tk, label)]
     if fmt == "int8":

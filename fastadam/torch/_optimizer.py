@@ -293,6 +293,11 @@ class FastadamOptimizer(torch.optim.Optimizer):
         """Why these hyper-parameters take no sparse gradient (None: they do)."""
         return None
 
+    def _slot_shape(self, shape: Tuple[int, ...], key: str) -> Tuple[int, ...]:
+        """The shape of state tensor ``key`` of a parameter of ``shape`` (a row-wise
+        optimizer's: one value per row, ``shape[:1]``)."""
+        return tuple(shape)
+
     # ---- torch.optim.Optimizer -------------------------------------------------------------
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -619,7 +624,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 state, k, p, fmt, _formats.signed_slot(self._spec_name or "adam",
                                                        self._slot_names.get(k, k)),
                 f"state of {name}: {k!r}",
-                lambda t, label: numpy_view(t, label, STATE_TENSOR_DTYPES))
+                lambda t, label: numpy_view(t, label, STATE_TENSOR_DTYPES),
+                shape=self._slot_shape(tuple(p.shape), k))
             views.append(view)
             for key, tk, label in parts:
                 tensor_keys.append(key)
@@ -726,7 +732,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 rows = (0,) + x.shape[1:]
                 self._step_sparse(np.empty(rows, x.dtype),
                                   (np.empty(0, np.int64), np.empty(rows, x.dtype)),
-                                  [np.empty(rows, x.dtype) for _ in e.views], t, h)
+                                  [np.empty(self._slot_shape(rows, k), x.dtype)
+                                   for k in e.keys], t, h)
 
     # ---- phase 2: apply ----------------------------------------------------------------------
     def _apply(self, calls: list, fresh: list) -> None:
@@ -896,14 +903,17 @@ class FastadamOptimizer(torch.optim.Optimizer):
             v = s.get(k)
             if v is None:
                 raise ValueError(f"{name}: missing {k!r}")
-            self._check_saved_tensor(v, p, f"{name}[{k!r}]")
+            self._check_saved_tensor(v, p, f"{name}[{k!r}]",
+                                     self._slot_shape(tuple(p.shape), k))
 
     @staticmethod
-    def _check_saved_tensor(v: Any, p: torch.Tensor, label: str) -> None:
+    def _check_saved_tensor(v: Any, p: torch.Tensor, label: str,
+                            shape: Optional[Tuple[int, ...]] = None) -> None:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"{label}: expected a tensor, got {type(v).__name__}")
-        if tuple(v.shape) != tuple(p.shape):
-            raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {tuple(p.shape)} "
+        want = tuple(p.shape) if shape is None else shape
+        if tuple(v.shape) != want:
+            raise ValueError(f"{label}: has shape {tuple(v.shape)}, expected {want} "
                              f"(the parameter's)")
         if v.layout is not torch.strided or v.is_complex() != p.is_complex() \
                 or v.dtype == torch.bool:

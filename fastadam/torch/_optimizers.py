@@ -11,14 +11,18 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 
-from .. import (sparse_adagrad_step_inplace, sparse_lion_step_inplace,
-                sparse_momentum_step_inplace, sparse_rmsprop_step_inplace, sparse_step_inplace)
+from .. import (rowwise_adagrad_step_inplace, sparse_adagrad_step_inplace,
+                sparse_lion_step_inplace, sparse_momentum_step_inplace,
+                sparse_rmsprop_step_inplace, sparse_rowwise_adagrad_step_inplace,
+                sparse_step_inplace)
+from ..optim import optimizer_spec
 from ._formats import check_state_options, state_format
 from ._optimizer import FastadamOptimizer, check_range, flag, new_step, number, param_name
 
-__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "SGD", "SparseAdam"]
+__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "RMSprop", "RowWiseAdagrad", "SGD", "SparseAdam"]
 
 
 def _zeros(p: torch.Tensor) -> torch.Tensor:
@@ -543,3 +547,86 @@ class Lion(FastadamOptimizer):
     def _step_sparse(self, x, grad, slots, t, h):
         sparse_lion_step_inplace(x, grad, slots[0], t, mode="lazy",
                                  num_threads=self.num_threads, **self._hyper(h))
+
+
+class _RowWiseStep:
+    """The dense call of one group's parameters of a row-wise optimizer, in the interface of
+    the prepared steps the base class keeps (``check(t, **hyper)`` before a multi-call step
+    writes, ``step(gs, t, **hyper)``): the functional step on the parameters' and
+    accumulators' views (a row-wise optimizer has no prepared step yet)."""
+
+    def __init__(self, xs, accs, num_threads):
+        self.xs, self.accs, self.num_threads = xs, accs, num_threads
+
+    def check(self, t, **hyper):
+        for dtype in {x.dtype for x in self.xs}:  # the fold and its float32 checks, no write
+            empty = np.empty(0, dtype)
+            rowwise_adagrad_step_inplace(empty, empty, empty.copy(), t, **hyper)
+
+    def step(self, gs, t, **hyper):
+        return rowwise_adagrad_step_inplace(self.xs, gs, self.accs, t, **hyper,
+                                            num_threads=self.num_threads)
+
+
+class RowWiseAdagrad(FastadamOptimizer):
+    """Row-wise Adagrad (:func:`fastadam.rowwise_adagrad_step_inplace`), which torch.optim does
+    not have: TorchRec's ``RowWiseAdagrad`` arguments and defaults (``eps=1e-10``, L2 weight
+    decay) and FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` update: per row ``r`` (the first axis),
+    ``sum[r] += mean((g'+wd*x[r])**2)``, ``m = lr_t/(sqrt(sum[r])+eps)``,
+    ``x[r] = (1-m*wd)*x[r] - m*g'`` (``weight_decay_mode="decoupled"``: ``1-lr_t*wd`` and
+    ``sum[r] += mean(g'**2)``), ``lr_t = lr/(1+(t-1)*lr_decay)``.  State ``sum``: one value
+    per row, of the parameter's dtype (float32 or float64), starting at the constructor's
+    ``initial_accumulator_value``.  A sparse gradient (``nn.Embedding(sparse=True)``) takes
+    the lazy sparse step: only its rows move."""
+
+    _state_keys = ("sum",)
+    _slot_names = {"sum": "acc"}
+    _spec_name = "rowwise_adagrad"
+    _group_fill = dict(maximize=False, weight_decay_mode="l2")
+
+    def __init__(self, params: Any, lr: Any = 1e-2, lr_decay: float = 0.0,
+                 weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+                 eps: float = 1e-10, *, maximize: bool = False, weight_decay_mode: str = "l2",
+                 num_threads: Optional[int] = None):
+        check_range(number(initial_accumulator_value, "initial_accumulator_value"),
+                    "initial_accumulator_value", 0.0)
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value,
+                        maximize=maximize, weight_decay_mode=weight_decay_mode)
+        super().__init__(params, defaults, num_threads)
+
+    def _check_group(self, group):
+        for p in group.get("params", ()):
+            if isinstance(p, torch.Tensor) and p.dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"params: RowWiseAdagrad steps float32 or float64 parameters, "
+                                f"got {p.dtype}")
+        h = dict(lr=check_range(number(group["lr"], "lr"), "lr", 0.0),
+                 lr_decay=check_range(number(group["lr_decay"], "lr_decay"), "lr_decay", 0.0),
+                 eps=number(group["eps"], "eps"),
+                 weight_decay=check_range(number(group["weight_decay"], "weight_decay"),
+                                          "weight_decay", 0.0),
+                 weight_decay_mode=group["weight_decay_mode"],
+                 maximize=flag(group["maximize"], "maximize"))
+        optimizer_spec(self._spec_name).fold(1, **h)  # eps > 0, the mode: the fold's rules
+        return h
+
+    def _slot_shape(self, shape, key):
+        return tuple(shape[:1])
+
+    def _new_slot(self, p, key):
+        return torch.full(tuple(p.shape[:1]), number(self.defaults["initial_accumulator_value"],
+                                                     "initial_accumulator_value"),
+                          dtype=p.dtype)
+
+    def _state_init(self, p, group):
+        return dict(step=new_step(), sum=self._new_slot(p, "sum"))
+
+    def _hyper(self, h):
+        return dict(h)
+
+    def _prepared_for(self, gi, dtype, ents, xs):
+        return _RowWiseStep(xs, [e.views[0] for e in ents], self.num_threads)
+
+    def _step_sparse(self, x, grad, slots, t, h):
+        sparse_rowwise_adagrad_step_inplace(x, grad, slots[0], t, mode="lazy",
+                                            num_threads=self.num_threads, **self._hyper(h))

@@ -50,6 +50,20 @@
 #undef FA_UINT
 #undef FA_EXP_MASK
 
+/* The row-wise optimizers' dense kernels (rowwise_body.h), float32 and float64. */
+#define FA_ROWWISE_DENSE 1
+#define FA_S float
+#define FA_FN(name) FA_CAT(name, _f32)
+#include "fastadam/rowwise_body.h"
+#undef FA_S
+#undef FA_FN
+#define FA_S double
+#define FA_FN(name) FA_CAT(name, _f64)
+#include "fastadam/rowwise_body.h"
+#undef FA_S
+#undef FA_FN
+#undef FA_ROWWISE_DENSE
+
 FA_DISPATCH_LEVEL_STATE
 
 /* fa_dense_table[level][kind][dtype]: one row per level of runtime dispatch (common.h), one row
@@ -99,18 +113,25 @@ typedef struct {
     int dense_mask, sparse_mask;
     size_t coeffs_size;
     int (*nslots)(int flags);
+    int rowwise; /* a FA_ROWWISE_OPTIMIZER row: one state value per row */
 } fa_registry_entry;
 
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     static int fa_nslots_of_##name(int flags) { return fa_##name##_nslots(flags); }
+#define FA_ROWWISE_OPTIMIZER FA_OPTIMIZER
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
 
 static const fa_registry_entry fa_registry[FA_OPT_COUNT] = {
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
     [FA_OPT_##KIND] = {#name, DENSE_MASK, SPARSE_MASK, sizeof(fa_##name##_coeffs),             \
-                       fa_nslots_of_##name},
+                       fa_nslots_of_##name, 0},
+#define FA_ROWWISE_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                              \
+    [FA_OPT_##KIND] = {#name, DENSE_MASK, SPARSE_MASK, sizeof(fa_##name##_coeffs),             \
+                       fa_nslots_of_##name, 1},
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
 };
 
@@ -126,17 +147,57 @@ size_t fa_registry_coeffs_size(int kind)
     return kind >= 0 && kind < FA_OPT_COUNT ? fa_registry[kind].coeffs_size : 0;
 }
 
+int fa_registry_rowwise(int kind)
+{
+    return kind >= 0 && kind < FA_OPT_COUNT ? fa_registry[kind].rowwise : 0;
+}
+
 int fa_dense_supported(int kind, int flags)
 {
-    if (kind < 0 || kind >= FA_OPT_COUNT) return 0;
+    if (kind < 0 || kind >= FA_OPT_COUNT || fa_registry[kind].rowwise) return 0;
     return (flags & ~fa_registry[kind].dense_mask) == 0;
 }
 
 int fa_sparse_supported(int kind, int flags)
 {
-    if (kind < 0 || kind >= FA_OPT_COUNT) return 0;
+    if (kind < 0 || kind >= FA_OPT_COUNT || fa_registry[kind].rowwise) return 0;
     return (flags & ~fa_registry[kind].sparse_mask) == 0 && fa_registry[kind].nslots(flags) <= 2;
 }
+
+int fa_rowwise_supported(int kind, int flags, int sparse)
+{
+    if (kind < 0 || kind >= FA_OPT_COUNT || !fa_registry[kind].rowwise) return 0;
+    return (flags & ~(sparse ? fa_registry[kind].sparse_mask : fa_registry[kind].dense_mask)) == 0;
+}
+
+/* The row-wise dense kernels: the clone of the level in use, by kind. */
+#define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)
+#define FA_ROWWISE_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                              \
+    case FA_OPT_##KIND:                                                                        \
+        return FA_AT_LEVEL(FA_CAT(name##_rowwise_dense, FA_ROWWISE_SUF))(coeffs, x, g, a,      \
+                                                                        n_rows, row_size);
+#define FA_ROWWISE_SUF _f32
+int fa_rowwise_dense_f32(int kind, const void *coeffs, float *x, const float *g, float *a,
+                         ptrdiff_t n_rows, ptrdiff_t row_size)
+{
+    switch (kind) {
+#include "fastadam/optimizers.def"
+    default: return FA_ERR_UNSUPPORTED;
+    }
+}
+#undef FA_ROWWISE_SUF
+#define FA_ROWWISE_SUF _f64
+int fa_rowwise_dense_f64(int kind, const void *coeffs, double *x, const double *g, double *a,
+                         ptrdiff_t n_rows, ptrdiff_t row_size)
+{
+    switch (kind) {
+#include "fastadam/optimizers.def"
+    default: return FA_ERR_UNSUPPORTED;
+    }
+}
+#undef FA_ROWWISE_SUF
+#undef FA_ROWWISE_OPTIMIZER
+#undef FA_OPTIMIZER
 
 int fa_registry_nslots(int kind, int flags)
 {

@@ -54,4 +54,26 @@ int fa_sparse_supported(int kind, int flags);
 
 int fa_all_finite(int dtype, const void *g, ptrdiff_t n, double grad_scale);
 
+/* The row-wise optimizers (FA_ROWWISE_OPTIMIZER rows of optimizers.def: one state value per
+ * row).  fa_registry_rowwise: 1 for such a kind, else 0; fa_dense_supported and
+ * fa_sparse_supported (the element kernels, the GPU's included) are 0 for it, and
+ * fa_rowwise_supported(kind, flags, sparse) says whether its dense kernel (sparse = 0) or its
+ * sparse walk (sparse = 1, fa_sparse_rows / fa_sparse_dense of sparse.h) takes `flags`.
+ *
+ * fa_rowwise_dense_<dtype>: the optimizer's step on every row of one tensor.
+ *   kind, coeffs  IN                   the optimizer (FA_OPT_*) and its coefficient struct
+ *   x             IN/OUT n_rows x row_size  parameters (packed rows)
+ *   g             IN     n_rows x row_size  gradient (never written)
+ *   a             IN/OUT n_rows             the accumulator of each row
+ * Returns FA_OK, or FA_ERR_UNSUPPORTED (nothing written) for a kind or flags the list does not
+ * give it.  Preconditions: x, g, a do not overlap; n_rows, row_size >= 0.
+ * O(n_rows * row_size), two passes over each row.  Thread safety: writes only these rows;
+ * disjoint row ranges may run at once, and a row's result does not depend on the split. */
+int fa_registry_rowwise(int kind);
+int fa_rowwise_supported(int kind, int flags, int sparse);
+int fa_rowwise_dense_f32(int kind, const void *coeffs, float *x, const float *g, float *a,
+                         ptrdiff_t n_rows, ptrdiff_t row_size);
+int fa_rowwise_dense_f64(int kind, const void *coeffs, double *x, const double *g, double *a,
+                         ptrdiff_t n_rows, ptrdiff_t row_size);
+
 #endif /* FASTADAM_DENSE_H */

@@ -45,7 +45,9 @@ enum {
  * registration list optimizers.def, numbered in its order. */
 enum {
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK) FA_OPT_##KIND,
+#define FA_ROWWISE_OPTIMIZER FA_OPTIMIZER
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
     FA_OPT_COUNT
 };

@@ -113,7 +113,9 @@ static inline int fa_coeffs_flags(int kind, const void *coeffs)
 {
 #define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                         \
     if (kind == FA_OPT_##K) return ((const fa_##name##_coeffs *)coeffs)->flags;
+#define FA_ROWWISE_OPTIMIZER FA_OPTIMIZER
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
     return -1;
 }

@@ -26,7 +26,10 @@
  * optimizer's state slots decay over one idle step (fa_<optimizer>_idle_rates).
  * Supported flags: each optimizer's SPARSE_MASK in optimizers.def, with at most two state slots.
  * State slots: s0, s1 as in dense.h (Adam: m, v; Adagrad: h; Momentum: v; RMSprop: v and b or
- * a; Lion: m; unused: NULL).
+ * a; Lion: m; unused: NULL).  A row-wise optimizer (a FA_ROWWISE_OPTIMIZER row: row-wise Adagrad)
+ * takes the same entry points with one value per row in st0 (the accumulator of row r at
+ * st0 + r * stride[1]: stride[1] = 1 for a packed vector) and st1 unused; its walks are
+ * rowwise_body.h's.
  */
 #ifndef FASTADAM_SPARSE_H
 #define FASTADAM_SPARSE_H

@@ -215,6 +215,11 @@ static inline __attribute__((always_inline)) void FA_FN(dense_loop)(
     }
 }
 
+/* The row-wise optimizers' walks (one accumulator per row): rowwise_body.h. */
+#define FA_ROWWISE_SPARSE 1
+#include "fastadam/rowwise_body.h"
+#undef FA_ROWWISE_SPARSE
+
 /* Every (kind, flags) pair of the sparse path is its own instantiation of LOOP(KIND, FLAGS):
  * for each optimizer of optimizers.def, the combinations of its SPARSE_MASK that need at most
  * two state slots.  Anything else -- an unknown kind, a flag outside the mask, three slots --
@@ -275,7 +280,9 @@ static int FA_FN(sparse_rows)(int kind, FA_ROWS_ARGS)
         return FA_AT_LEVEL(FA_FN(name##_sparse_rows))(flags, coeffs, x, st0, st1, row_size,    \
                                                       stride, values, perm, offsets, rows, s0, \
                                                       s1, gbuf, last_step, t);
+#define FA_ROWWISE_OPTIMIZER FA_OPTIMIZER
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
     default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
     }
@@ -326,7 +333,9 @@ static int FA_FN(sparse_dense)(int kind, FA_DENSE_ARGS)
         return FA_AT_LEVEL(FA_FN(name##_sparse_dense))(flags, coeffs, x, st0, st1, row_size,   \
                                                        stride, values, perm, offsets, rows,    \
                                                        nseg, r0, r1, gbuf);
+#define FA_ROWWISE_OPTIMIZER FA_OPTIMIZER
 #include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
 #undef FA_OPTIMIZER
     default: return FA_ERR_UNSUPPORTED; /* an unknown kind */
     }

@@ -36,6 +36,8 @@
  *                                   offsets, seg_of_row)
  *       Dense-mode sparse step: every row is updated, with g = its segment's sum when
  *       seg_of_row[r] >= 0 and +0 otherwise (as the CPU's dense mode).
+ *   fa_rowwise_dense / fa_rowwise_rows / fa_rowwise_all: the row-wise optimizers' steps, one
+ *       thread per row (see their section below).
  *
  * Thread safety: each kernel writes disjoint elements per thread; launches are ordered on the
  * caller's CuPy stream.
@@ -303,6 +305,88 @@ __global__ void fa_sparse_dense(const unsigned char *coeffs, S *x, S *st0, S *st
             S *const b1 = fa_opt<KIND, C>::nslots(FLAGS) > 1 ? st1 + at : st0 + at;
             fa_update_element<S, KIND, FLAGS>(&k, g, x + at, st0 + at, b1, (S *)0, i);
         }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Row-wise optimizers (FA_ROWWISE_OPTIMIZER rows of optimizers.def: one state value per row).
+ * Their formula is a row function (rowwise_adagrad.h: a fixed-order sum over the row, then the
+ * row's update), so these kernels give each row to one thread, which calls it: the same
+ * operations in the same order as the CPU kernels (rowwise_body.h), hence the same bits.
+ * float32 and float64 only (S is the compute type).
+ *
+ *   fa_rowwise_dense<S, KIND, FLAGS>(coeffs, x, g, acc, n_rows, row_size)
+ *       Thread r (over the grid) updates row r of the packed (n_rows, row_size) x with g's
+ *       row r and its accumulator acc[r].  IN g; IN/OUT x, acc.
+ *   fa_rowwise_rows<S, KIND, FLAGS, CATCHUP>(coeffs, x, acc, row_size, sums, rows, nseg,
+ *                                             last_step, t)
+ *       Lazy sparse step: thread s updates row rows[s] with sums[s] (fa_segment_sum's output,
+ *       one row per distinct index); CATCHUP also sets last_step[rows[s]] = t (an accumulator
+ *       never decays).
+ *   fa_rowwise_all<S, KIND, FLAGS>(coeffs, x, acc, row_size, n_rows, sums, zeros, seg_of_row)
+ *       Dense-mode sparse step: thread r updates row r with sums[seg_of_row[r]] when it is
+ *       >= 0, else with `zeros` (a row of +0), as the CPU's dense mode.
+ * ------------------------------------------------------------------------------------------ */
+template <int KIND, typename C> struct fa_row_opt;
+#define FA_CUDA_ROW_OPT(name, K, C, SUF)                                                       \
+    template <> struct fa_row_opt<FA_OPT_##K, C> {                                             \
+        typedef FA_CAT(fa_##name##_k, SUF) Kc;                                                 \
+        static __device__ __forceinline__ Kc prepare(const void *c)                            \
+        {                                                                                      \
+            return FA_CAT(fa_##name##_prepare, SUF)((const fa_##name##_coeffs *)c);            \
+        }                                                                                      \
+        static __device__ __forceinline__ void row(const Kc *k, const int flags, const C *g,   \
+                                                   C *x, C *a, fa_i64 n)                       \
+        {                                                                                      \
+            FA_CAT(fa_##name##_row, SUF)(k, flags, g, x, a, n);                                \
+        }                                                                                      \
+    };
+#define FA_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)
+#define FA_ROWWISE_OPTIMIZER(name, K, DENSE_MASK, SPARSE_MASK)                                 \
+    FA_CUDA_ROW_OPT(name, K, float, _f32)                                                      \
+    FA_CUDA_ROW_OPT(name, K, double, _f64)
+#include "fastadam/optimizers.def"
+#undef FA_ROWWISE_OPTIMIZER
+#undef FA_OPTIMIZER
+#undef FA_CUDA_ROW_OPT
+
+template <typename S, int KIND, int FLAGS>
+__global__ void fa_rowwise_dense(const unsigned char *coeffs, S *x, const S *g, S *acc,
+                                 fa_i64 n_rows, fa_i64 row_size)
+{
+    const typename fa_row_opt<KIND, S>::Kc k = fa_row_opt<KIND, S>::prepare(coeffs);
+    const fa_i64 step = (fa_i64)gridDim.x * blockDim.x;
+    for (fa_i64 r = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; r < n_rows; r += step)
+        fa_row_opt<KIND, S>::row(&k, FLAGS, g + r * row_size, x + r * row_size, acc + r,
+                                 row_size);
+}
+
+template <typename S, int KIND, int FLAGS, int CATCHUP>
+__global__ void fa_rowwise_rows(const unsigned char *coeffs, S *x, S *acc, fa_i64 row_size,
+                                const S *sums, const fa_i64 *rows, fa_i64 nseg,
+                                fa_i64 *last_step, fa_i64 t)
+{
+    const typename fa_row_opt<KIND, S>::Kc k = fa_row_opt<KIND, S>::prepare(coeffs);
+    const fa_i64 step = (fa_i64)gridDim.x * blockDim.x;
+    for (fa_i64 s = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; s < nseg; s += step) {
+        const fa_i64 r = rows[s];
+        fa_row_opt<KIND, S>::row(&k, FLAGS, sums + s * row_size, x + r * row_size, acc + r,
+                                 row_size);
+        if (CATCHUP) last_step[r] = t;
+    }
+}
+
+template <typename S, int KIND, int FLAGS>
+__global__ void fa_rowwise_all(const unsigned char *coeffs, S *x, S *acc, fa_i64 row_size,
+                               fa_i64 n_rows, const S *sums, const S *zeros,
+                               const fa_i64 *seg_of_row)
+{
+    const typename fa_row_opt<KIND, S>::Kc k = fa_row_opt<KIND, S>::prepare(coeffs);
+    const fa_i64 step = (fa_i64)gridDim.x * blockDim.x;
+    for (fa_i64 r = (fa_i64)blockIdx.x * blockDim.x + threadIdx.x; r < n_rows; r += step) {
+        const fa_i64 s = seg_of_row[r];
+        fa_row_opt<KIND, S>::row(&k, FLAGS, s >= 0 ? sums + s * row_size : zeros,
+                                 x + r * row_size, acc + r, row_size);
     }
 }
 

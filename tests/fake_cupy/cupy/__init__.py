@@ -227,6 +227,21 @@ class _Kernel:
             lib.emu_sparse(s, tp[0], tp[1], 1, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                            a[8], a[9], ctypes.c_longlong(0), ctypes.c_void_p(0),
                            ctypes.c_longlong(0), threads)
+        elif self.base == "fa_rowwise_dense":
+            assert len(a) == 6
+            null, zero = ctypes.c_void_p(0), ctypes.c_longlong(0)
+            lib.emu_rowwise(s, tp[0], tp[1], -1, a[0], a[1], a[2], a[3], null, a[4], a[5], null,
+                            zero, null, zero, threads)
+        elif self.base == "fa_rowwise_rows":
+            assert len(a) == 9
+            null, zero = ctypes.c_void_p(0), ctypes.c_longlong(0)
+            lib.emu_rowwise(s, tp[0], tp[1], 2 if tp[2] else 0, a[0], a[1], a[4], a[2], null,
+                            zero, a[3], a[5], a[6], a[7] if tp[2] else null, a[8], threads)
+        elif self.base == "fa_rowwise_all":
+            assert len(a) == 8
+            null, zero = ctypes.c_void_p(0), ctypes.c_longlong(0)
+            lib.emu_rowwise(s, tp[0], tp[1], 1, a[0], a[1], a[5], a[2], a[6], a[4], a[3], a[7],
+                            zero, null, zero, threads)
         elif self.base == "fa_lowp_dense":
             assert len(a) == 4
             lib.emu_lowp_dense(tp[0], tp[1], tp[2], a[0], a[1], nblocks, a[2], a[3], threads)
