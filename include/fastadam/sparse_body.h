@@ -138,6 +138,36 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
     FA_AT_LEVEL(FA_FN(segment_sum))(values, row_size, perm, offsets, s0, s1, out);
 }
 
+FA_DISPATCH
+static void FA_FN(segment_sum_ordered)(const FA_S *restrict values, ptrdiff_t row_size,
+                                       const int64_t *restrict seg_of, ptrdiff_t k, ptrdiff_t s0,
+                                       ptrdiff_t s1, FA_S *restrict out)
+{
+    const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
+    if (s1 <= s0) return;
+    memset(out + s0 * row_size, 0, (size_t)((s1 - s0) * row_bytes));
+    for (ptrdiff_t j = 0; j < k; j++) {
+        if (j + FA_PREFETCH_VALUES < k) {
+            const int64_t ahead = seg_of[j + FA_PREFETCH_VALUES];
+            if (ahead >= s0 && ahead < s1) fa_prefetch_write(out + ahead * row_size, row_bytes);
+        }
+        const int64_t s = seg_of[j];
+        if (s < s0 || s >= s1) continue;
+        FA_S *restrict dst = out + s * row_size;
+        const FA_S *restrict src = values + j * row_size;
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < row_size; i++) dst[i] = dst[i] + src[i];
+    }
+}
+FA_CLONES(FA_FN(segment_sum_ordered));
+
+void FA_FN(fa_segment_sum_ordered)(const FA_S *restrict values, ptrdiff_t row_size,
+                                   const int64_t *restrict seg_of, ptrdiff_t k, ptrdiff_t s0,
+                                   ptrdiff_t s1, FA_S *restrict out)
+{
+    FA_AT_LEVEL(FA_FN(segment_sum_ordered))(values, row_size, seg_of, k, s0, s1, out);
+}
+
 /* Lazy and catchup share one loop over segments; KIND, FLAGS, CATCHUP and ROW are constants
  * here.  ROW > 0 is the row length known at compile time (short rows: the loops over a row
  * become a few whole vectors instead of a scalar remainder of the dispatch width's loop); 0
