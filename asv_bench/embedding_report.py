@@ -232,13 +232,13 @@ def run_case(args, worker, folder, shape, bag, dist, threads):
                 step = FastadamStep(table0.copy(), optimizer, ids, offsets, grad_out, bag,
                                     threads, fused)
                 keep.append(step)
-                columns[name] = timed(step.step)
+                columns[name] = timed(step.step, args.clock)
             else:
                 columns[name] = None
         if optimizer != "rowwise_adagrad":
             step = TorchStep(table0.copy(), optimizer, ids, offsets, grad_out, threads)
             keep.append(step)
-            columns["torch"] = timed(step.step)
+            columns["torch"] = timed(step.step, args.clock)
         agree = ""
         if optimizer != "adam":
             if worker is None:
@@ -254,7 +254,8 @@ def run_case(args, worker, folder, shape, bag, dist, threads):
                     w, u, s = agreement(worker, folder, table0, optimizer, ids, offsets,
                                         grad_out, bag, threads)
                     agree = f"  agree: w {w:.1e} upd {u:.1e} state {s:.1e}"
-                columns["FBGEMM"] = lambda: worker.ask(op="time", n=1)["times"][0]
+                columns["FBGEMM"] = lambda: worker.ask(op="time", n=1,
+                                                       clock=args.clock)["times"][0]
         times = {name: [] for name, fn in columns.items() if callable(fn)}
         for name in times:
             columns[name]()  # warm-up
@@ -279,11 +280,13 @@ def run_case(args, worker, folder, shape, bag, dist, threads):
             worker.ask(op="free")
 
 
-def timed(fn):
+def timed(fn, clock):
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+
     def run():
-        start = time.perf_counter()
+        start = timer()
         fn()
-        return time.perf_counter() - start
+        return timer() - start
     return run
 
 
@@ -292,6 +295,11 @@ def main():
     parser.add_argument("--fbgemm", action="store_true", help="add FBGEMM's columns")
     parser.add_argument("--large", action="store_true", help="add the 1e7 x 128 table")
     parser.add_argument("--repeat", type=int, default=7, help="timed rounds (median)")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or each process's CPU time (all its threads: the cost, "
+                             "not the latency, of a 2-thread step) for a machine with more "
+                             "runnable processes than cores")
     parser.add_argument("--quick", action="store_true",
                         help="a 1e5 x 16 table, L=20, Zipf, 1 thread, 2 rounds: a smoke test")
     args = parser.parse_args()
@@ -310,14 +318,15 @@ def main():
     print(f"fastadam {fastadam.__version__}, simd {fastadam.config()['simd_level']}, torch "
           f"{torch_version}, numpy {np.__version__}, {os.cpu_count()} CPUs visible; "
           f"ratios: column / fastadam (unfused), medians of {args.repeat if not args.quick else 2}"
-          f" rounds")
+          f" rounds of {'CPU' if args.clock == 'cpu' else 'wall'} time")
     if args.quick:
         args.repeat = 2
         cases = [((100_000, 16), 20, "zipf", 1)]
     else:
         shapes = [(1_000_000, 64)] + ([(10_000_000, 128)] if args.large else [])
         cases = [(s, bag, dist, nt) for s in shapes for bag in (1, 20)
-                 for dist in ("zipf", "uniform") for nt in (1, 2)]
+                 for dist in ("zipf", "uniform")
+                 for nt in (int(n) for n in args.threads.split(","))]
     with tempfile.TemporaryDirectory() as folder:
         try:
             for case in cases:

@@ -15,8 +15,8 @@ Requests (``op``): ``setup`` (rows, dim, seed: the table is
 ``numpy.random.default_rng(seed).standard_normal((rows, dim), dtype=float32)``, as the report
 makes it; optimizer, lr, eps; threads: torch's intra-op threads; npz: ``ids``, ``offsets``
 (n_bags + 1 entries) and ``grad_out`` (n_bags x dim)) answers the versions and a checksum of
-the table; ``steps`` (n) runs n steps untimed; ``time`` (n) runs n steps and answers each one's
-wall seconds; ``rows`` (rows: npz path holding ``rows``, out: npz path) writes the table's and
+the table; ``steps`` (n) runs n steps untimed; ``time`` (n, clock: "wall" or "cpu", the
+process's CPU time) runs n steps and answers each one's seconds; ``rows`` (rows: npz path holding ``rows``, out: npz path) writes the table's and
 the optimizer state's values at those rows; ``free`` drops the table; ``quit``.
 """
 import json
@@ -88,11 +88,12 @@ def main():
                 table.step()
             answer = {}
         elif op == "time":
+            timer = time.process_time if req.get("clock") == "cpu" else time.perf_counter
             times = []
             for _ in range(int(req["n"])):
-                start = time.perf_counter()
+                start = timer()
                 table.step()
-                times.append(time.perf_counter() - start)
+                times.append(timer() - start)
             answer = {"times": times}
         elif op == "rows":
             table.rows(req)
