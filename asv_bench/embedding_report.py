@@ -18,7 +18,7 @@ side.  A step is the pooled lookup, then the backward and the optimizer update o
 rows:
   - FBGEMM: ``out = tbe(ids, offsets); out.backward(grad_out)`` (the backward is the fused
     update: EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD);
-  - fastadam: the lookup (``np.take``, plus ``np.add.reduceat`` for L > 1), the bags' gradient
+  - fastadam: the lookup (``np.take``, then a sum over each bag for L > 1), the bags' gradient
     expanded to one row per id, then ``sparse_adagrad_step_inplace`` /
     ``sparse_rowwise_adagrad_step_inplace`` / ``sparse_step_inplace`` (Adam); and, where
     fastadam has it, the lookup then ``embedding_bag_step_inplace`` (the fused bag step: no
@@ -99,8 +99,10 @@ class Worker:
 
 
 def lookup(table, ids, offsets, bag):
+    """The pooled lookup of bags of `bag` ids each (NumPy: a gather, then a sum over each bag;
+    np.add.reduceat over offsets takes 3-4x as long for the same bags)."""
     rows = table.take(ids, axis=0)
-    return rows if bag == 1 else np.add.reduceat(rows, offsets[:-1], axis=0)
+    return rows if bag == 1 else rows.reshape(-1, bag, table.shape[1]).sum(axis=1)
 
 
 class FastadamStep:
