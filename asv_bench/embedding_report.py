@@ -114,12 +114,13 @@ class FastadamStep:
         self.bag, self.nt, self.fused, self.t = bag, threads, fused, 0
         self.optimizer = optimizer
         rows = table.shape[0]
-        if optimizer == "adam":
-            self.state = {"m": np.zeros_like(table), "v": np.zeros_like(table)}
-        elif optimizer == "adagrad":
-            self.state = {"h": np.zeros_like(table)}
-        else:  # row-wise Adagrad: one accumulator per row
-            self.state = {"acc": np.zeros(rows, table.dtype)}
+        names = {"adam": ("m", "v"), "adagrad": ("h",), "rowwise_adagrad": ("acc",)}[optimizer]
+        if fused:  # the fused step's own names for the optimizer's state
+            names = fastadam.optim.embedding_bag_slots(optimizer)[1]  # (spec, names)
+        if optimizer == "rowwise_adagrad":  # one accumulator per row
+            self.state = {name: np.zeros(rows, table.dtype) for name in names}
+        else:
+            self.state = {name: np.zeros_like(table) for name in names}
 
     def step(self):
         self.t += 1
@@ -205,11 +206,11 @@ def fastadam_has(optimizer, fused):
     if not hasattr(fastadam, "embedding_bag_step_inplace"):
         return False
     ids, offsets = np.array([0, 1, 1]), np.array([0, 1, 3])
-    step = FastadamStep(np.ones((4, 2), np.float32), optimizer, ids, offsets,
-                        np.ones((2, 2), np.float32), 1, 1, fused=True)
     try:
+        step = FastadamStep(np.ones((4, 2), np.float32), optimizer, ids, offsets,
+                            np.ones((2, 2), np.float32), 1, 1, fused=True)
         step.step()
-    except (TypeError, ValueError, KeyError):  # not this optimizer, or other state names
+    except (AttributeError, TypeError, ValueError, KeyError):  # not this optimizer
         return False
     return True
 
