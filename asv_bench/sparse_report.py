@@ -273,7 +273,8 @@ def main():
     dense_section(x, m, v, repeat, batches, threads_list)
     parts_section(x, m, v, repeat, batches[-1])
     del x, m, v
-    levels_section(repeat, threads_list, args.clock)
+    if not args.quick:  # a process per level and thread count, each with its own table
+        levels_section(repeat, threads_list, args.clock)
 
 
 if __name__ == "__main__":
