@@ -178,7 +178,6 @@ def rel(a, b):
 
 def agreement(worker, folder, table0, optimizer, ids, offsets, grad_out, bag, threads):
     """(weights, updates, state) relative differences after one step from table0."""
-    kind = {"adagrad": "exact_adagrad", "rowwise_adagrad": "exact_rowwise_adagrad"}[optimizer]
     touched = np.unique(ids)
     np.savez(os.path.join(folder, "rows.npz"), rows=touched)
     worker.ask(op="steps", n=1)
