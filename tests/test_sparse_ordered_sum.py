@@ -66,3 +66,34 @@ def test_lazy_step_with_repeats_is_the_step_on_numpy_sums(mode, num_threads):
                                              indices_sorted_unique=True, num_threads=1)
         runs.append((x.tobytes(), m.tobytes(), v.tobytes()))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_row_segments_use_plus_zero_plus_the_row(dtype):
+    # every row touched once (one-row segments, read in place): the lazy step is the dense step
+    # on the densified gradient, whose -0 entries np.add.at turned into +0, bit for bit
+    rng = np.random.default_rng(5)
+    n, width = 257, 19
+    idx = rng.permutation(n)
+    values = rng.standard_normal((n, width)).astype(dtype)
+    values[::3, ::2] = -0.0
+    x0 = rng.standard_normal((n, width)).astype(dtype)
+    m0 = np.where(rng.random((n, width)) < 0.5, -0.0, 0.0).astype(dtype)
+    grad = np.zeros((n, width), dtype)
+    np.add.at(grad, idx, values)
+    runs = []
+    for sparse in (True, False):
+        x, m, v = x0.copy(), m0.copy(), np.zeros_like(x0)
+        if sparse:
+            fastadam.sparse_step_inplace(x, (idx, values), m, v, 1, num_threads=1)
+        else:
+            fastadam.step_inplace(x, grad, m, v, 1, convention="tf", num_threads=1)
+        runs.append((x.tobytes(), m.tobytes(), v.tobytes()))
+    assert runs[0] == runs[1]
+    # the comparison can tell: the dense step given the rows themselves (their -0 entries
+    # kept) leaves a -0 where m was -0, and so other bits
+    raw = np.empty_like(values)
+    raw[idx] = values
+    x, m, v = x0.copy(), m0.copy(), np.zeros_like(x0)
+    fastadam.step_inplace(x, raw, m, v, 1, convention="tf", num_threads=1)
+    assert m.tobytes() != runs[1][1]

@@ -27,7 +27,9 @@ static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
 }
 
 /* One optimizer's update of n contiguous elements (g = +0 when ZERO_G), with its first one or
- * two state slots (the sparse walk keeps at most two).  FLAGS and ZERO_G are compile-time
+ * two state slots (the sparse walk keeps at most two).  The gradient used is +0 + g[i]: the
+ * segment sum of a single row, so the walk may hand a one-row segment's gradient row straight
+ * from `values` (its sum of several rows already starts at +0, and +0 + s == s).  FLAGS and ZERO_G are compile-time
  * constants at every call site (always_inline), so each combination is its own branch-free
  * simd loop. */
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
@@ -38,7 +40,7 @@ static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
         const int two = fa_##name##_nslots(FLAGS) > 1;                                         \
         _Pragma("omp simd")                                                                    \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            const FA_S gi = ZERO_G ? (FA_S)0 : g[i];                                           \
+            const FA_S gi = ZERO_G ? (FA_S)0 : (FA_S)0 + g[i];                                 \
             FA_S xi = x[i], a = s0[i], b = 0, unused = 0;                                      \
             if (two) b = s1[i];                                                                \
             FA_FN(fa_##name##_math)(k, FLAGS, gi, &xi, &a, &b, &unused);                       \
@@ -200,8 +202,16 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
             FA_FN(decay_slots)(a0, a1, row_size, r0, r1, idle);
             last_step[r] = t;
         }
-        FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
-        FA_FN(row_update)(x + r * xs, gbuf, a0, a1, row_size, &p, KIND, FLAGS, 0);
+        const int64_t j0 = offsets[s], j1 = offsets[s + 1];
+        const FA_S *g = gbuf;
+        if (j1 - j0 == 1) { /* one row: used in place (row_update adds it to +0), no copy */
+            if (j0 + FA_PREFETCH_VALUES < offsets[s1])
+                fa_prefetch_read(values + perm[j0 + FA_PREFETCH_VALUES] * row_size, row_bytes);
+            g = values + perm[j0] * row_size;
+        } else {
+            FA_FN(sum_segment)(gbuf, values, row_size, perm, j0, j1, offsets[s1]);
+        }
+        FA_FN(row_update)(x + r * xs, g, a0, a1, row_size, &p, KIND, FLAGS, 0);
     }
 }
 
