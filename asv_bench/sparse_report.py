@@ -16,6 +16,14 @@ uniformly and Zipf-like; 1 and 2 threads.
      SparseAdam, and the time a stream loop (``fastadam.bench.stream_rw_f32``) needs for the
      step's bytes (the gradient rows read once, the touched rows of x, m and v read and
      written) at its measured bandwidth: a floor that ignores the random row order.
+  5. every CPU level this machine supports (``--section levels``; FASTADAM_CPU_LEVEL caps the
+     level, so each level runs in a process of its own): the lazy step against
+     torch.optim.SparseAdam in that process, 1e6 x 64 float32, 65536 indices drawn Zipf(1.3)
+     (issue 40's and issue 21's draw, ranks scattered over the table), Zipf(1.2) (this
+     report's other sections) and uniformly, 1 and 2 threads on both sides; beside them the
+     step's table walk alone (the step given one summed row per touched row,
+     ``indices_sorted_unique=True``): what any lazy step must do at least, reading and writing
+     the touched rows of x, m and v in random order, measured.
 Inputs are built by asv_bench/benchmarks/bench_sparse.py, so the asv suite times the same thing.
 Timings on a shared machine are noisy: each entry is the median of --repeat runs, and the
 columns of one row are timed round-robin so that their ratios survive a slow spell.
@@ -152,19 +160,110 @@ def parts_section(x, m, v, repeat, batch):
               f"{th / t_walk:9.1f}x {th / floor:10.1f}x")
 
 
+LEVEL_CHILD = r"""
+import json, sys, time
+import numpy as np
+import torch
+import fastadam
+sys.path.insert(0, sys.argv[1])
+from bench_sparse import TorchSparseAdam, make_table
+repeat, threads, clock = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+timer = time.process_time if clock == "cpu" else time.perf_counter
+
+
+def median_seconds_interleaved(fns, repeats, inner, warmup):
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = timer()
+            fn()
+            times[name].append(timer() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+n, row, k = 1_000_000, 64, 65536
+x, m, v = make_table(n, row, np.float32)
+out = {"level": fastadam.config()["simd_level"]}
+for dist in ("zipf1.3", "zipf1.2", "uniform"):
+    rng = np.random.default_rng(42)
+    if dist == "uniform":
+        idx = rng.integers(0, n, size=k, dtype=np.int64)
+    else:
+        ranks = (rng.zipf(float(dist[4:]), size=k) - 1) % n
+        idx = (ranks * 2654435761 % n).astype(np.int64)
+    values = rng.standard_normal((k, row)).astype(np.float32)
+    rows, sums = fastadam.segment_sum(idx, values, num_threads=1)
+    opt = TorchSparseAdam(x, threads)
+    med = median_seconds_interleaved({
+        "step": lambda: fastadam.sparse_step_inplace(x, (idx, values), m, v, 1,
+                                                     num_threads=threads),
+        "walk": lambda: fastadam.sparse_step_inplace(x, (rows, sums), m, v, 1,
+                                                     indices_sorted_unique=True,
+                                                     num_threads=threads),
+        "torch": lambda: opt.step(idx, values)}, repeats=repeat, inner=1, warmup=1)
+    out[dist] = dict(med, unique=int(rows.size))
+    del opt
+print(json.dumps(out))
+"""
+
+
+def levels_section(repeat, threads_list, clock="wall"):
+    import json
+    import subprocess
+
+    from fastadam._core import _cpu_level
+
+    levels = list(reversed(_cpu_level.supported_levels()))  # best first
+    print(f"\n5. Lazy sparse Adam step at each CPU level ({', '.join(levels)}), 1e6 x 64 float32,"
+          f" 65536 indices (ms, median of {repeat} interleaved rounds; ratio = torch / fastadam)"
+          + ("; CPU time of the process (all its threads)" if clock == "cpu" else ""))
+    print(f"{'level':>10} {'dist':>8} {'thr':>3} {'unique':>6} | {'step':>7} {'walk':>7}"
+          f" {'torch':>7} | {'torch/step':>10} {'torch/walk':>10}")
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks")
+    for level in levels:
+        for nt in threads_list:
+            env = dict(os.environ, OMP_NUM_THREADS=str(nt))
+            env.pop(_cpu_level.ENV, None)
+            if level != _cpu_level.PORTABLE:
+                env[_cpu_level.ENV] = level
+            proc = subprocess.run([sys.executable, "-c", LEVEL_CHILD, bench, str(repeat), str(nt), clock],
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"{level:>10} failed: {proc.stderr.strip().splitlines()[-1:]}")
+                continue
+            out = json.loads(proc.stdout.strip().splitlines()[-1])
+            for dist in ("zipf1.3", "zipf1.2", "uniform"):
+                r = out[dist]
+                print(f"{out['level']:>10} {dist:>8} {nt:3d} {r['unique']:6d} | "
+                      f"{r['step'] * 1e3:7.2f} {r['walk'] * 1e3:7.2f} {r['torch'] * 1e3:7.2f} | "
+                      f"{r['torch'] / r['step']:9.1f}x {r['torch'] / r['walk']:9.1f}x",
+                      flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per entry (median)")
     parser.add_argument("--quick", action="store_true", help="one batch, 3 runs: a smoke test")
-    parser.add_argument("--section", choices=["all", "parts"], default="all",
-                        help="parts: only section 4 (the lazy step's parts)")
+    parser.add_argument("--section", choices=["all", "parts", "levels"], default="all",
+                        help="parts: only section 4 (the lazy step's parts); levels: only "
+                             "section 5 (every CPU level)")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="levels section: wall time, or the process's CPU time (on a "
+                             "machine with more runnable processes than cores, where a step "
+                             "longer than a scheduler slice waits for the CPU)")
     args = parser.parse_args()
     repeat = 3 if args.quick else args.repeat
     batches = [4096] if args.quick else [4096, 65536]
-    threads_list = [1, 2]
+    threads_list = [int(n) for n in args.threads.split(",")]
     print(f"fastadam {fastadam.__version__}, simd {fastadam.config()['simd_level']}, "
           f"torch {torch.__version__ if torch else 'absent'}, numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs visible")
+    if args.section == "levels":
+        levels_section(repeat, threads_list, args.clock)
+        return
     x, m, v = make_table(N_ROWS, ROW, np.float32)
     if args.section == "parts":
         parts_section(x, m, v, repeat, 65536)
@@ -173,6 +272,9 @@ def main():
     segment_section(repeat, batches[-1], threads_list)
     dense_section(x, m, v, repeat, batches, threads_list)
     parts_section(x, m, v, repeat, batches[-1])
+    del x, m, v
+    if not args.quick:  # a process per level and thread count, each with its own table
+        levels_section(repeat, threads_list, args.clock)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ SCRIPTS = [
     ("lowp_kernels_quick.py", ["--n", "20000", "--rounds", "1", "--threads", "1"],
      "int8 states"),
     ("threads_report.py", ["--quick"], "thread"),
+    ("embedding_report.py", ["--quick"], "adagrad"),
 ]
 
 
@@ -27,6 +28,8 @@ SCRIPTS = [
 def test_report_script_runs(script, args, expect):
     if script == "robustness_report.py":
         pytest.importorskip("onnx")  # its second table; the first needs only fastadam
+    if script == "embedding_report.py":
+        pytest.importorskip("torch")  # its baselines (FBGEMM's columns are not run here)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, os.path.join(REPO, "asv_bench", script), *args],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)

@@ -43,6 +43,14 @@ cdef extern from "fastadam/sparse.h":
     void fa_segment_sum_f64(const double *values, Py_ssize_t row_size, const int64_t *perm,
                             const int64_t *offsets, Py_ssize_t s0, Py_ssize_t s1,
                             double *out) nogil
+    void fa_segment_of(const int64_t *perm, const int64_t *offsets, Py_ssize_t nseg,
+                       int64_t *seg_of) nogil
+    void fa_segment_sum_ordered_f32(const float *values, Py_ssize_t row_size,
+                                    const int64_t *seg_of, Py_ssize_t k, Py_ssize_t s0,
+                                    Py_ssize_t s1, float *out) nogil
+    void fa_segment_sum_ordered_f64(const double *values, Py_ssize_t row_size,
+                                    const int64_t *seg_of, Py_ssize_t k, Py_ssize_t s0,
+                                    Py_ssize_t s1, double *out) nogil
     int fa_sparse_rows_f32(int kind, const void *coeffs, float *x, float *st0, float *st1,
                             Py_ssize_t row_size, const Py_ssize_t *stride,
                             const float *values, const int64_t *perm,
@@ -71,6 +79,12 @@ cdef enum:
     CHUNK = 32768
     PARALLEL_MIN = 131072
     PAD = 16  # scratch rows are padded to 64 bytes of float32 so threads share no cache line
+
+# Gradient rows per segment from which segment_sum reads the rows in their original order
+# (perm must then be a permutation of the rows, as sort_segments gives it); the lazy and
+# catchup steps sum such segments first (fastadam/optim/_sparse_functional.py).  With fewer
+# repeats the walk's gather through perm is cheaper than writing and reading the sums.
+ORDERED_MIN_RATIO = 2
 
 PARALLEL_MIN_WORK = PARALLEL_MIN  # for the measured thread choice (fastadam/_core/_threads.py)
 MODES = {"lazy": 0, "dense": 1, "catchup": 2}
@@ -173,7 +187,12 @@ cdef cnp.ndarray balanced_bounds(cnp.ndarray offsets, int parts):
 
 
 def segment_sum(cnp.ndarray values, cnp.ndarray perm, cnp.ndarray offsets, int num_threads):
-    """Sums of the segments of a contiguous float32/float64 (k, row_size) array."""
+    """Sums of the segments of a contiguous float32/float64 (k, row_size) array.
+
+    With repeated indices (k >= ORDERED_MIN_RATIO * nseg) the gradient rows are read in their
+    original order (fa_segment_sum_ordered: a stream, plus random visits to the fewer sums);
+    otherwise each segment gathers its rows through perm (fa_segment_sum).  Both add the rows of
+    a segment in the same order, so the choice never changes a bit."""
     cdef Py_ssize_t k = values.shape[0], nseg = offsets.shape[0] - 1, p
     cdef Py_ssize_t row_size = values.shape[1]
     cdef int typenum = cnp.PyArray_TYPE(values)
@@ -187,20 +206,37 @@ def segment_sum(cnp.ndarray values, cnp.ndarray perm, cnp.ndarray offsets, int n
     cdef void *po = cnp.PyArray_DATA(out)
     cdef const int64_t *pperm = <const int64_t *>cnp.PyArray_DATA(perm)
     cdef const int64_t *poff = <const int64_t *>cnp.PyArray_DATA(offsets)
+    cdef bint ordered = k >= ORDERED_MIN_RATIO * nseg and row_size > 0
+    cdef cnp.ndarray seg_of_arr
+    cdef int64_t *seg_of = NULL
+    if ordered:
+        seg_of_arr = scratch("seg_of", k, np.int64)
+        seg_of = <int64_t *>cnp.PyArray_DATA(seg_of_arr)
     with nogil:
+        if ordered:
+            fa_segment_of(pperm, poff, nseg, seg_of)
         if nt == 1:
-            _segment_sum_part(typenum, pv, row_size, pperm, poff, 0, nseg, po)
+            _segment_sum_part(typenum, pv, row_size, pperm, poff, seg_of, k, 0, nseg, po)
         else:
             for p in prange(nt, schedule="static", num_threads=nt):
-                _segment_sum_part(typenum, pv, row_size, pperm, poff, bounds[p], bounds[p + 1],
-                                  po)
+                _segment_sum_part(typenum, pv, row_size, pperm, poff, seg_of, k, bounds[p],
+                                  bounds[p + 1], po)
     return out
 
 
 cdef inline void _segment_sum_part(int typenum, void *values, Py_ssize_t row_size,
-                                   const int64_t *perm, const int64_t *offsets, Py_ssize_t s0,
+                                   const int64_t *perm, const int64_t *offsets,
+                                   const int64_t *seg_of, Py_ssize_t k, Py_ssize_t s0,
                                    Py_ssize_t s1, void *out) noexcept nogil:
-    if typenum == cnp.NPY_FLOAT:
+    """Segments [s0, s1): read in original order when seg_of is given, else gathered."""
+    if seg_of != NULL:
+        if typenum == cnp.NPY_FLOAT:
+            fa_segment_sum_ordered_f32(<const float *>values, row_size, seg_of, k, s0, s1,
+                                       <float *>out)
+        else:
+            fa_segment_sum_ordered_f64(<const double *>values, row_size, seg_of, k, s0, s1,
+                                       <double *>out)
+    elif typenum == cnp.NPY_FLOAT:
         fa_segment_sum_f32(<const float *>values, row_size, perm, offsets, s0, s1,
                            <float *>out)
     else:

@@ -78,6 +78,14 @@ ptrdiff_t fa_sort_segments(uint64_t *restrict a, uint64_t *restrict b, ptrdiff_t
     return nseg;
 }
 
+void fa_segment_of(const int64_t *restrict perm, const int64_t *restrict offsets, ptrdiff_t nseg,
+                   int64_t *restrict seg_of)
+{
+    for (ptrdiff_t s = 0; s < nseg; s++) {
+        for (int64_t j = offsets[s]; j < offsets[s + 1]; j++) seg_of[perm[j]] = s;
+    }
+}
+
 /* ---- float kernels, one body per dtype ------------------------------------------------- */
 
 /* Software prefetch of one randomly placed row (its first FA_PREFETCH_MAX_BYTES; the hardware

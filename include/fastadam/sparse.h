@@ -75,6 +75,29 @@ void fa_segment_sum_f32(const float *values, ptrdiff_t row_size, const int64_t *
 void fa_segment_sum_f64(const double *values, ptrdiff_t row_size, const int64_t *perm,
                         const int64_t *offsets, ptrdiff_t s0, ptrdiff_t s1, double *out);
 
+/* fa_segment_of: seg_of[perm[j]] = s for every j in segment s (the segment of each original
+ * position), s in [0, nseg).
+ *   perm, offsets IN   from fa_sort_segments (k = offsets[nseg])
+ *   seg_of        OUT  k
+ * O(k), serial; thread safe on distinct buffers. */
+void fa_segment_of(const int64_t *perm, const int64_t *offsets, ptrdiff_t nseg, int64_t *seg_of);
+
+/* fa_segment_sum_ordered_<dtype>: fa_segment_sum's result, found by reading the gradient rows in
+ * their original order: rows [s0, s1) of out are zeroed, then out[seg_of[j]] += values[j] for
+ * j = 0, 1, ..., k - 1 whose segment is in [s0, s1).  Each sum thus starts at +0 and adds its
+ * rows in increasing j, bit for bit fa_segment_sum; the gradient rows stream in order (the
+ * hardware prefetcher follows them) and only the sums, fewer than the rows when indices repeat,
+ * are visited in random order (prefetched FA_PREFETCH_VALUES positions ahead).
+ *   values   IN   k x row_size
+ *   seg_of   IN   k               from fa_segment_of
+ *   out      OUT  nseg x row_size only rows [s0, s1) are written
+ * O(k + (number of rows in [s0, s1) + s1 - s0) * row_size): each caller reads all of seg_of.
+ * Disjoint [s0, s1) may run at once. */
+void fa_segment_sum_ordered_f32(const float *values, ptrdiff_t row_size, const int64_t *seg_of,
+                                ptrdiff_t k, ptrdiff_t s0, ptrdiff_t s1, float *out);
+void fa_segment_sum_ordered_f64(const double *values, ptrdiff_t row_size, const int64_t *seg_of,
+                                ptrdiff_t k, ptrdiff_t s0, ptrdiff_t s1, double *out);
+
 /* fa_sparse_rows_<dtype>: the optimizer's step on the touched rows rows[s], s in [s0, s1), only
  * (lazy mode), or, when last_step is not NULL, catchup mode: row r first catches up the idle
  * decays of the k = t - 1 - last_step[r] steps it missed, then last_step[r] = t.  For

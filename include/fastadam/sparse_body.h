@@ -27,7 +27,9 @@ static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
 }
 
 /* One optimizer's update of n contiguous elements (g = +0 when ZERO_G), with its first one or
- * two state slots (the sparse walk keeps at most two).  FLAGS and ZERO_G are compile-time
+ * two state slots (the sparse walk keeps at most two).  The gradient used is +0 + g[i]: the
+ * segment sum of a single row, so the walk may hand a one-row segment's gradient row straight
+ * from `values` (its sum of several rows already starts at +0, and +0 + s == s).  FLAGS and ZERO_G are compile-time
  * constants at every call site (always_inline), so each combination is its own branch-free
  * simd loop. */
 #define FA_OPTIMIZER(name, KIND, DENSE_MASK, SPARSE_MASK)                                      \
@@ -38,7 +40,7 @@ static inline __attribute__((always_inline)) FA_FN(fa_prepared) FA_FN(prepare)(
         const int two = fa_##name##_nslots(FLAGS) > 1;                                         \
         _Pragma("omp simd")                                                                    \
         for (ptrdiff_t i = 0; i < n; i++) {                                                    \
-            const FA_S gi = ZERO_G ? (FA_S)0 : g[i];                                           \
+            const FA_S gi = ZERO_G ? (FA_S)0 : (FA_S)0 + g[i];                                 \
             FA_S xi = x[i], a = s0[i], b = 0, unused = 0;                                      \
             if (two) b = s1[i];                                                                \
             FA_FN(fa_##name##_math)(k, FLAGS, gi, &xi, &a, &b, &unused);                       \
@@ -138,9 +140,39 @@ void FA_FN(fa_segment_sum)(const FA_S *restrict values, ptrdiff_t row_size,
     FA_AT_LEVEL(FA_FN(segment_sum))(values, row_size, perm, offsets, s0, s1, out);
 }
 
+FA_DISPATCH
+static void FA_FN(segment_sum_ordered)(const FA_S *restrict values, ptrdiff_t row_size,
+                                       const int64_t *restrict seg_of, ptrdiff_t k, ptrdiff_t s0,
+                                       ptrdiff_t s1, FA_S *restrict out)
+{
+    const ptrdiff_t row_bytes = row_size * (ptrdiff_t)sizeof(FA_S);
+    if (s1 <= s0) return;
+    memset(out + s0 * row_size, 0, (size_t)((s1 - s0) * row_bytes));
+    for (ptrdiff_t j = 0; j < k; j++) {
+        if (j + FA_PREFETCH_VALUES < k) {
+            const int64_t ahead = seg_of[j + FA_PREFETCH_VALUES];
+            if (ahead >= s0 && ahead < s1) fa_prefetch_write(out + ahead * row_size, row_bytes);
+        }
+        const int64_t s = seg_of[j];
+        if (s < s0 || s >= s1) continue;
+        FA_S *restrict dst = out + s * row_size;
+        const FA_S *restrict src = values + j * row_size;
+#pragma omp simd
+        for (ptrdiff_t i = 0; i < row_size; i++) dst[i] = dst[i] + src[i];
+    }
+}
+FA_CLONES(FA_FN(segment_sum_ordered));
+
+void FA_FN(fa_segment_sum_ordered)(const FA_S *restrict values, ptrdiff_t row_size,
+                                   const int64_t *restrict seg_of, ptrdiff_t k, ptrdiff_t s0,
+                                   ptrdiff_t s1, FA_S *restrict out)
+{
+    FA_AT_LEVEL(FA_FN(segment_sum_ordered))(values, row_size, seg_of, k, s0, s1, out);
+}
+
 /* Lazy and catchup share one loop over segments; KIND, FLAGS and ROW are constants here,
- * CATCHUP is not (a test per segment, outside the loops over a row).  ROW > 0 is the row length known at compile time (short rows: the loops over a row
- * become a few whole vectors instead of a scalar remainder of the dispatch width's loop); 0
+ * CATCHUP is not (a test per segment, outside the loops over a row).  ROW > 0 is the row
+ * length known at compile time (short rows: the loops over a row become a few whole vectors instead of a scalar remainder of the dispatch width's loop); 0
  * means row_size. */
 static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
     const void *coeffs, FA_S *restrict x, FA_S *restrict st0, FA_S *restrict st1,
@@ -170,8 +202,16 @@ static inline __attribute__((always_inline)) void FA_FN(lazy_loop)(
             FA_FN(decay_slots)(a0, a1, row_size, r0, r1, idle);
             last_step[r] = t;
         }
-        FA_FN(sum_segment)(gbuf, values, row_size, perm, offsets[s], offsets[s + 1], offsets[s1]);
-        FA_FN(row_update)(x + r * xs, gbuf, a0, a1, row_size, &p, KIND, FLAGS, 0);
+        const int64_t j0 = offsets[s], j1 = offsets[s + 1];
+        const FA_S *g = gbuf;
+        if (j1 - j0 == 1) { /* one row: used in place (row_update adds it to +0), no copy */
+            if (j0 + FA_PREFETCH_VALUES < offsets[s1])
+                fa_prefetch_read(values + perm[j0 + FA_PREFETCH_VALUES] * row_size, row_bytes);
+            g = values + perm[j0] * row_size;
+        } else {
+            FA_FN(sum_segment)(gbuf, values, row_size, perm, j0, j1, offsets[s1]);
+        }
+        FA_FN(row_update)(x + r * xs, g, a0, a1, row_size, &p, KIND, FLAGS, 0);
     }
 }
 
