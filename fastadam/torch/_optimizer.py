@@ -118,10 +118,47 @@ def param_name(gi: int, i: int) -> str:
     return f"param_groups[{gi}]['params'][{i}]"
 
 
+# ---- DTensor parameters (FSDP2's ``fully_shard``): stepped on their local shards -------------
+def dtensor_class() -> Optional[type]:
+    """``DTensor``, or None while no DTensor can exist (``torch.distributed.tensor`` not
+    imported: importing it takes half a second, and a step then pays nothing for DTensors)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
+def local_tensor(tensor: Any) -> Any:
+    """The tensor a step reads and writes in place: a DTensor's local shard (its memory is
+    the DTensor's; a DTensor's own ``data_ptr()`` is 0), any other object itself."""
+    dtensor = dtensor_class()
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor.to_local()  # under no_grad, the DTensor's own local tensor
+    return tensor
+
+
+def check_sharded_like(tensor: torch.Tensor, p: torch.Tensor, label: str) -> None:
+    """A state tensor of a DTensor parameter is a DTensor on the same mesh with the same
+    placements (as torch.optim makes it: ``torch.zeros_like(p)``), and a plain parameter's
+    state is a plain tensor: the kernels step the local shards element by element."""
+    dtensor = dtensor_class()
+    if dtensor is None:
+        return
+    if isinstance(p, dtensor) != isinstance(tensor, dtensor):
+        want = "a DTensor like the parameter" if isinstance(p, dtensor) else "a plain tensor"
+        raise ValueError(f"{label}: expected {want}, got a "
+                         f"{'DTensor' if isinstance(tensor, dtensor) else 'plain tensor'}")
+    if isinstance(p, dtensor) and (tensor.device_mesh != p.device_mesh
+                                   or tuple(tensor.placements) != tuple(p.placements)):
+        raise ValueError(f"{label}: expected a DTensor with the parameter's mesh and placements "
+                         f"{tuple(p.placements)}, got {tuple(tensor.placements)} on "
+                         f"{tensor.device_mesh}")
+
+
 def numpy_view(tensor: Any, name: str) -> np.ndarray:
-    """A NumPy array sharing ``tensor``'s memory (CPU, contiguous, a supported dtype)."""
+    """A NumPy array sharing ``tensor``'s memory (CPU, contiguous, a supported dtype); a
+    DTensor's is its local shard's."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+    tensor = local_tensor(tensor)
     if tensor.device.type != "cpu":
         raise ValueError(f"{name}: fastadam.torch steps CPU tensors; got one on "
                          f"{tensor.device} (use torch.optim for device tensors)")
@@ -166,8 +203,10 @@ class _Entry:
 
     def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
                  fresh, written):
-        self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
-        self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
+        self.p, self.x, self.state, self.keys = p, x, state, keys
+        self.ptr = local_tensor(p).data_ptr()  # a DTensor's: its local shard's
+        self.slots = tuple((k, t, local_tensor(t).data_ptr())
+                           for k, t in zip(tensor_keys, tensors))
         self.views = views  # of the state tensors of ``keys``, in the kernel's order
         self.step_view = step_view  # None: no step tensor
         self.number_step = number_step  # ``step`` is a Python number (torch's SparseAdam)
@@ -313,6 +352,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         rebuilt = False
         entries, state_of, strided = self._entries, self.state, torch.strided
         counts = self._counts_steps
+        dtensor = dtensor_class()  # None: no DTensor anywhere
         for gi, group in enumerate(self.param_groups):
             h = self._check_group(group)
             if self._plain(h):
@@ -328,17 +368,21 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 grad = p.grad
                 if grad is None:
                     continue
+                lp = p  # what the step writes: a DTensor's local shard, with its gradient's
+                if dtensor is not None and isinstance(p, dtensor):
+                    lp, grad = p.to_local(), local_tensor(grad)
                 e = entries.get(id(p))
                 state = state_of.get(p)
                 # the entry is valid while the parameter, its state dict, the tensors in it
                 # (``step`` included) and their memory are the ones it was built from
                 if (e is None or e.p is not p or e.state is not state or e.keys != keys
-                        or e.ptr != p.data_ptr() or not p.is_contiguous()
+                        or e.ptr != lp.data_ptr() or not lp.is_contiguous()
                         or (e.number_step and isinstance(state.get("step"), torch.Tensor))):
                     e = None
                 else:
                     for k, tk, ptr in e.slots:
-                        if state.get(k) is not tk or tk.data_ptr() != ptr:
+                        if state.get(k) is not tk or ptr != (
+                                tk if lp is p else local_tensor(tk)).data_ptr():
                             e = None
                             break
                 if e is None:
@@ -530,7 +574,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
             for k in missing:
                 state[k] = self._new_slot(p, k)
             fresh = True
-        tensors, views, written = [], [], [(p.data_ptr(), x.nbytes, name)]
+        tensors, views, written = [], [], [(local_tensor(p).data_ptr(), x.nbytes, name)]
         for k in keys:
             tk = state[k]
             label = f"state of {name}: {k!r}"
@@ -539,9 +583,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{label}: expected dtype {p.dtype} and shape "
                                  f"{tuple(p.shape)} (like the parameter), got {tk.dtype} and "
                                  f"{tuple(tk.shape)}")
+            check_sharded_like(tk, p, label)
             tensors.append(tk)
             views.append(view)
-            written.append((tk.data_ptr(), view.nbytes, label))
+            written.append((local_tensor(tk).data_ptr(), view.nbytes, label))
         tensor_keys, step_view, number_step = keys, None, False
         if self._counts_steps:
             step = state.get("step")
