@@ -1,6 +1,7 @@
 """fastadam.torch against torch.optim on the same torch model, in one process, as ratios.
 
-    python asv_bench/torch_report.py [--threads N] [--repeats N] [--quick]
+    python asv_bench/torch_report.py [--threads N] [--repeats N] [--quick] [--only ROWS]
+        [--models | --model NAME]
 
 Times ``optimizer.step()`` (gradients already in ``.grad``, float32) for:
   1. 100 parameters of 1e3 elements: fastadam.torch.Adam vs torch.optim.Adam(foreach=True) and
@@ -20,11 +21,15 @@ threads: torch's pool (``torch.set_num_threads``), fastadam's ``num_threads``, a
 OMP_NUM_THREADS, set before any OpenMP runtime loads, for DeepSpeed's op (its own libgomp);
 the report prints each OpenMP runtime's thread count (threadpoolctl) after the op has loaded.
 GPT-2 small needs about 2 GB per contender (parameters, gradients and two states); ``--model``
-picks models.  Timings alternate between contenders (fastadam.bench.median_seconds_interleaved).
+picks models.  Timings alternate between contenders (fastadam.bench.sample_seconds_interleaved);
+``--clock cpu`` times the calling thread's CPU time instead of wall time (``--threads 1`` only:
+every contender then runs on that thread), which the time slices of other processes on a
+shared machine do not inflate.
 """
 import argparse
 import os
 import sys
+import time
 
 
 def _threads_from_argv(argv):
@@ -43,7 +48,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU: DeepSpeed's CPU accele
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-from fastadam.bench import median_seconds_interleaved, sample_seconds_interleaved  # noqa: E402
+from fastadam.bench import sample_seconds_interleaved  # noqa: E402
 
 import torch  # noqa: E402
 import fastadam.torch as ft  # noqa: E402
@@ -64,14 +69,21 @@ def clone(ps):
     return out
 
 
+CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
+_clock = CLOCK["wall"]
+
+
 def timed_against_fastadam(contenders, repeats):
-    """``{name: (median seconds, ratio)}``; the ratio is the median over the rounds of that
-    round's time over fastadam.torch's (a round times every contender in turn, so the load of
-    a shared machine moves both sides of each ratio alike)."""
-    samples = sample_seconds_interleaved(contenders, repeats)
+    """``{name: (median seconds, ratio cell)}``; the ratio is the median over the rounds of
+    that round's time over fastadam.torch's (a round times every contender in turn, so the
+    load of a shared machine moves both sides of each ratio alike), with its quartiles."""
+    samples = sample_seconds_interleaved(contenders, repeats, clock=_clock)
     ours = samples["fastadam.torch"]
-    return {name: (float(np.median(t)), float(np.median(t / ours)))
-            for name, t in samples.items()}
+    out = {}
+    for name, t in samples.items():
+        q1, med, q3 = np.percentile(t / ours, [25, 50, 75])
+        out[name] = (float(np.median(t)), f"{med:5.2f}x [{q1:.2f}-{q3:.2f}]")
+    return out
 
 
 _DEEPSPEED = {}  # "cls" or "why": probed once
@@ -108,9 +120,11 @@ def deepspeed_adam(ps):
     return None if cls is None else cls(ps, lr=1e-3, adamw_mode=False)
 
 
-def dense_rows(threads, repeats, quick):
+def dense_rows(threads, repeats, quick, rows):
     shapes = [("100 x 1e3", 100, 1000)] + ([] if quick else [("1 x 1e7", 1, 10_000_000)])
     for label, count, size in shapes:
+        if ("small" if count > 1 else "large") not in rows:
+            continue
         base = params_with_grads(count, size)
         contenders = {}
         ours = ft.Adam(clone(base), lr=1e-3, num_threads=threads)
@@ -122,7 +136,7 @@ def dense_rows(threads, repeats, quick):
             contenders["DeepSpeedCPUAdam"] = ds.step
         t = timed_against_fastadam(contenders, repeats)
         ref = t["fastadam.torch"][0]
-        cells = "  ".join(f"{n} {s * 1e3:8.3f} ms ({r:5.2f}x)" for n, (s, r) in t.items()
+        cells = "  ".join(f"{n} {s * 1e3:8.3f} ms ({r})" for n, (s, r) in t.items()
                           if n != "fastadam.torch")
         print(f"   Adam {label:>10}: fastadam.torch {ref * 1e3:8.3f} ms  {cells}")
 
@@ -206,7 +220,7 @@ def model_rows(threads, repeats, names):
         del base
         t = timed_against_fastadam(contenders, repeats)
         ref = t["fastadam.torch"][0]
-        cells = "  ".join(f"{k} {s * 1e3:8.2f} ms ({r:5.2f}x)" for k, (s, r) in t.items()
+        cells = "  ".join(f"{k} {s * 1e3:8.2f} ms ({r})" for k, (s, r) in t.items()
                           if k != "fastadam.torch")
         print(f"   Adam {label:>12} ({n / 1e6:.1f}M in {k} tensors): "
               f"fastadam.torch {ref * 1e3:8.2f} ms  {cells}")
@@ -226,10 +240,11 @@ def sparse_rows(repeats, quick):
         p = torch.nn.Parameter(weight.clone())
         p.grad = grad
         return cls([p], lr=1e-3, **kw).step
-    t = median_seconds_interleaved({
+    t = sample_seconds_interleaved({
         "fastadam.torch.SparseAdam": make(ft.SparseAdam, num_threads=1),
         "fastadam.torch.Adam (lazy)": make(ft.Adam, num_threads=1),
-        "torch.optim.SparseAdam": make(torch.optim.SparseAdam)}, repeats)
+        "torch.optim.SparseAdam": make(torch.optim.SparseAdam)}, repeats, clock=_clock)
+    t = {name: float(np.median(v)) for name, v in t.items()}
     ref = t["torch.optim.SparseAdam"]
     print(f"   sparse embedding {rows:.0e} x {dim}, {lookups} Zipf(1.3) lookups: "
           + "  ".join(f"{n} {s * 1e3:7.2f} ms ({ref / s:4.1f}x faster than SparseAdam)"
@@ -247,16 +262,27 @@ def main():
                              "recommender; about 2 GB per contender)")
     parser.add_argument("--model", action="append", choices=list(MODELS),
                         help="only these models (implies --models; repeatable)")
-    parser.add_argument("--no-sparse", action="store_true", help="skip the sparse rows")
+    parser.add_argument("--only", action="append", choices=["small", "large", "sparse"],
+                        help="only these rows: 100 x 1e3, 1 x 1e7, the sparse embedding "
+                             "(repeatable; the models come with --models or --model)")
+    parser.add_argument("--clock", choices=list(CLOCK), default="wall",
+                        help="cpu: the calling thread's CPU time (time.thread_time), for "
+                             "--threads 1 on a machine shared with other processes")
     args = parser.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu counts the calling thread only: it needs --threads 1")
+    global _clock
+    _clock = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
-    print(f"fastadam.torch vs torch.optim, float32, {args.threads} thread(s), medians of "
+    print(f"fastadam.torch vs torch.optim, float32, {args.threads} thread(s), {args.clock} "
+          f"clock, medians of "
           f"{args.repeats} interleaved rounds (ratio: other / fastadam, the median of the "
-          f"rounds' ratios)")
+          f"rounds' ratios [quartiles])")
     if not args.quick:
         print(deepspeed_status(args.threads))
-    dense_rows(args.threads, args.repeats, args.quick)
-    if not args.no_sparse:
+    rows = args.only or ([] if args.model else ["small", "large", "sparse"])
+    dense_rows(args.threads, args.repeats, args.quick, rows)
+    if "sparse" in rows:
         sparse_rows(args.repeats, args.quick)
     if args.models or args.model:
         model_rows(args.threads, args.repeats, args.model or list(MODELS))
