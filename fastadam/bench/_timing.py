@@ -65,14 +65,18 @@ def torch_fused_adam(xs, gs):
     return opt
 
 
-def sample_seconds_interleaved(cases, repeats=5, min_time=0.02, inner=None, warmup=1):
+def sample_seconds_interleaved(cases, repeats=5, min_time=0.02, inner=None, warmup=1,
+                               clock=time.perf_counter):
     """Seconds per call of each function in the dict ``cases``: ``repeats`` samples each.
 
     The one timer of fastadam's benchmarks.  Each function gets ``warmup`` calls, then (unless
     ``inner`` fixes it) a calibration of how many back-to-back calls last about ``min_time``
     seconds; then each of the ``repeats`` rounds times every function in turn (``inner`` calls,
     divided), so that load from other processes on a shared machine hits all of them alike and
-    ratios stay fair.  Returns ``{name: ndarray of repeats seconds}``."""
+    ratios stay fair.  ``clock`` reads the time: wall time by default; ``time.thread_time``
+    counts only the CPU time of the calling thread (for single-threaded contenders on a machine
+    shared with other processes, where wall time counts their time slices too).  Returns
+    ``{name: ndarray of repeats seconds}``."""
     calls = {}
     for name, fn in cases.items():
         for _ in range(warmup):
@@ -80,17 +84,17 @@ def sample_seconds_interleaved(cases, repeats=5, min_time=0.02, inner=None, warm
         if inner is not None:
             calls[name] = int(inner)
             continue
-        start = time.perf_counter()
+        start = clock()
         fn()
-        calls[name] = max(1, int(min_time / max(time.perf_counter() - start, 1e-9)))
+        calls[name] = max(1, int(min_time / max(clock() - start, 1e-9)))
     samples = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
             n = calls[name]
-            start = time.perf_counter()
+            start = clock()
             for _ in range(n):
                 fn()
-            samples[name].append((time.perf_counter() - start) / n)
+            samples[name].append((clock() - start) / n)
     return {name: np.asarray(times) for name, times in samples.items()}
 
 

@@ -118,10 +118,46 @@ def param_name(gi: int, i: int) -> str:
     return f"param_groups[{gi}]['params'][{i}]"
 
 
+# ---- DTensor parameters (FSDP2's ``fully_shard``): stepped on their local shards -------------
+def dtensor_class() -> Optional[type]:
+    """``DTensor``, or None while no DTensor can exist (``torch.distributed.tensor`` not
+    imported: importing it takes half a second, and a step then pays nothing for DTensors)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
+def local_tensor(tensor: Any) -> Any:
+    """The tensor a step reads and writes in place: a DTensor's local shard (its memory is
+    the DTensor's; a DTensor's own ``data_ptr()`` is 0), any other object itself."""
+    dtensor = dtensor_class()
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor.to_local()  # under no_grad, the DTensor's own local tensor
+    return tensor
+
+
+def check_sharded_like(tensor: torch.Tensor, p: torch.Tensor, label: str) -> None:
+    """A state tensor of a DTensor parameter is a DTensor on the same mesh with the same
+    placements (as torch.optim makes it: ``torch.zeros_like(p)``), and a plain parameter's
+    state is a plain tensor: the kernels step the local shards element by element."""
+    dtensor = dtensor_class()
+    if dtensor is None:
+        return
+    if isinstance(p, dtensor) != isinstance(tensor, dtensor):
+        want = "a DTensor like the parameter" if isinstance(p, dtensor) else "a plain tensor"
+        raise ValueError(f"{label}: expected {want}, got a "
+                         f"{'DTensor' if isinstance(tensor, dtensor) else 'plain tensor'}")
+    if isinstance(p, dtensor) and (tensor.device_mesh != p.device_mesh
+                                   or tuple(tensor.placements) != tuple(p.placements)):
+        raise ValueError(f"{label}: expected a DTensor with the parameter's mesh and placements "
+                         f"{tuple(p.placements)}, got {tuple(tensor.placements)} on "
+                         f"{tensor.device_mesh}")
+
+
 def check_tensor(tensor: Any, name: str, dtypes: Tuple[Any, ...] = SUPPORTED_DTYPES) -> None:
     """A dense CPU tensor of a dtype the kernels step (see ``_formats.py``)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+    tensor = local_tensor(tensor)
     if tensor.device.type != "cpu":
         raise ValueError(f"{name}: fastadam.torch steps CPU tensors; got one on "
                          f"{tensor.device} (use torch.optim for device tensors)")
@@ -138,6 +174,7 @@ def check_param(p: Any, name: str) -> None:
     """A parameter fastadam.torch can step (a non-contiguous one through a contiguous copy,
     if no two of its elements share memory)."""
     check_tensor(p, name)
+    p = local_tensor(p)  # a DTensor's local shard: the memory the step writes
     if not p.is_contiguous() and (any(st < 0 for st in p.stride())
                                   or not strides_non_overlapping(p)):
         raise ValueError(f"{name}: its elements overlap in memory (strides {p.stride()}); "
@@ -147,8 +184,10 @@ def check_param(p: Any, name: str) -> None:
 def numpy_view(tensor: Any, name: str, dtypes: Tuple[Any, ...] = SUPPORTED_DTYPES
                ) -> np.ndarray:
     """The array the kernels write, sharing ``tensor``'s memory (CPU, contiguous, a supported
-    dtype; bfloat16 and complex tensors as ``_formats.kernel_array`` sees them)."""
+    dtype; bfloat16 and complex tensors as ``_formats.kernel_array`` sees them); a DTensor's
+    is its local shard's."""
     check_tensor(tensor, name, dtypes)
+    tensor = local_tensor(tensor)
     if not tensor.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (fastadam updates it in place "
                          f"through a NumPy view), got strides {tensor.stride()}")
@@ -199,7 +238,8 @@ class _Entry:
 
     def __init__(self, p, x, state, keys, tensor_keys, tensors, views, step_view, number_step,
                  fresh, written, kind=None, tmp=None, master=None, formats=(None, False)):
-        self.p, self.ptr, self.x, self.state, self.keys = p, p.data_ptr(), x, state, keys
+        self.p, self.x, self.state, self.keys = p, x, state, keys
+        self.ptr = local_tensor(p).data_ptr()  # a DTensor's: its local shard's
         # what splits the compiled calls: (array dtype, state format, master copy)
         self.kind = kind if kind is not None else _kind(x.dtype, None, False)
         self.tmp = tmp  # the contiguous copy a non-contiguous parameter steps through
@@ -208,7 +248,8 @@ class _Entry:
         self.plain_grad = p.dtype in REAL_DTYPES
         self.grad_view = _formats.KERNEL_VIEWS[p.dtype]
         self.formats = formats  # the group's (state_dtype, master_weights) it was made for
-        self.slots = tuple((k, t, t.data_ptr()) for k, t in zip(tensor_keys, tensors))
+        self.slots = tuple((k, t, local_tensor(t).data_ptr())
+                           for k, t in zip(tensor_keys, tensors))
         self.views = views  # of the state tensors of ``keys``, in the kernel's order
         self.step_view = step_view  # None: no step tensor
         self.number_step = number_step  # ``step`` is a Python number (torch's SparseAdam)
@@ -371,6 +412,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
         rebuilt = False
         entries, state_of, strided = self._entries, self.state, torch.strided
         counts = self._counts_steps
+        dtensor = dtensor_class()  # None: no DTensor anywhere
         for gi, group in enumerate(self.param_groups):
             h = self._check_group(group)
             if self._plain(h):
@@ -387,18 +429,22 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 grad = p.grad
                 if grad is None:
                     continue
+                lp = p  # what the step writes: a DTensor's local shard, with its gradient's
+                if dtensor is not None and isinstance(p, dtensor):
+                    lp, grad = p.to_local(), local_tensor(grad)
                 e = entries.get(id(p))
                 state = state_of.get(p)
                 # the entry is valid while the parameter, its state dict, the tensors in it
                 # (``step`` included) and their memory are the ones it was built from
                 if (e is None or e.p is not p or e.state is not state or e.keys != keys
-                        or e.ptr != p.data_ptr() or p.is_contiguous() != (e.tmp is None)
+                        or e.ptr != lp.data_ptr() or lp.is_contiguous() != (e.tmp is None)
                         or e.formats != formats
                         or (e.number_step and isinstance(state.get("step"), torch.Tensor))):
                     e = None
                 else:
                     for k, tk, ptr in e.slots:
-                        if state.get(k) is not tk or tk.data_ptr() != ptr:
+                        if state.get(k) is not tk or ptr != (
+                                tk if lp is p else local_tensor(tk)).data_ptr():
                             e = None
                             break
                 if e is None:
@@ -424,10 +470,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
                     self._warn_dense_after_sparse(gi, i)
                 x = e.x
                 if e.tmp is not None:  # stepped through its contiguous copy (our memory)
-                    if tuple(e.tmp.shape) != tuple(p.shape) or e.tmp.dtype != p.dtype:
+                    if tuple(e.tmp.shape) != tuple(lp.shape) or e.tmp.dtype != lp.dtype:
                         raise ValueError(f"{param_name(gi, i)}: its shape or dtype changed "
                                          f"since its state was made")
-                    e.tmp.copy_(p.detach())
+                    e.tmp.copy_(lp.detach())
                     self._writes_back.append(e)
                 if e.plain_grad:  # a real dtype: the gradient's own array
                     g = grad.numpy() if grad.is_contiguous() else self._grad_view(grad, gi, i)
@@ -438,7 +484,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 if g.dtype != x.dtype or g.shape != x.shape:
                     raise ValueError(f"{param_name(gi, i)}: its gradient has dtype "
                                      f"{grad.dtype} and shape {tuple(grad.shape)}, expected "
-                                     f"{p.dtype} and {tuple(p.shape)}")
+                                     f"{p.dtype} and {tuple(lp.shape)}")
                 ents.append(e)
                 xs.append(x)
                 gs.append(g)
@@ -595,12 +641,18 @@ class FastadamOptimizer(torch.optim.Optimizer):
         installed only when the step is applied."""
         name = param_name(gi, i)
         check_param(p, name)
+        lp = local_tensor(p)  # a DTensor's local shard, the memory the kernels write
+        if lp is not p and (formats[0] == "int8" or formats[1]):
+            option = "state_dtype='int8'" if formats[0] == "int8" else "master_weights=True"
+            raise ValueError(f"{name}: {option} is not supported for DTensor parameters "
+                             f"(FSDP2 shards); use state_dtype None, 'float32' or 'bfloat16' "
+                             f"without master_weights")
         fmt, use_master = state_format(p, formats[0], formats[1], name)
         tmp = None
-        if p.is_contiguous():
-            x = kernel_array(p.detach())
+        if lp.is_contiguous():
+            x = kernel_array(lp.detach())
         else:  # stepped through a contiguous copy, written back after the step's calls
-            tmp = p.detach().contiguous()
+            tmp = lp.detach().contiguous()
             x = kernel_array(tmp)
         state = self.state.get(p)
         if state is not None and not isinstance(state, dict):
@@ -617,8 +669,8 @@ class FastadamOptimizer(torch.optim.Optimizer):
             for k in missing:
                 state.update(self._format_slot(p, k, fmt, use_master))
             fresh = True
-        span = x.nbytes if tmp is None else memory_span(p)
-        tensors, views, written, tensor_keys = [], [], [(p.data_ptr(), span, name)], []
+        span = x.nbytes if tmp is None else memory_span(lp)
+        tensors, views, written, tensor_keys = [], [], [(lp.data_ptr(), span, name)], []
         for k in keys:
             view, parts = _formats.state_view(
                 state, k, p, fmt, _formats.signed_slot(self._spec_name or "adam",
@@ -628,9 +680,11 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 shape=self._slot_shape(tuple(p.shape), k))
             views.append(view)
             for key, tk, label in parts:
+                check_sharded_like(tk, p, label)
+                lt = local_tensor(tk)
                 tensor_keys.append(key)
                 tensors.append(tk)
-                written.append((tk.data_ptr(), tk.numel() * tk.element_size(), label))
+                written.append((lt.data_ptr(), lt.numel() * lt.element_size(), label))
         master = None
         if use_master:
             tm = state[MASTER_KEY]
@@ -639,9 +693,10 @@ class FastadamOptimizer(torch.optim.Optimizer):
             if tm.dtype != torch.float32 or tuple(tm.shape) != tuple(p.shape):
                 raise ValueError(f"{label}: expected a float32 tensor of shape "
                                  f"{tuple(p.shape)}, got {tm.dtype} and {tuple(tm.shape)}")
+            check_sharded_like(tm, p, label)
             tensor_keys.append(MASTER_KEY)
             tensors.append(tm)
-            written.append((tm.data_ptr(), master.nbytes, label))
+            written.append((local_tensor(tm).data_ptr(), master.nbytes, label))
         tensor_keys, step_view, number_step = tuple(tensor_keys), None, False
         if self._counts_steps:
             step = state.get("step")
@@ -760,7 +815,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                     else:  # a number, as torch's SparseAdam keeps it
                         e.state["step"] = type(e.state["step"])(new)
         for e in self._writes_back:  # every call has run: the copies go back
-            e.p.detach().copy_(e.tmp)
+            local_tensor(e.p).detach().copy_(e.tmp)
         state_of = self.state
         for e in fresh:
             current = state_of.get(e.p)
@@ -783,7 +838,7 @@ class FastadamOptimizer(torch.optim.Optimizer):
                 state = self.state.get(p)
                 for k in self._slot_keys(group):
                     if state and isinstance(state.get(k), torch.Tensor) \
-                            and not state[k].is_contiguous():
+                            and not local_tensor(state[k]).is_contiguous():
                         state[k] = state[k].contiguous()
         self._reset_caches()
 
