@@ -354,8 +354,23 @@ def test_object_refuses_what_it_does_not_have(rng):
     opt = fastadam.RowWiseAdagrad([x])
     with pytest.raises(ValueError, match=r"^weight_decay: "):
         opt.set_hyperparameters(weight_decay=-1.0)
-    with pytest.raises(ValueError, match=r"^optimizer: 'rowwise_adagrad' is row-wise"):
-        fastadam.optim.prepare_step("rowwise_adagrad", x, {"acc": np.zeros(3, np.float32)})
+
+
+def test_a_plan_of_the_row_wise_optimizer_steps_as_its_functional_step(rng):
+    """prepare_step takes the registry row of the "rows" state format (one value per row)."""
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    ref, acc, acc_ref = x.copy(), np.zeros(3, np.float32), np.zeros(3, np.float32)
+    plan = fastadam.optim.prepare_step("rowwise_adagrad", x, {"acc": acc})
+    assert plan.driver == ("cpu", "float", "rows")
+    for t in (1, 2, 3):
+        g = rng.standard_normal(x.shape).astype(np.float32)
+        assert plan.run(g, t, lr=0.1, weight_decay=0.01)
+        fastadam.rowwise_adagrad_step_inplace(ref, g, acc_ref, t, lr=0.1, weight_decay=0.01)
+    assert x.tobytes() == ref.tobytes() and acc.tobytes() == acc_ref.tobytes()
+    with pytest.raises(ValueError, match=r"^params: a row-wise optimizer steps float32 or "
+                                         r"float64 parameters"):
+        fastadam.optim.prepare_step("rowwise_adagrad", x, {"acc": np.zeros(3, np.float32)},
+                                    param_rounding="stochastic")
 
 
 # ---- fastadam.torch ---------------------------------------------------------------------------

@@ -122,6 +122,33 @@ class GpuLowpStep:
                            t, mode, None)
 
 
+class GpuRowwiseStep:
+    """The GPU driver of a row-wise optimizer (state format ``"rows"``: one value per row),
+    through ``fastadam.gpu.rowwise_dense_step`` and the sparse row walk."""
+
+    arrays = None
+
+    def __init__(self, spec, params, slots, options):
+        if options["master"] is not None or options["param_rounding"] != "nearest":
+            raise ValueError("params: a row-wise optimizer steps float32 or float64 "
+                             "parameters (no float32 master, no stochastic rounding)")
+        self.params, self.slots = params, slots
+        self.xs = _as_list(params)
+        self.slot_names = tuple(n for n in spec.slots if n in slots)
+        self.lists_by_flags = {}
+
+    def lists(self, names):
+        return [self.slots[n] for n in names]
+
+    check = GpuStep.check
+
+    def run(self, coeffs, grads, key, skip_nonfinite):
+        (acc,) = self.lists_by_flags[coeffs.flags]
+        return _entry.rowwise_dense_step(coeffs, self.params, grads, acc, skip_nonfinite)
+
+    run_sparse = GpuStep.run_sparse
+
+
 def _float_or_lowp(spec, params, slots, options):
     if options["master"] is not None or options["param_rounding"] != "nearest":
         return GpuLowpStep(spec, params, slots, options)
@@ -139,3 +166,4 @@ def register(package):
     for p, s in [("float", "bfloat16"), ("float", "int8"), ("bfloat16", "float"),
                  ("bfloat16", "bfloat16"), ("bfloat16", "int8")]:
         drivers.register_driver("gpu", p, s, GpuLowpStep)
+    drivers.register_driver("gpu", "float", "rows", GpuRowwiseStep)
