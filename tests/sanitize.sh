@@ -86,7 +86,7 @@ status=0
     tests/test_dense_errors.py tests/test_optimizer_errors.py tests/test_reliability.py \
     tests/test_sparse.py tests/test_sparse_csr.py tests/test_sparse_strided.py \
     tests/test_autodiff_safety.py tests/test_threads_policy.py tests/test_mempool.py \
-    tests/test_kept_step.py tests/test_format_safety.py \
+    tests/test_step_route.py tests/test_format_safety.py tests/test_embedding_bag.py \
     tests/test_onnx_budget_ops.py tests/test_onnx_external_data.py tests/test_onnx_limits.py \
     tests/test_onnx_uphill.py) \
     || status=$?
