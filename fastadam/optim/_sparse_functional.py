@@ -18,7 +18,7 @@ from .._core import _dense, _sparse
 from .._core._threads import resolve_num_threads
 from .._core._validation import check_array, check_disjoint, check_indices, check_rows
 from ..sparse import IndexedSlices
-from .._core._sparse_host import KIND_SEGMENT_SUM, check_csr_structure, run_threaded
+from .._core._sparse_host import check_csr_structure, run_threaded
 from ._coefficients import (adagrad_coefficients, adam_coefficients,
                             momentum_coefficients, step_number)
 from ._functional import check_compute_dtype
@@ -324,13 +324,6 @@ def _cpu_sparse_step(coeffs, x, grad, slots, t, mode, last_step, num_threads,
         return
     slot_width = 1 if row_wise else row_size
     values = values.reshape(values.shape[0], row_size)
-    if (mode != "dense" and not indices_sorted_unique and row_size
-            and values.shape[0] >= _sparse.ORDERED_MIN_RATIO * rows.shape[0]):
-        # repeated indices: sum each row's gradient first, reading the gradient rows in their
-        # original order, then walk one summed row per segment (the same sums, the same bits)
-        values = run_threaded(_sparse.segment_sum, (values, perm, offsets), values.size, nt,
-                              KIND_SEGMENT_SUM)
-        perm, offsets = _identity(rows.shape[0]), _identity(rows.shape[0] + 1)
     args = (coeffs, x.reshape(n_rows, row_size), [a.reshape(n_rows, slot_width) for a in slot_arrays],
             values, perm, rows, offsets, mode,
             last_step.reshape(-1) if mode == "catchup" else None, t)
